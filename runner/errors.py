@@ -1,0 +1,36 @@
+"""One exception hierarchy: the CLI prints a RunnerError as one line and exits non-zero.
+
+Anything else is a bug and keeps its traceback.
+"""
+
+
+class RunnerError(Exception):
+    """A problem the user can fix; the message is one line with a hint."""
+
+    exit_code = 1
+
+
+class ConfigError(RunnerError):
+    """The config file is invalid (all problems are reported at once)."""
+
+    exit_code = 2
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+class SubmitError(RunnerError):
+    """The scheduler refused or failed a submission."""
+
+
+class BuildError(RunnerError):
+    """An image build step failed or no builder is available."""
+
+
+class ClusterError(RunnerError):
+    """The local development cluster could not be started or reached."""
+
+
+class PreflightError(RunnerError):
+    """A preflight check failed before training."""
