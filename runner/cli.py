@@ -1,0 +1,138 @@
+"""The ``runner`` command. No logic lives here: each subcommand calls one module.
+
+Nothing on this path imports torch or lightning, so ``runner --help`` answers in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from runner import __version__
+from runner.errors import RunnerError
+
+
+def _validate(args: argparse.Namespace) -> int:
+    import yaml
+
+    from runner import config
+
+    cfg = config.load(args.config, args.overrides)
+    print(yaml.safe_dump(cfg.data, sort_keys=False), end="")
+    print(f"# world size {cfg.world_size}; global batch {cfg.global_batch} = {cfg.local_batch} (batch_size) x "
+          f"{cfg.world_size} (ranks) x {cfg.accumulate} (accumulate_grad_batches); config hash {cfg.hash()}")
+    return 0
+
+
+def _submit(args: argparse.Namespace) -> int:
+    from runner import submit
+
+    plan = submit.plan(args.config, args.overrides)
+    if args.dry_run:
+        print(plan)
+        return 0
+    return submit.execute(plan)
+
+
+def _build(args: argparse.Namespace) -> int:
+    from runner import build
+
+    return build.main(args)
+
+
+def _status(args: argparse.Namespace) -> int:
+    from runner import status
+
+    rows = status.collect(args.run, Path(args.root))
+    print(json.dumps(rows, indent=2) if args.json else status.table(rows))
+    return 0
+
+
+def _logs(args: argparse.Namespace) -> int:
+    from runner import status
+
+    return status.logs(status.find_run(args.run, Path(args.root)), args.rank, args.follow)
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    from runner import status
+
+    return status.cancel(status.find_run(args.run, Path(args.root)))
+
+
+def _resume(args: argparse.Namespace) -> int:
+    from runner import status, submit
+
+    return submit.resume(status.find_run(args.run, Path(args.root)))
+
+
+def _dev_cluster(args: argparse.Namespace) -> int:
+    from runner import devcluster
+
+    if args.action == "up":
+        cluster = devcluster.up(nodes=args.nodes)
+        print(f"cluster up: {', '.join(cluster.nodes)}")
+        print(cluster.export_line())
+    elif args.action == "status":
+        print(devcluster.status())
+    else:
+        devcluster.down()
+        print("cluster down")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="runner", description="Reproducible multi-node Lightning training on Slurm.")
+    p.add_argument("--version", action="version", version=f"runner {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def cmd(name: str, fn: Any, help: str) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help, description=help)
+        sp.set_defaults(fn=fn)
+        return sp
+
+    def config_args(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("config", type=Path, help="run config (YAML)")
+        sp.add_argument("overrides", nargs="*", metavar="key=value", help="override config values")
+
+    sp = cmd("validate", _validate, "check a config and print it resolved, with the global batch")
+    config_args(sp)
+    sp = cmd("submit", _submit, "create a run directory and start the run (Slurm or local)")
+    config_args(sp)
+    sp.add_argument("--dry-run", action="store_true", help="print the plan and the rendered script; write nothing")
+    sp = cmd("build", _build, "render the Dockerfile and Apptainer definition; build the image and the SIF")
+    config_args(sp)
+    sp.add_argument("--dry-run", action="store_true", help="render and print the build plan; build nothing")
+    sp.add_argument("--force", action="store_true", help="rebuild even if the image for this spec exists")
+    for name, fn, help in (("status", _status, "show runs: state, job id, last checkpoint, restarts"),
+                           ("logs", _logs, "print a run's per-rank log"),
+                           ("cancel", _cancel, "cancel a run's job; it will not be resubmitted"),
+                           ("resume", _resume, "start a stopped run again from its newest complete checkpoint")):
+        sp = cmd(name, fn, help)
+        sp.add_argument("run", nargs="?" if name == "status" else None, help="run directory or name")
+        sp.add_argument("--root", default="runs", help="where run directories live (default: runs)")
+        if name == "status":
+            sp.add_argument("--json", action="store_true", help="machine-readable output")
+        if name == "logs":
+            sp.add_argument("--rank", type=int, default=0)
+            sp.add_argument("--follow", "-f", action="store_true")
+    sp = cmd("dev-cluster", _dev_cluster, "a local multi-node Slurm cluster for trying the sbatch path (root)")
+    sp.add_argument("action", choices=("up", "status", "down"))
+    sp.add_argument("--nodes", type=int, default=2)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return int(args.fn(args))
+    except RunnerError as e:
+        red, reset = ("\033[31m", "\033[0m") if sys.stderr.isatty() else ("", "")
+        for line in str(e).splitlines():
+            print(f"{red}runner: error: {line}{reset}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,278 @@
+"""The launcher: ``python -m runner.launch RUN_DIR`` runs one rank of the training.
+
+It runs inside the allocation (one process per device, started by srun or by ``runner submit`` locally),
+reads the run's resolved config, seeds the rank, resumes from the newest complete checkpoint and trains.
+Exit codes tell the batch script what happened, because Lightning itself exits 0 on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import io
+import json
+import os
+import random
+import signal
+import socket
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from runner import __version__, checkpoint
+from runner.rundir import EXIT_REQUEUE, EXIT_TERMINATED, RunDir, atomic_write
+
+
+class StopFlag:
+    """Set by a signal handler; read at the next step boundary (never checkpoint inside a handler)."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def install(self, signame: str) -> None:
+        sig = getattr(signal, f"SIG{signame}")
+        previous = signal.getsignal(sig)
+
+        def handler(signum: int, frame: Any) -> None:
+            self.signum = signum
+            print(f"runner: received {signal.Signals(signum).name}; checkpointing at the next step", flush=True)
+            if callable(previous):
+                previous(signum, frame)
+
+        signal.signal(sig, handler)
+
+
+def ranks() -> tuple[int, int, int, int]:
+    """(global rank, local rank, node rank, world size) from srun's or the local launcher's variables."""
+    env = os.environ
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        return (int(env["SLURM_PROCID"]), int(env.get("SLURM_LOCALID", 0)), int(env.get("SLURM_NODEID", 0)),
+                int(env["SLURM_NTASKS"]))
+    return int(env.get("RANK", 0)), int(env.get("LOCAL_RANK", 0)), int(env.get("NODE_RANK", 0)), \
+        int(env.get("WORLD_SIZE", 1))
+
+
+def under_slurm() -> bool:
+    return "SLURM_PROCID" in os.environ and os.environ.get("SLURM_JOB_NAME") not in ("bash", "interactive")
+
+
+def instantiate(spec: dict[str, Any], **offered: Any) -> Any:
+    """Build ``_target_(**kwargs)``; extra arguments are passed only if the target accepts them."""
+    kwargs = {k: v for k, v in spec.items() if k != "_target_"}
+    mod_name, _, attr = spec["_target_"].rpartition(".")
+    target = getattr(importlib.import_module(mod_name), attr)
+    params = inspect.signature(target).parameters
+    for key, value in offered.items():
+        if key in params and key not in kwargs:
+            kwargs[key] = value
+    return target(**kwargs)
+
+
+def _redirect_output(path: Path) -> None:
+    """One log file per rank: everything this process and its children print goes there."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = io.TextIOWrapper(os.fdopen(1, "wb", 0), line_buffering=True)
+    sys.stderr = io.TextIOWrapper(os.fdopen(2, "wb", 0), line_buffering=True)
+
+
+def _rng_state() -> dict[str, Any]:
+    import numpy as np
+    import torch
+
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    import numpy as np
+    import torch
+
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _save_bytes(obj: Any, path: Path) -> None:
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    atomic_write(path, buf.getvalue())
+
+
+def make_callback(rd: RunDir, cfg: dict[str, Any], cfg_hash: str, flag: StopFlag, resume_from: Path | None) -> Any:
+    """The Lightning callback that owns checkpoints: periodic, on signal, RNG per rank, COMPLETE last."""
+    import lightning as L
+    import torch
+
+    every, keep = cfg["checkpoint"]["every_n_steps"], cfg["checkpoint"]["keep_last"]
+    acc = cfg["trainer"]["accumulate_grad_batches"]
+    log_every = int(cfg["trainer"].get("log_every_n_steps", 50))
+
+    class RunnerCheckpoint(L.Callback):
+        def __init__(self) -> None:
+            self.last_saved = -1
+            self.stopped_by_signal = False
+            self.t0 = time.time()
+
+        def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+            self.last_saved = trainer.global_step
+            if resume_from is not None:
+                rng = resume_from / f"rng-rank{trainer.global_rank:05d}.pt"
+                if rng.is_file():
+                    _set_rng_state(torch.load(rng, weights_only=False))
+                else:
+                    print(f"runner: warning: {rng} missing (world size changed?); RNG not restored", flush=True)
+            rd.record("train_start", rank=trainer.global_rank, step=trainer.global_step) \
+                if trainer.global_rank == 0 else None
+
+        def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                               batch_idx: int) -> None:
+            boundary = (batch_idx + 1) % acc == 0 or batch_idx + 1 == trainer.num_training_batches
+            stop = trainer.strategy.reduce_boolean_decision(flag.signum is not None, all=False)
+            step = trainer.global_step
+            if not boundary:
+                return
+            if trainer.global_rank == 0 and step % log_every == 0 and step != self.last_saved:
+                loss = outputs["loss"].item() if isinstance(outputs, dict) else float("nan")
+                print(f"step {step} loss {loss:.6f} ({time.time() - self.t0:.1f}s)", flush=True)
+            if step != self.last_saved and (step % every == 0 or stop):
+                self.save(trainer, step)
+            if stop:
+                self.stopped_by_signal = True
+                trainer.should_stop = True
+
+        def save(self, trainer: L.Trainer, step: int) -> None:
+            root, rank = rd.checkpoints, trainer.global_rank
+            staging = checkpoint.staging_dir(root, step)
+            if rank == 0:
+                staging.mkdir(parents=True, exist_ok=True)
+            trainer.strategy.barrier("runner-ckpt-mkdir")
+            trainer.save_checkpoint(staging / "model.ckpt")
+            _save_bytes(_rng_state(), staging / f"rng-rank{rank:05d}.pt")
+            trainer.strategy.barrier("runner-ckpt-written")
+            if rank == 0:
+                with open(staging / "model.ckpt", "rb") as f:
+                    os.fsync(f.fileno())
+                manifest = {"step": step, "epoch": trainer.current_epoch, "config_hash": cfg_hash,
+                            "world_size": trainer.world_size, "time": time.time(), "runner_version": __version__,
+                            "files": sorted(p.name for p in staging.iterdir())}
+                checkpoint.publish(root, step, manifest)
+                checkpoint.prune(root, keep)
+                print(f"runner: checkpoint step-{step:07d} complete", flush=True)
+            trainer.strategy.barrier("runner-ckpt-published")
+            self.last_saved = step
+
+    return RunnerCheckpoint()
+
+
+def _strategy(cfg: dict[str, Any]) -> Any:
+    from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
+
+    timeout = timedelta(seconds=cfg["network"]["pg_timeout_s"])
+    name = cfg["trainer"]["strategy"]
+    if name == "fsdp":
+        return FSDPStrategy(timeout=timeout)
+    return DDPStrategy(find_unused_parameters=name == "ddp_find_unused_parameters_true", timeout=timeout)
+
+
+def _reached_end(trainer: Any, tcfg: dict[str, Any]) -> bool:
+    if tcfg.get("max_steps", -1) > 0 and trainer.global_step >= tcfg["max_steps"]:
+        return True
+    max_epochs = tcfg.get("max_epochs")
+    return max_epochs is not None and max_epochs > 0 and trainer.current_epoch >= max_epochs
+
+
+def _write_rank_info(rd: RunDir, rank: int, local: int, node: int, world: int) -> None:
+    info = {"rank": rank, "local_rank": local, "node_rank": node, "world_size": world,
+            "hostname": socket.gethostname(), "pid": os.getpid(),
+            "slurm": {k: v for k, v in os.environ.items() if k in (
+                "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_JOB_ID", "SLURM_NTASKS",
+                "SLURM_RESTART_COUNT", "CUDA_VISIBLE_DEVICES")},
+            "master": f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"}
+    atomic_write(rd.root / "ranks" / f"rank-{rank:05d}.json", json.dumps(info, indent=2))
+
+
+def train(rd: RunDir) -> int:
+    """Run this rank's training; returns the process exit code."""
+    cfg = yaml.safe_load(rd.config.read_text())
+    manifest = json.loads(rd.manifest.read_text())
+    rank, local, node, world = ranks()
+    _redirect_output(rd.rank_log(rank))
+    print(f"runner {__version__}: rank {rank}/{world} local {local} node {node} on {socket.gethostname()}",
+          flush=True)
+    _write_rank_info(rd, rank, local, node, world)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    flag = StopFlag()
+    flag.install(cfg["slurm"]["signal"])
+
+    import lightning as L
+    import torch
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    L.seed_everything(cfg["seed"] + rank, workers=True, verbose=False)
+    cfg_hash = manifest["config_hash"]
+    last = checkpoint.latest(rd.checkpoints, cfg_hash, cfg["resume"]["force"]) if cfg["resume"]["enabled"] else None
+    model = instantiate(cfg["model"])
+    data = instantiate(cfg["data"], dataloader=cfg["dataloader"], seed=cfg["seed"])
+    callback = make_callback(rd, cfg, cfg_hash, flag, last[1] if last else None)
+    plugins = []
+    if under_slurm():
+        from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+        plugins.append(SLURMEnvironment(auto_requeue=False))
+    tcfg = {k: v for k, v in cfg["trainer"].items() if k != "strategy"}
+    trainer = L.Trainer(**tcfg, strategy=_strategy(cfg), plugins=plugins, callbacks=[callback],
+                        enable_checkpointing=False, logger=False, default_root_dir=str(rd.root),
+                        use_distributed_sampler=False)
+    if last:
+        print(f"runner: resuming from {last[1]} (step {last[0]})", flush=True)
+    try:
+        trainer.fit(model, datamodule=data, ckpt_path=str(last[1] / "model.ckpt") if last else None)
+    except SIGTERMException:
+        print("runner: terminated (SIGTERM) before the end of training", flush=True)
+        return EXIT_TERMINATED
+    if callback.stopped_by_signal:
+        print(f"runner: stopped on signal at step {trainer.global_step}; exit {EXIT_REQUEUE} (requeue)", flush=True)
+        return EXIT_REQUEUE
+    if not _reached_end(trainer, cfg["trainer"]):
+        print(f"runner: training stopped at step {trainer.global_step} before its end", flush=True)
+        return EXIT_TERMINATED
+    _save_bytes({k: v.detach().cpu() for k, v in model.state_dict().items()}, rd.final / f"rank-{rank:05d}.pt")
+    trainer.strategy.barrier("runner-final")
+    if rank == 0:
+        atomic_write(rd.finished, json.dumps({"step": trainer.global_step, "time": time.time()}) + "\n")
+        rd.record("finished", step=trainer.global_step)
+    print(f"runner: finished at step {trainer.global_step}", flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m runner.launch", description=__doc__)
+    parser.add_argument("run_dir", nargs="?", type=Path)
+    parser.add_argument("--version", action="store_true")
+    args = parser.parse_args(argv)
+    if args.version or args.run_dir is None:
+        print(f"runner {__version__}")
+        return 0
+    return train(RunDir(args.run_dir.resolve()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

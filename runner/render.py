@@ -1,0 +1,129 @@
+"""Render the Dockerfile, the Apptainer definition and the sbatch script from one validated config.
+
+Templates stay dumb: Python prepares every value, templates only ``if`` and ``for``. Every value that lands
+in a shell line passes through the one quoting filter ``q``.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from runner import __version__
+from runner.config import Config
+
+LIGHTNING_PIN = "lightning==2.6.*"
+
+
+def templates_dir() -> Path:
+    """The templates live in the repo's top-level templates/; a wheel carries them inside the package."""
+    here = Path(__file__).resolve().parent
+    for candidate in (here / "templates", here.parent / "templates"):
+        if (candidate / "sbatch.sh.j2").is_file():
+            return candidate
+    raise FileNotFoundError(f"runner templates not found next to {here}")
+
+
+def q(value: Any) -> str:
+    """The one shell-quoting filter: any value becomes one literal shell word."""
+    return shlex.quote(str(value))
+
+
+@functools.lru_cache(maxsize=1)
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+    env.filters["q"] = q
+    return env
+
+
+def render(template: str, **context: Any) -> str:
+    return environment().get_template(template).render(version=__version__, **context)
+
+
+def base_image(cfg: Config) -> str:
+    c = cfg["container"]
+    return c["base_image"] or f"nvcr.io/nvidia/pytorch:{c['ngc_tag']}-py3"
+
+
+def image_spec(cfg: Config) -> dict[str, Any]:
+    """Everything that determines the image, and nothing else (so unrelated edits do not rebuild)."""
+    c = cfg["container"]
+    return {"base_image": base_image(cfg), "apt": c["apt"], "pip": c["pip"], "nccl_tests": c["nccl_tests"],
+            "perftest": c["perftest"], "install_lightning": c["install_lightning"], "lightning": LIGHTNING_PIN,
+            "python": c["python"], "workdir": c["workdir"], "code": c["code"]}
+
+
+def spec_labels(cfg: Config, spec_hash: str) -> list[tuple[str, str]]:
+    return [("org.opencontainers.image.title", f"runner-{cfg.name}"),
+            ("org.opencontainers.image.version", spec_hash),
+            ("runner.version", __version__), ("runner.spec_hash", spec_hash), ("runner.config", cfg.name)]
+
+
+def dockerfile(cfg: Config, spec_hash: str) -> str:
+    spec = image_spec(cfg)
+    return render("Dockerfile.j2", config_name=cfg.name, labels=spec_labels(cfg, spec_hash), **spec)
+
+
+def apptainer_def(cfg: Config, spec_hash: str, bootstrap: str, source: str) -> str:
+    c = cfg["container"]
+    return render("apptainer.def.j2", config_name=cfg.name, spec_hash=spec_hash, bootstrap=bootstrap,
+                  source=source, labels=spec_labels(cfg, spec_hash), workdir=c["workdir"], python=c["python"])
+
+
+def spec_hash(cfg: Config, code_files: dict[str, bytes]) -> str:
+    """Content hash of the image: the spec, the templates and the files copied into the image."""
+    h = hashlib.sha256(json.dumps(image_spec(cfg), sort_keys=True).encode())
+    for name in ("Dockerfile.j2", "apptainer.def.j2"):
+        h.update((templates_dir() / name).read_bytes())
+    for name in sorted(code_files):
+        h.update(name.encode() + b"\0" + hashlib.sha256(code_files[name]).digest())
+    return h.hexdigest()[:12]
+
+
+def exec_prefix(cfg: Config, image: str, binds: list[str], env_names: list[str]) -> str:
+    """The part of the srun line that differs between runtimes; everything else in the script is shared."""
+    c = cfg["container"]
+    if c["runtime"] == "none":
+        return q(sys.executable)
+    parts = [c["runtime"], "exec", "--nv"]
+    if binds:
+        parts += ["--bind", q(",".join(f"{b}:{b}" for b in binds))]
+    for name in env_names:
+        parts += ["--env", f'"{name}=${name}"']
+    return " ".join(parts + [q(image), q(c["python"])])
+
+
+# Variables the launcher needs inside the container. Apptainer passes the host environment through by
+# default, but sites that set --cleanenv (or APPTAINER_CLEANENV) drop them, so they are passed explicitly.
+CONTAINER_ENV = ("MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "RUNNER_RUN_DIR")
+
+
+def sbatch(cfg: Config, run_dir: Path, image: str) -> str:
+    d, s = cfg.data, cfg["slurm"]
+    flags = [f"--{key}={s[key]}" for key in ("partition", "account", "qos", "constraint", "mem") if s[key]]
+    flags += list(s["extra_flags"])
+    gpus = s["gpus_per_node"]
+    if gpus is None:
+        gpus = d["num_device"] if d["trainer"]["accelerator"] in ("gpu", "cuda") else 0
+    binds = sorted({str(run_dir.parent.resolve()), *cfg["container"]["binds"]})
+    env = sorted((k, str(v)) for k, v in d["env"].items())
+    env_names = [*CONTAINER_ENV, *(k for k, _ in env)]
+    return render("sbatch.sh.j2", config_name=cfg.name, config_hash=cfg.hash(), name=cfg.name,
+                  nodes=d["num_nodes"], ntasks_per_node=d["num_device"], gpus_per_node=gpus,
+                  cpus_per_task=s["cpus_per_task"], time=s["time"], sbatch_flags=flags, requeue=s["requeue"],
+                  signal=s["signal"], signal_lead_s=s["signal_lead_s"], run_dir=str(run_dir), env=env,
+                  host_python=sys.executable, exec_prefix=exec_prefix(cfg, image, binds, env_names))

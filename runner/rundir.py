@@ -1,0 +1,107 @@
+"""Every path of a run directory, and the only code that writes into one.
+
+Writes are atomic (temp file, fsync, rename, fsync of the directory) so that a crash, a kill or a full
+disk leaves either the old file or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+def atomic_write(path: Path, data: str | bytes) -> None:
+    """Write a file so that readers see the old content or the new one, never a torn write."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    raw = data.encode() if isinstance(data, str) else data
+    try:
+        with open(tmp, "wb") as f:
+            f.write(raw)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_json(path: Path, default: Any = None) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return default
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """Names every file of one run; see the README's "Run directory" section."""
+
+    root: Path
+
+    @property
+    def name(self) -> str:
+        return self.root.name
+
+    config = property(lambda self: self.root / "config.yaml")
+    manifest = property(lambda self: self.root / "manifest.json")
+    script = property(lambda self: self.root / "job.sbatch")
+    job_id_file = property(lambda self: self.root / "job_id")
+    ledger = property(lambda self: self.root / "ledger.jsonl")
+    exit_status = property(lambda self: self.root / "exit_status.json")
+    finished = property(lambda self: self.root / "finished")
+    logs = property(lambda self: self.root / "logs")
+    checkpoints = property(lambda self: self.root / "checkpoints")
+    final = property(lambda self: self.root / "final")
+    env_file = property(lambda self: self.root / "env.json")
+    preflight = property(lambda self: self.root / "preflight.json")
+
+    def rank_log(self, rank: int) -> Path:
+        return self.logs / f"rank-{rank:05d}.log"
+
+    def job_id(self) -> str | None:
+        try:
+            return self.job_id_file.read_text().strip() or None
+        except OSError:
+            return None
+
+    def record(self, event: str, **fields: Any) -> None:
+        """Append one event to the run's ledger (one JSON object per line, fsynced)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        line = json.dumps({"time": round(time.time(), 3), "event": event, **fields}, sort_keys=True)
+        with open(self.ledger, "a") as f:
+            f.write(line + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def events(self) -> list[dict[str, Any]]:
+        try:
+            lines = self.ledger.read_text().splitlines()
+        except OSError:
+            return []
+        out = []
+        for line in lines:
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue  # a torn last line after a crash is skipped, never fatal
+        return out
+
+
+# Exit codes of the launcher that the batch script and `runner cron` act on (Lightning exits 0 on SIGTERM,
+# so "0" alone cannot tell a finished run from a stopped one; the `finished` marker can).
+EXIT_REQUEUE = 75  # checkpointed after the requeue signal: requeue me
+EXIT_TERMINATED = 76  # stopped (SIGTERM or early stop) before the end of training
+EXIT_PREFLIGHT = 77  # a preflight check failed: training never started

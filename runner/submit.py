@@ -1,0 +1,201 @@
+"""Plan a submission as a value, then execute it (TorchX's ``schedule(submit_dryrun(...))``).
+
+``plan()`` touches nothing: ``runner submit --dry-run`` prints exactly what ``execute()`` would write and run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from runner import __version__, config, proc, render
+from runner.errors import SubmitError
+from runner.rundir import RunDir, atomic_write
+
+
+@dataclass
+class Plan:
+    """Everything a submission writes and runs."""
+
+    run: RunDir
+    files: dict[str, str]
+    argv: list[str]
+    scheduler: str
+    world_size: int
+    notes: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"run directory: {self.run.root}", f"scheduler:     {self.scheduler}",
+                 f"world size:    {self.world_size}", f"command:       {' '.join(self.argv)}", *self.notes]
+        for name, text in self.files.items():
+            lines += ["", f"--- {name} ---", text.rstrip("\n")]
+        return "\n".join(lines)
+
+
+def git_provenance(path: Path) -> dict[str, object]:
+    """Commit, dirty flag and diff of the user's code, so a run says exactly what it ran."""
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", "-C", str(path), *args], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout if out.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if commit is None:
+        return {"commit": None, "dirty": None, "diff": None}
+    diff = git("diff", "HEAD") or ""
+    return {"commit": commit.strip(), "dirty": bool(diff.strip()), "diff": diff}
+
+
+def image_path(cfg: config.Config) -> str:
+    c = cfg["container"]
+    if c["image"]:
+        return str(Path(c["image"]).resolve())
+    from runner.build import code_files
+
+    return str(Path(c["image_dir"]).resolve() / f"{cfg.name}-{render.spec_hash(cfg, code_files(cfg))}.sif")
+
+
+def new_run_dir(cfg: config.Config) -> RunDir:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    root = Path(cfg["run_root"]).resolve() / f"{cfg.name}-{stamp}"
+    n = 1
+    while root.exists():
+        n += 1
+        root = root.with_name(f"{cfg.name}-{stamp}-{n}")
+    if not config.SBATCH_SAFE.match(str(root)):
+        raise SubmitError(f"run directory {root}: found characters sbatch cannot read in #SBATCH lines; expected a "
+                          "path of letters, digits and _.-/ hint: set run_root to such a path")
+    return RunDir(root)
+
+
+def plan(path: Path, overrides: list[str]) -> Plan:
+    """Validate and render everything for a submission, without touching the system."""
+    rd_path = None
+    cfg = config.load(path, overrides)
+    run = new_run_dir(cfg)
+    rd_path = run.root
+    cfg = config.load(path, overrides, run_dir=str(rd_path))
+    image = image_path(cfg) if cfg["container"]["runtime"] != "none" else "none"
+    manifest = {"runner_version": __version__, "config_hash": cfg.hash(), "config_file": str(path.resolve()),
+                "overrides": overrides, "scheduler": cfg["scheduler"], "image": image,
+                "world_size": cfg.world_size, "global_batch": cfg.global_batch,
+                "accumulate_grad_batches": cfg.accumulate, "git": git_provenance(path.resolve().parent),
+                "created": time.time(), "host": socket.gethostname()}
+    files = {"config.yaml": yaml.safe_dump(cfg.data, sort_keys=False),
+             "manifest.json": json.dumps(manifest, indent=2) + "\n",
+             "job.sbatch": render.sbatch(cfg, rd_path, image)}
+    if cfg["scheduler"] == "slurm":
+        argv = ["sbatch", "--parsable", str(RunDir(rd_path).script)]
+    else:
+        argv = [sys.executable, "-m", "runner.launch", str(rd_path)]
+    notes = [f"global batch:  {cfg.global_batch} = {cfg.local_batch} x {cfg.world_size} ranks x "
+             f"{cfg.accumulate} accumulation"]
+    return Plan(RunDir(rd_path), files, argv, cfg["scheduler"], cfg.world_size, notes)
+
+
+def write(p: Plan) -> None:
+    p.run.root.mkdir(parents=True)
+    for sub in (p.run.logs, p.run.checkpoints):
+        sub.mkdir()
+    for name, text in p.files.items():
+        atomic_write(p.run.root / name, text)
+    p.run.script.chmod(0o755)
+
+
+def execute(p: Plan) -> int:
+    """Write the run directory and start the run; returns the exit code for the CLI."""
+    if p.scheduler == "slurm":
+        return submit_slurm(p)
+    write(p)
+    p.run.record("submitted", scheduler="local", world_size=p.world_size)
+    return run_local(p.run, p.world_size)
+
+
+def submit_slurm(p: Plan) -> int:
+    write(p)
+    try:
+        out = proc.run(p.argv, timeout=60)
+    except SubmitError as e:
+        # A refused submission leaves no run directory that looks submitted.
+        import shutil
+
+        shutil.rmtree(p.run.root, ignore_errors=True)
+        raise SubmitError(f"sbatch refused the job: {e}. hint: check the slurm: block against `sinfo`") from None
+    job_id = out.strip().split(";")[0]
+    atomic_write(p.run.job_id_file, job_id + "\n")
+    p.run.record("submitted", scheduler="slurm", job_id=job_id, world_size=p.world_size)
+    print(f"submitted job {job_id}: {p.run.root}")
+    return 0
+
+
+def run_local(run: RunDir, world_size: int, num_device: int | None = None) -> int:
+    """Start one launcher process per rank on this machine and wait; Ctrl-C stops them gracefully."""
+    cfg = yaml.safe_load(run.config.read_text())
+    per_node = num_device or cfg["num_device"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(world_size):
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world_size),
+               "RANK": str(rank), "LOCAL_RANK": str(rank % per_node), "NODE_RANK": str(rank // per_node),
+               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "RUNNER_RUN_DIR": str(run.root)}
+        for key in [k for k in env if k.startswith("SLURM_")]:
+            del env[key]
+        env.update({k: str(v) for k, v in cfg.get("env", {}).items()})
+        procs.append(subprocess.Popen([sys.executable, "-m", "runner.launch", str(run.root)], env=env))
+    print(f"run {run.root}: {world_size} local processes, logs in {run.logs}/", flush=True)
+    forward = lambda signum, frame: [p.send_signal(signum) for p in procs]  # noqa: E731
+    old = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)}
+    codes = []
+    try:
+        for p in procs:
+            codes.append(p.wait())
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    rc = next((c for c in codes if c != 0), 0)
+    atomic_write(run.exit_status, json.dumps({"exit_code": rc, "codes": codes, "time": time.time()}) + "\n")
+    run.record("exit", exit_code=rc)
+    _print_tail(run.rank_log(0))
+    print(f"run {run.root}: {'finished' if run.finished.exists() else f'stopped (exit {rc})'}")
+    return rc
+
+
+def _print_tail(path: Path, n: int = 8) -> None:
+    try:
+        lines = path.read_text(errors="replace").splitlines()[-n:]
+    except OSError:
+        return
+    for line in lines:
+        print(f"  {line}")
+
+
+def resume(run: RunDir) -> int:
+    """Start a stopped run again in its own directory; the launcher picks the newest complete checkpoint."""
+    if not run.config.is_file():
+        raise SubmitError(f"{run.root}: found no config.yaml; expected a run directory. hint: see `runner status`")
+    cfg = yaml.safe_load(run.config.read_text())
+    if run.finished.exists():
+        print(f"run {run.root} already finished; nothing to do")
+        return 0
+    if cfg["scheduler"] == "slurm":
+        out = proc.run(["sbatch", "--parsable", str(run.script)], timeout=60)
+        job_id = out.strip().split(";")[0]
+        atomic_write(run.job_id_file, job_id + "\n")
+        run.record("resubmitted", job_id=job_id)
+        print(f"resubmitted job {job_id}: {run.root}")
+        return 0
+    run.record("resubmitted", scheduler="local")
+    return run_local(run, cfg["num_nodes"] * cfg["num_device"])
