@@ -94,6 +94,7 @@ class ShardedDataModule(L.LightningDataModule):
     def _loader(self, split: str, n: int, offset: int, shuffle: bool) -> ShardLoader:
         cfg = self.loader_cfg.get(split, {})
         x, y = self._make(n, offset)
+        assert self.trainer is not None, "loaders are built by a Trainer"
         return ShardLoader(x, y, rank=self.trainer.global_rank, world_size=self.trainer.world_size,
                            total_shards=int(cfg.get("total_shards", 1)), batch_size=int(cfg.get("batch_size", 8)),
                            seed=self.seed, shuffle=shuffle)

@@ -232,7 +232,7 @@ def train(rd: RunDir) -> int:
     model = instantiate(cfg["model"])
     data = instantiate(cfg["data"], dataloader=cfg["dataloader"], seed=cfg["seed"])
     callback = make_callback(rd, cfg, cfg_hash, flag, last[1] if last else None)
-    plugins = []
+    plugins: list[Any] = []
     if under_slurm():
         from lightning.pytorch.plugins.environments import SLURMEnvironment
 

@@ -156,7 +156,10 @@ def run_local(run: RunDir, world_size: int, num_device: int | None = None) -> in
         env.update({k: str(v) for k, v in cfg.get("env", {}).items()})
         procs.append(subprocess.Popen([sys.executable, "-m", "runner.launch", str(run.root)], env=env))
     print(f"run {run.root}: {world_size} local processes, logs in {run.logs}/", flush=True)
-    forward = lambda signum, frame: [p.send_signal(signum) for p in procs]  # noqa: E731
+    def forward(signum: int, frame: object) -> None:
+        for p in procs:
+            p.send_signal(signum)
+
     old = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)}
     codes = []
     try:

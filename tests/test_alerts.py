@@ -1,0 +1,595 @@
+"""Alerts against a real HTTP server on 127.0.0.1 (tests/webhook_server.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from runner import alerts
+from runner.alerts import DEFAULTS, EVENTS, Alert, AlertConfigError, alert_from_run, flush_queue, guess_cause, send
+
+if TYPE_CHECKING:
+    from tests.webhook_server import WebhookServer
+
+# Not imported directly: a module that pytest loads as a plugin must not be imported before.
+pytest_plugins = ["tests.webhook_server"]
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def cfg(webhook: WebhookServer, monkeypatch: pytest.MonkeyPatch) -> dict:
+    """Fast settings, URL from the default environment variable."""
+    monkeypatch.setenv("RUNNER_WEBHOOK_URL", webhook.url)
+    return {"timeout_s": 2.0, "retries": 2, "backoff_s": 0.01}
+
+
+def make_alert(event: str = "failed", **kw: Any) -> Alert:
+    values: dict[str, Any] = {
+        "run": "llama-7b",
+        "run_dir": "/scratch/runs/llama-7b",
+        "job_id": "4242",
+        "attempt": 2,
+        "nodes": "gpu[01-04]",
+        "exit_code": 1,
+        "slurm_state": "FAILED",
+        "cause": "Python exception: RuntimeError: boom",
+        "log_tail": ["step 10 loss 2.3", "Traceback (most recent call last):", "RuntimeError: boom"],
+        "next_step": "Fix it.",
+    }
+    values.update(kw)
+    return Alert(event=event, **values)
+
+
+def queued(run_dir: Path) -> list[Path]:
+    return sorted((run_dir / "alerts" / "queue").glob("*.json"))
+
+
+def all_text(run_dir: Path) -> str:
+    return "".join(p.read_text() for p in run_dir.rglob("*") if p.is_file())
+
+
+# ---------------------------------------------------------------------------------------- delivery
+
+
+def test_slack_block_kit_delivered(webhook, cfg, tmp_path, capfd):
+    assert send(make_alert(), cfg, tmp_path) is True
+
+    [body] = webhook.wait_for(1)
+    assert "llama-7b" in body["text"] and "boom" in body["text"]
+    types = [b["type"] for b in body["blocks"]]
+    assert types == ["header", "section", "section", "context"]
+    header, fields, code, context = body["blocks"]
+    assert header["text"]["type"] == "plain_text" and "llama-7b" in header["text"]["text"]
+    labels = [f["text"].split("\n")[0] for f in fields["fields"]]
+    assert labels == ["*Run*", "*Job ID*", "*Attempt*", "*Nodes*", "*Event*", "*Exit code / Slurm state*", "*Cause*"]
+    values = [f["text"].split("\n", 1)[1] for f in fields["fields"]]
+    assert values == [
+        "llama-7b",
+        "4242",
+        "2",
+        "gpu[01-04]",
+        "failed",
+        "1 / FAILED",
+        "Python exception: RuntimeError: boom",
+    ]
+    assert "```\nstep 10 loss 2.3\nTraceback (most recent call last):\nRuntimeError: boom\n```" in code["text"]["text"]
+    assert "Fix it." in context["elements"][0]["text"]
+    assert webhook.requests[0].headers["Content-Type"].startswith("application/json")
+    assert not queued(tmp_path)
+    assert capfd.readouterr().err == ""
+
+
+def test_json_kind(webhook, cfg, tmp_path):
+    cfg["kind"] = "json"
+    assert send(make_alert("timeout", extra={"checkpoint": "step-100"}), cfg, tmp_path)
+    [body] = webhook.wait_for(1)
+    assert body["event"] == "timeout" and body["job_id"] == "4242" and body["attempt"] == 2
+    assert body["log_tail"][-1] == "RuntimeError: boom" and body["extra"] == {"checkpoint": "step-100"}
+    assert body["source"] == "runner" and body["exit_code"] == 1
+
+
+def test_500_then_200_is_retried(webhook, cfg, tmp_path):
+    webhook.set_responses([500, 502, 200])
+    assert send(make_alert(), cfg, tmp_path) is True
+    assert [r.status for r in webhook.requests] == [500, 502, 200]
+    assert len(webhook.received) == 1
+    assert not queued(tmp_path)
+
+
+def test_429_retry_after_is_honoured(webhook, cfg, tmp_path):
+    webhook.set_responses([webhook.Response(429, {"Retry-After": "1"}), 200])
+    assert send(make_alert(), cfg, tmp_path) is True
+    first, second = webhook.requests
+    assert first.status == 429 and second.status == 200
+    assert second.time - first.time >= 1.0
+
+
+def test_retry_after_is_capped_by_the_time_budget(webhook, cfg, tmp_path, capfd):
+    webhook.set_responses([webhook.Response(429, {"Retry-After": "3600"})])
+    started = time.monotonic()
+    assert send(make_alert(), cfg, tmp_path, budget_s=2) is False
+    assert time.monotonic() - started < 2
+    assert len(webhook.requests) == 1 and len(queued(tmp_path)) == 1
+    assert "HTTP 429" in capfd.readouterr().err
+
+
+def test_client_error_is_not_retried(webhook, cfg, tmp_path, capfd):
+    webhook.set_responses([webhook.Response(404, body="no_service")])
+    assert send(make_alert(), cfg, tmp_path) is False
+    assert len(webhook.requests) == 1
+    assert len(queued(tmp_path)) == 1
+    err = capfd.readouterr().err
+    assert "HTTP 404 'no_service'" in err and webhook.secret not in err
+
+
+def test_slow_server_times_out_and_queues(webhook, cfg, tmp_path):
+    cfg.update(timeout_s=0.2, retries=0)
+    webhook.set_responses([webhook.Response(200, delay_s=1.0)])
+    started = time.monotonic()
+    assert send(make_alert(), cfg, tmp_path) is False
+    assert time.monotonic() - started < 0.9
+    assert len(queued(tmp_path)) == 1
+
+
+def test_urllib_fallback_without_requests(webhook, cfg, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "requests", None)  # import requests -> ImportError
+    webhook.set_responses([503, webhook.Response(429, {"Retry-After": "0"}), 200])
+    assert send(make_alert(), cfg, tmp_path) is True
+    assert [r.status for r in webhook.requests] == [503, 429, 200]
+    assert webhook.received[0]["blocks"][0]["type"] == "header"
+
+
+# ------------------------------------------------------------------------------------------- queue
+
+
+def test_server_down_queues_then_flush_delivers_in_order(webhook, cfg, tmp_path, capfd):
+    webhook.stop()
+    for event in ("preempted", "requeued", "failed"):
+        assert send(make_alert(event), cfg, tmp_path) is False
+    files = queued(tmp_path)
+    assert [p.name.rsplit("-", 1)[1] for p in files] == ["preempted.json", "requeued.json", "failed.json"]
+    assert not list((tmp_path / "alerts" / "queue").glob(".tmp-*"))
+    for path in files:
+        entry = json.loads(path.read_text())
+        assert entry["event"] in EVENTS and entry["kind"] == "slack" and "blocks" in entry["payload"]
+    err = capfd.readouterr().err
+    assert len(err.splitlines()) == 3 and "queued as" in err
+
+    assert flush_queue(tmp_path, cfg) == (0, 3)  # still down: nothing lost
+    assert len(queued(tmp_path)) == 3
+
+    webhook.start()
+    assert flush_queue(tmp_path, cfg) == (3, 0)
+    bodies = webhook.wait_for(3)
+    assert [b["blocks"][1]["fields"][4]["text"].split("\n")[1] for b in bodies] == ["preempted", "requeued", "failed"]
+    assert all("Queued at" in b["blocks"][-1]["elements"][0]["text"] for b in bodies)
+    assert queued(tmp_path) == []
+    assert flush_queue(tmp_path, cfg) == (0, 0)
+
+
+def test_send_flushes_older_alerts_first(webhook, cfg, tmp_path):
+    webhook.stop()
+    send(make_alert("preempted"), cfg, tmp_path)
+    webhook.start()
+    assert send(make_alert("completed"), cfg, tmp_path) is True
+    events = [b["blocks"][1]["fields"][4]["text"].split("\n")[1] for b in webhook.wait_for(2)]
+    assert events == ["preempted", "completed"]
+    assert queued(tmp_path) == []
+
+
+def test_flush_stops_at_first_failure_and_keeps_the_rest(webhook, cfg, tmp_path):
+    webhook.stop()
+    for event in ("preempted", "requeued", "failed"):
+        send(make_alert(event), cfg, tmp_path)
+    webhook.start()
+    cfg["retries"] = 0
+    webhook.set_responses([200, 500])
+    assert flush_queue(tmp_path, cfg) == (1, 2)
+    assert [p.name.rsplit("-", 1)[1] for p in queued(tmp_path)] == ["requeued.json", "failed.json"]
+    assert flush_queue(tmp_path, cfg) == (2, 0)
+
+
+def test_payload_rejected_on_flush_is_set_aside(webhook, cfg, tmp_path):
+    webhook.stop()
+    send(make_alert("preempted"), cfg, tmp_path)
+    send(make_alert("failed"), cfg, tmp_path)
+    webhook.start()
+    webhook.set_responses([webhook.Response(400, body="invalid_blocks")])
+    assert flush_queue(tmp_path, cfg) == (1, 0)
+    assert len(list((tmp_path / "alerts" / "rejected").glob("*-preempted.json"))) == 1
+
+
+def test_flush_with_json_kind_rerenders_queued_slack_entries(webhook, cfg, tmp_path):
+    webhook.stop()
+    send(make_alert("failed"), cfg, tmp_path)
+    webhook.start()
+    assert flush_queue(tmp_path, {**cfg, "kind": "json"}) == (1, 0)
+    [body] = webhook.wait_for(1)
+    assert body["event"] == "failed" and "queued_at" in body and "blocks" not in body
+
+
+# --------------------------------------------------------------------------------- URL and secrets
+
+
+def test_url_file_readable_by_others_is_rejected_in_one_line(webhook, tmp_path, monkeypatch, capfd):
+    monkeypatch.delenv("RUNNER_WEBHOOK_URL", raising=False)
+    url_file = tmp_path / "hook.url"
+    url_file.write_text(webhook.url + "\n")
+    url_file.chmod(0o644)
+    cfg = {"url_file": str(url_file), "backoff_s": 0.01}
+
+    with pytest.raises(AlertConfigError) as info:
+        alerts.resolve_url(cfg)
+    message = str(info.value)
+    assert "\n" not in message and str(url_file) in message and "chmod 600" in message
+    assert "0644" in message and webhook.secret not in message
+
+    run_dir = tmp_path / "run"
+    assert send(make_alert(), cfg, run_dir) is False
+    err = capfd.readouterr().err
+    assert len(err.splitlines()) == 1 and "chmod 600" in err and webhook.secret not in err
+    assert webhook.requests == [] and len(queued(run_dir)) == 1
+
+    url_file.chmod(0o600)
+    assert alerts.resolve_url(cfg) == (webhook.url, "")
+    assert flush_queue(run_dir, cfg) == (1, 0)
+    assert len(webhook.wait_for(1)) == 1
+
+
+def test_url_file_comments_and_blank_lines(tmp_path, monkeypatch):
+    monkeypatch.delenv("MY_HOOK", raising=False)
+    url_file = tmp_path / "hook"
+    url_file.write_text("# team channel\n\n  https://example.invalid/x  \n")
+    url_file.chmod(0o600)
+    assert alerts.resolve_url({"url_env": "MY_HOOK", "url_file": str(url_file)}) == ("https://example.invalid/x", "")
+
+
+@pytest.mark.parametrize(
+    ("setup", "expected"),
+    [
+        ("missing", "No such file"),
+        ("empty", "is empty"),
+        ("not-a-url", "does not start with http"),
+    ],
+)
+def test_url_file_problems(tmp_path, monkeypatch, setup, expected):
+    monkeypatch.delenv("RUNNER_WEBHOOK_URL", raising=False)
+    url_file = tmp_path / "hook"
+    if setup != "missing":
+        url_file.write_text("" if setup == "empty" else "hooks.example/secret-token\n")
+        url_file.chmod(0o600)
+    with pytest.raises(AlertConfigError, match=expected) as info:
+        alerts.resolve_url({"url_file": str(url_file)})
+    assert "secret-token" not in str(info.value)
+
+
+def test_no_url_disables_quietly(tmp_path, monkeypatch, capfd):
+    monkeypatch.delenv("RUNNER_WEBHOOK_URL", raising=False)
+    url, reason = alerts.resolve_url({})
+    assert url is None and "RUNNER_WEBHOOK_URL" in reason
+    assert alerts.resolve_url({"enabled": False}) == (None, "alerts are disabled in the config")
+    assert send(make_alert(), {}, tmp_path) is False
+    assert flush_queue(tmp_path, {}) == (0, 0)
+    assert capfd.readouterr() == ("", "")
+    assert not (tmp_path / "alerts").exists()
+
+
+def test_env_var_wins_over_url_file(webhook, tmp_path, monkeypatch):
+    monkeypatch.setenv("HOOK", webhook.url)
+    assert alerts.resolve_url({"url_env": "HOOK", "url_file": str(tmp_path / "absent")}) == (webhook.url, "")
+
+
+def test_events_filter(webhook, cfg, tmp_path, capfd):
+    cfg["events"] = ["failed", "gave_up"]
+    assert send(make_alert("completed"), cfg, tmp_path) is False
+    assert send(make_alert("requeued"), cfg, tmp_path) is False
+    assert send(make_alert("gave_up"), cfg, tmp_path) is True
+    assert len(webhook.wait_for(1)) == 1 and len(webhook.requests) == 1
+    assert not queued(tmp_path) and capfd.readouterr().err == ""
+
+
+def test_disabled_sends_nothing(webhook, cfg, tmp_path):
+    assert send(make_alert(), {**cfg, "enabled": False}, tmp_path) is False
+    assert webhook.requests == []
+
+
+def test_secret_never_in_queue_files_or_stderr(webhook, cfg, tmp_path, capfd):
+    leaky = [
+        f"posting to {webhook.url}",
+        f"requests.post('{webhook.url.split('://')[1]}') failed",
+        "export SLACK=https://hooks.slack.com/services/T123/B456/abcdefSECRET",
+        f"url: {webhook.path}",
+    ]
+    alert = make_alert(log_tail=leaky, cause=f"cause mentions {webhook.url}", extra={"hook": webhook.url})
+    webhook.stop()
+    assert send(alert, cfg, tmp_path) is False
+    send(make_alert("gave_up"), cfg, tmp_path)
+    err = capfd.readouterr().err
+    stored = all_text(tmp_path)
+    for text in (err, stored):
+        assert webhook.secret not in text
+        assert "abcdefSECRET" not in text and "hooks.slack.com" not in text
+    assert "[webhook URL redacted]" in stored
+    assert "posting to [webhook URL redacted]" in stored  # the rest of the line survives
+
+    webhook.start()
+    assert flush_queue(tmp_path, cfg) == (2, 0)
+    delivered = json.dumps(webhook.wait_for(2))
+    assert webhook.secret not in delivered and "abcdefSECRET" not in delivered
+    assert webhook.secret not in capfd.readouterr().err
+
+
+def test_delivered_payload_redacts_url_even_when_sent_directly(webhook, cfg, tmp_path):
+    send(make_alert(log_tail=[f"GET {webhook.url} 500"]), cfg, tmp_path)
+    [body] = webhook.wait_for(1)
+    assert webhook.secret not in json.dumps(body)
+
+
+def test_send_never_raises(cfg, tmp_path, capfd):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    cfg["retries"] = 0
+    cfg["url_env"] = "NOPE_URL"
+    os.environ["NOPE_URL"] = "http://127.0.0.1:9/hook/secret-token-xyz"  # discard port: refused
+    try:
+        assert send(make_alert(), cfg, blocker / "run") is False  # cannot even queue under a file
+    finally:
+        del os.environ["NOPE_URL"]
+    err = capfd.readouterr().err
+    assert len(err.splitlines()) == 1 and "lost" in err and "secret-token-xyz" not in err
+
+
+# ---------------------------------------------------------------------------------------- payloads
+
+
+def test_slack_limits_and_escaping():
+    long_lines = [f"{i:05d} " + "x" * 180 for i in range(200)] + ["<!channel> & ```fence```"]
+    alert = make_alert(run="r" * 400, cause="c" * 5000, log_tail=long_lines, extra={"k": "v" * 5000})
+    payload = alerts.slack_payload(alert)
+    header, fields, extra, code, context = payload["blocks"]
+    assert len(header["text"]["text"]) <= 150
+    assert all(len(f["text"]) <= 2000 for f in fields["fields"])
+    assert len(extra["text"]["text"]) <= 3000
+    text = code["text"]["text"]
+    assert len(text) <= 3000
+    assert text.endswith("&lt;!channel&gt; &amp; '''fence'''\n```")  # newest line kept, no ping, fence intact
+    assert text.count("```") == 2
+    assert "00000 " not in text and "earlier cut" in text
+    assert len(payload["text"]) <= 3000 and len(context["elements"][0]["text"]) <= 2000
+
+
+def test_single_huge_log_line_is_cut_from_the_left():
+    payload = alerts.slack_payload(make_alert(log_tail=["a" * 10_000 + "END"]))
+    text = payload["blocks"][2]["text"]["text"]
+    assert len(text) <= 3000 and text.endswith("END\n```")
+
+
+def test_payload_without_optional_fields():
+    alert = Alert(event="completed", run="r")
+    payload = alerts.slack_payload(alert)
+    assert [b["type"] for b in payload["blocks"]] == ["header", "section", "context"]
+    assert all(f["text"].split("\n")[1] for f in payload["blocks"][1]["fields"])  # Slack refuses empty text
+    assert "training finished" in payload["blocks"][-1]["elements"][0]["text"]
+    assert alerts.json_payload(alert)["next_step"] == alerts.NEXT_STEPS["completed"]
+
+
+def test_alert_validates_and_normalises(tmp_path):
+    with pytest.raises(ValueError, match="unknown alert event"):
+        Alert(event="exploded", run="r")
+    # What callers pass from sacct and os.environ, not what the annotations say.
+    raw: dict[str, Any] = {"run_dir": tmp_path, "job_id": 12, "exit_code": "3", "extra": {"n": 1}}
+    a = Alert(event="failed", run="r", **raw)
+    assert a.run_dir == str(tmp_path) and a.job_id == "12" and a.exit_code == 3 and a.extra == {"n": "1"}
+
+
+# --------------------------------------------------------------------------------------- causes
+
+TB = ["Traceback (most recent call last):", '  File "train.py", line 3, in <module>', "    main()"]
+
+
+@pytest.mark.parametrize(
+    ("lines", "exit_code", "state", "expected"),
+    [
+        (
+            [*TB, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"],
+            1,
+            "FAILED",
+            "OOM: torch.OutOfMemoryError",
+        ),
+        (["slurmstepd: error: Detected 1 oom-kill event(s) in StepId=5.0."], 137, "FAILED", "OOM: slurmstepd"),
+        ([], 0, "OUT_OF_MEMORY", "OOM: Slurm state OUT_OF_MEMORY"),
+        (
+            ["[rank1]:[E ProcessGroupNCCL.cpp:563] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9)"],
+            1,
+            "FAILED",
+            "NCCL timeout: [rank1]",
+        ),
+        (
+            [*TB, "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970"],
+            1,
+            None,
+            "NCCL timeout",
+        ),
+        (["srun: error: gpu02: task 3: Killed"], None, "NODE_FAIL", "node failure: Slurm state NODE_FAIL"),
+        (
+            ["slurmstepd: error: *** JOB 7 ON n1 CANCELLED AT 2026-01-01T00:00:00 DUE TO NODE FAILURE ***"],
+            None,
+            None,
+            "node failure",
+        ),
+        ([], None, "TIMEOUT", "time limit: Slurm state TIMEOUT"),
+        (
+            ["slurmstepd: error: *** JOB 7 ON n1 CANCELLED AT 2026-01-01T00:00:00 DUE TO TIME LIMIT ***"],
+            15,
+            None,
+            "time limit: slurmstepd",
+        ),
+        ([], None, "PREEMPTED", "preemption: Slurm state PREEMPTED"),
+        (["*** JOB 7 CANCELLED AT 2026-01-01T00:00:00 DUE TO PREEMPTION ***"], None, None, "preemption"),
+        (["job was preempted by a higher-priority job"], None, "REQUEUED", "preemption: job was preempted"),
+        (
+            [*TB, "RuntimeError: shapes (3,) and (4,) differ"],
+            1,
+            "FAILED",
+            "Python exception: RuntimeError: shapes (3,) and (4,) differ",
+        ),
+        (
+            ["3: " + line for line in TB] + ["3: KeyError: 'lr'", "3: srun: error: task 3 exited"],
+            1,
+            "FAILED",
+            "Python exception: KeyError: 'lr'",
+        ),
+        ([*TB, "KeyboardInterrupt"], 130, None, "Python exception: KeyboardInterrupt"),
+        (["loading...", "ValueError: bad value"], 1, "FAILED", "Python exception: ValueError: bad value"),
+        (["epoch 1 done", "ERROR: something odd"], 2, "FAILED", "unknown"),
+        ([], None, None, "unknown"),
+        # Root cause beats symptoms: one rank's OOM makes the others fail in NCCL ...
+        (["Watchdog caught collective operation timeout", "CUDA out of memory"], 1, "FAILED", "OOM"),
+        # ... and a dead node or a Slurm kill explains NCCL errors and tracebacks.
+        ([*TB, "RuntimeError: NCCL error: remote process exited"], 1, "NODE_FAIL", "node failure"),
+        ([*TB, "RuntimeError: x"], 0, "CANCELLED by 0", "Python exception: RuntimeError: x"),
+        (["preemptible: false", "all good"], 1, "FAILED", "unknown"),
+    ],
+)
+def test_guess_cause(lines, exit_code, state, expected):
+    assert guess_cause(lines, exit_code, state).startswith(expected)
+
+
+def test_guess_cause_uses_the_last_traceback():
+    lines = [*TB, "ValueError: first", "", "During handling of the above exception, another exception occurred:", ""]
+    lines += [*TB, "[rank0]: nonsense: line", "RuntimeError: second"]
+    assert guess_cause(lines, 1, None) == "Python exception: RuntimeError: second"
+
+
+# -------------------------------------------------------------------------------- alert_from_run
+
+
+def write_log(path: Path, lines: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_alert_from_run_picks_the_failing_rank(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
+    run = tmp_path / "bert-base"
+    write_log(run / "logs" / "rank-0.log", [f"step {i}" for i in range(100)])
+    write_log(run / "logs" / "rank-1.log", [f"step {i}" for i in range(60)] + TB + ["ValueError: nan loss"])
+    write_log(run / "logs" / "rank-2.log", [f"step {i}" for i in range(100)])
+
+    a = alert_from_run(run, "failed", exit_code=1, slurm_state="FAILED", attempt=3)
+    assert (a.run, a.job_id, a.nodes, a.attempt, a.exit_code) == ("bert-base", "77", "n[1-2]", 3, 1)
+    assert len(a.log_tail) == 30 and a.log_tail[-1] == "ValueError: nan loss"
+    assert a.cause == "Python exception: ValueError: nan loss"
+    assert a.extra == {"log": "logs/rank-1.log"}
+    assert a.next_step == alerts.NEXT_STEPS["failed"] and a.run_dir == str(run)
+
+
+def test_alert_from_run_prefers_the_root_cause_rank(tmp_path):
+    run = tmp_path / "r"
+    write_log(run / "logs" / "rank-0.log", [*TB, "RuntimeError: NCCL error: remote process exited"])
+    write_log(run / "logs" / "rank-3.log", [*TB, "torch.OutOfMemoryError: CUDA out of memory."])
+    a = alert_from_run(run, "failed", exit_code=1)
+    assert a.extra["log"] == "logs/rank-3.log" and (a.cause or "").startswith("OOM")
+
+
+def test_alert_from_run_defaults_to_rank_0_and_newest_attempt_dir(tmp_path):
+    run = tmp_path / "r"
+    write_log(run / "logs" / "attempt-1" / "rank-1.log", [*TB, "RuntimeError: old"])
+    time.sleep(0.01)
+    write_log(run / "logs" / "attempt-2" / "rank-10.log", ["fine"])
+    write_log(run / "logs" / "attempt-2" / "rank-2.log", ["fine too"])
+    os.utime(run / "logs" / "attempt-1" / "rank-1.log", (1, 1))
+    a = alert_from_run(run, "completed")
+    assert a.extra["log"] == "logs/attempt-2/rank-2.log" and a.log_tail == ["fine too"] and a.cause is None
+
+
+def test_alert_from_run_cleans_progress_bars_and_big_logs(tmp_path):
+    run = tmp_path / "r"
+    (run / "logs").mkdir(parents=True)
+    big = ("filler " * 20 + "\n") * 5000
+    bar = "\r".join(f"Epoch 0: {i}%|" for i in range(0, 101, 10))
+    (run / "logs" / "rank-0.log").write_text(big + bar + "\n\x1b[31mRuntimeError: red\x1b[0m\n")
+    a = alert_from_run(run, "failed", job_id="1", nodes="n1")
+    assert a.log_tail[-2:] == ["Epoch 0: 100%|", "RuntimeError: red"]
+    assert a.cause == "Python exception: RuntimeError: red"
+
+
+def test_alert_from_run_does_not_blame_an_earlier_attempt_in_an_appended_log(tmp_path):
+    run = tmp_path / "r"
+    old = [*TB, "torch.OutOfMemoryError: CUDA out of memory."]
+    write_log(run / "logs" / "rank-0.log", old + [f"step {i}" for i in range(300)] + ["ValueError: new"])
+    assert alert_from_run(run, "failed").cause == "Python exception: ValueError: new"
+
+
+def test_alert_from_run_without_logs(tmp_path):
+    a = alert_from_run(tmp_path, "timeout", slurm_state="TIMEOUT", job_id="5", nodes="")
+    assert a.log_tail == [] and a.cause == "time limit: Slurm state TIMEOUT" and a.extra == {}
+    with pytest.raises(TypeError, match="bogus"):
+        alert_from_run(tmp_path, "failed", bogus=1)
+
+
+def test_alert_from_run_end_to_end(webhook, cfg, tmp_path):
+    run = tmp_path / "r"
+    write_log(run / "logs" / "rank-0.log", [*TB, "RuntimeError: end to end"])
+    assert send(alert_from_run(run, "failed", job_id="9", nodes="n1", exit_code=1), cfg, run)
+    [body] = webhook.wait_for(1)
+    assert "RuntimeError: end to end" in body["blocks"][-2]["text"]["text"]
+    assert "*log*: logs/rank-0.log" in body["blocks"][2]["text"]["text"]
+
+
+# ------------------------------------------------------------------------------------------ config
+
+
+def test_defaults_and_events():
+    assert EVENTS == (
+        "failed",
+        "preempted",
+        "requeued",
+        "timeout",
+        "resubmitted",
+        "gave_up",
+        "completed",
+        "cancelled",
+        "preflight_failed",
+    )
+    assert {
+        "enabled": True,
+        "kind": "slack",
+        "url_env": "RUNNER_WEBHOOK_URL",
+        "url_file": None,
+        "events": list(EVENTS),
+        "timeout_s": 5.0,
+        "retries": 3,
+        "backoff_s": 1.0,
+    } == DEFAULTS
+    assert set(alerts.NEXT_STEPS) == set(EVENTS)
+    assert alerts.validate_config(DEFAULTS) == [] and alerts.validate_config(None) == []
+
+
+def test_validate_config_reports_every_problem():
+    problems = alerts.validate_config(
+        {"kind": "teams", "events": ["failed", "exploded"], "retries": -1, "timeout_s": 0, "url": "x", "enabled": "yes"}
+    )
+    assert len(problems) == 6
+    assert any(p.startswith("alerts.url: unknown key") for p in problems)
+    assert any(p.startswith("alerts.kind: expected 'slack' or 'json'") for p in problems)
+
+
+def test_whole_config_with_alerts_key_is_accepted(webhook, cfg, tmp_path):
+    assert send(make_alert(), {"alerts": cfg}, tmp_path) is True
+    assert send(make_alert(), {"alerts": None}, tmp_path) is True  # YAML `alerts:` with nothing under it
+    assert send(make_alert(), {**cfg, "events": None, "url_file": None}, tmp_path) is True  # null = default
+
+
+def test_import_is_light():
+    code = "import sys, runner.alerts; bad = {'requests', 'torch', 'lightning'} & set(sys.modules); assert not bad, bad"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
