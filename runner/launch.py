@@ -226,6 +226,8 @@ def train(rd: RunDir) -> int:
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    # Preflight (issue "Preflight and the NCCL/IB environment") plugs in here: network environment first,
+    # then checks in their own short-lived process group, before Lightning builds its own.
     L.seed_everything(cfg["seed"] + rank, workers=True, verbose=False)
     cfg_hash = manifest["config_hash"]
     last = checkpoint.latest(rd.checkpoints, cfg_hash, cfg["resume"]["force"]) if cfg["resume"]["enabled"] else None
