@@ -387,7 +387,9 @@ def _check(data: dict[str, Any], schema: dict[str, Any], problems: _Problems, pr
             continue
         value = data[key]
         if not _type_ok(value, spec.types):
-            problems.add(path, value, _type_name(spec.types))
+            quote = str in spec.types and isinstance(value, (int, float)) and not isinstance(value, bool)
+            problems.add(path, value, spec.expect or _type_name(spec.types),
+                         f"quote it: YAML reads {value!r} as a number" if quote else "")
         elif spec.choices and value not in spec.choices:
             problems.add(path, value, "one of " + ", ".join(map(str, spec.choices)))
         elif spec.min is not None and isinstance(value, (int, float)) and value < spec.min:

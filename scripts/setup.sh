@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Create .venv with runner and its training and test dependencies. Idempotent; torch is pinned to a CPU
+# build here (an unpinned torch pulls several GB of CUDA wheels on a machine without GPUs).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TORCH_PIN=${TORCH_PIN:-torch==2.13.0}
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.runner-setup-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+if [ ! -e "$stamp" ]; then
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q "$TORCH_PIN" -e ".[train,dev]"
+  touch "$stamp"
+fi

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Set up and run every test: lint (ruff, mypy), unit tests, and the integration tests on a real local Slurm
+# cluster and real podman builds (those install slurm/munge/mariadb/podman with apt when run as root).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+if [ "$(id -u)" = 0 ]; then
+  scripts/install-slurm.sh
+  [ -x scripts/install-podman.sh ] && scripts/install-podman.sh
+fi
+export OMP_NUM_THREADS=1
+.venv/bin/ruff check runner tests bench
+.venv/bin/mypy runner
+.venv/bin/pytest "$@"
