@@ -114,7 +114,7 @@ SCHEMA: dict[str, Any] = {
         "constraint": _f((str, NONE), None, pattern=SBATCH_SAFE),
         "time": _f(str, "01:00:00", pattern=TIME, expect="Slurm time like 01:00:00 or 2-00:00:00"),
         "cpus_per_task": _f(int, 4, **POS_INT),
-        "mem": _f((str, NONE), None, pattern=SBATCH_SAFE),
+        "mem": _f((str, int, NONE), None, pattern=SBATCH_SAFE),
         "gpus_per_node": _f((int, NONE), None, min=0),
         "extra_flags": _f(list, []),
         "signal": _f(str, "USR2", choices=("USR1", "USR2", "TERM", "INT", "HUP", "URG")),

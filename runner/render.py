@@ -114,7 +114,7 @@ CONTAINER_ENV = ("MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "RUNNER_RUN_DI
 
 def sbatch(cfg: Config, run_dir: Path, image: str) -> str:
     d, s = cfg.data, cfg["slurm"]
-    flags = [f"--{key}={s[key]}" for key in ("partition", "account", "qos", "constraint", "mem") if s[key]]
+    flags = [f"--{key}={s[key]}" for key in ("partition", "account", "qos", "constraint", "mem") if s[key] is not None]
     flags += list(s["extra_flags"])
     gpus = s["gpus_per_node"]
     if gpus is None:

@@ -1,0 +1,158 @@
+"""Rendered artifacts: golden files, real linters, and hostile values that must stay literal."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from runner import config, render
+
+REPO = Path(__file__).resolve().parents[1]
+GOLDEN = Path(__file__).parent / "golden"
+VENV_BIN = Path(sys.executable).parent
+RUN_DIR = Path("/shared/runs/quickstart-20260101-000000")
+GOLDEN_CONF = REPO / "conf" / "ngc-4x8gpu.yaml"
+
+
+def artifacts(overrides: list[str] | None = None, path: Path = GOLDEN_CONF) -> dict[str, str]:
+    cfg = config.load(path, overrides or [], run_dir=str(RUN_DIR))
+    sbatch = render.sbatch(cfg, RUN_DIR, "/shared/images/ngc-4x8gpu-GOLDEN.sif")
+    return {
+        "Dockerfile": render.dockerfile(cfg, "GOLDEN"),
+        "apptainer.def": render.apptainer_def(cfg, "GOLDEN", "docker-archive", "ngc-4x8gpu-GOLDEN.tar"),
+        # The host python differs per machine; the golden file names it PYTHON.
+        "job.sbatch": sbatch.replace(render.q(sys.executable), "PYTHON"),
+    }
+
+
+@pytest.mark.parametrize("name", ["Dockerfile", "apptainer.def", "job.sbatch"])
+def test_golden(name: str, request: pytest.FixtureRequest) -> None:
+    text = artifacts()[name]
+    path = GOLDEN / name
+    if request.config.getoption("--update-golden"):
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    expected = path.read_text()
+    if text != expected:
+        diff = "".join(difflib.unified_diff(expected.splitlines(True), text.splitlines(True), str(path), "rendered"))
+        pytest.fail(f"{name} differs from its golden file (run pytest --update-golden if intended):\n{diff}")
+
+
+def lint(tool: str, *args: str, text: str, tmp_path: Path, name: str) -> None:
+    exe = shutil.which(tool, path=str(VENV_BIN)) or shutil.which(tool)
+    assert exe, f"{tool} is a dev dependency (pip install -e .[dev])"
+    path = tmp_path / name
+    path.write_text(text)
+    out = subprocess.run([exe, *args, str(path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, f"{tool} on {name}:\n{out.stdout}{out.stderr}\n--- {name} ---\n{text}"
+
+
+CONFIGS = [
+    (GOLDEN_CONF, []),
+    (REPO / "conf" / "quickstart.yaml", []),
+    (GOLDEN_CONF, ["container.runtime=singularity", "container.apt=[]", "container.pip=[]",
+                   "container.nccl_tests=true", "container.perftest=true", "slurm.requeue=false"]),
+    (GOLDEN_CONF, ["container.install_lightning=false", "env={}", "slurm.partition=null"]),
+]
+
+
+@pytest.mark.parametrize(("path", "overrides"), CONFIGS)
+def test_shellcheck_on_sbatch(path: Path, overrides: list[str], tmp_path: Path) -> None:
+    lint("shellcheck", "-s", "bash", text=artifacts(overrides, path)["job.sbatch"], tmp_path=tmp_path,
+         name="job.sbatch")
+
+
+@pytest.mark.parametrize(("path", "overrides"), CONFIGS)
+def test_hadolint_on_dockerfile(path: Path, overrides: list[str], tmp_path: Path) -> None:
+    # -c explicitly: hadolint would otherwise pick up a .hadolint.yaml from the working directory.
+    cfg = tmp_path / "hadolint.yaml"
+    cfg.write_text("failure-threshold: warning\n")
+    lint("hadolint", "-c", str(cfg), text=artifacts(overrides, path)["Dockerfile"], tmp_path=tmp_path,
+         name="Dockerfile")
+
+
+@pytest.mark.parametrize(("path", "overrides"), CONFIGS)
+def test_apptainer_def_has_no_build_arg_braces(path: Path, overrides: list[str]) -> None:
+    text = artifacts(overrides, path)["apptainer.def"]
+    assert "{{" not in text and "}}" not in text  # Apptainer >= 1.2 treats them as build arguments
+    assert text.startswith("Bootstrap: docker-archive\nFrom: ngc-4x8gpu-GOLDEN.tar\n")
+    labels = text.split("%labels\n")[1].split("\n\n")[0].splitlines()
+    assert all(len(line.split(None, 1)) == 2 for line in labels)  # KEY VALUE
+
+
+def test_sbatch_layout_follows_config() -> None:
+    text = artifacts()["job.sbatch"]
+    for line in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=8", "#SBATCH --gres=gpu:8",
+                 "#SBATCH --requeue", "#SBATCH --signal=B:USR2@180", "#SBATCH --open-mode=append",
+                 f"#SBATCH --output={RUN_DIR}/logs/slurm-%j.out", "#SBATCH --partition=gpu"):
+        assert line in text.splitlines()
+    srun = next(line for line in text.splitlines() if line.startswith("srun "))
+    assert "apptainer exec --nv --bind" in srun and "/shared/images/ngc-4x8gpu-GOLDEN.sif" in srun
+    assert '--env "MASTER_ADDR=$MASTER_ADDR"' in srun
+
+
+def test_runtimes_differ_only_in_exec_prefix() -> None:
+    a = artifacts(["container.runtime=apptainer"])["job.sbatch"].splitlines()
+    b = artifacts(["container.runtime=none"])["job.sbatch"].splitlines()
+    changed = [(x, y) for x, y in zip(a, b, strict=True) if x != y]
+    assert len(changed) == 1 and changed[0][0].startswith("srun ") and changed[0][1].startswith("srun ")
+    assert changed[0][1].split(" -m runner.launch")[1] == changed[0][0].split(" -m runner.launch")[1]
+
+
+# Hostile values: quotes, newlines, $(...), backticks, globs. Each must arrive in the job's environment
+# byte for byte, and none may run.
+HOSTILE = st.text(alphabet=st.sampled_from(list("ab $()`'\"\\;&|<>*?!{}[]#~\n\t=%")), min_size=0, max_size=40)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(values=st.lists(HOSTILE, min_size=1, max_size=4))
+def test_hostile_env_values_stay_literal(values: list[str], tmp_path: Path) -> None:
+    canary = tmp_path / "pwned"
+    values = [*values, f"$(touch {canary})", f"`touch {canary}`"]
+    env = {f"V{i}": v for i, v in enumerate(values)}
+    overrides = ["env={}"]
+    cfg = config.load(GOLDEN_CONF, overrides, run_dir=str(RUN_DIR))
+    cfg.data["env"] = env
+    script = render.sbatch(cfg, RUN_DIR, "/img.sif")
+    # Execute only the part that sets variables (up to the rendezvous), then dump them NUL-separated.
+    head = script.split("# Rendezvous")[0]
+    probe = head + "\nfor v in " + " ".join(env) + '; do printf "%s\\0" "${!v}"; done\n'
+    out = subprocess.run(["bash", "-c", probe], capture_output=True, timeout=30, env={"PATH": os.environ["PATH"]})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.decode().split("\0")[:-1] == values
+    assert not canary.exists()
+
+
+def test_hostile_values_outside_env_are_rejected_or_quoted(tmp_path: Path) -> None:
+    bad = config.load(GOLDEN_CONF, ["container.apt=[\"x; touch /tmp/pwned\"]"], run_dir=str(RUN_DIR))
+    dockerfile = render.dockerfile(bad, "H")
+    assert "'x; touch /tmp/pwned'" in dockerfile
+    for override in ["slurm.account=a$(id)", "slurm.extra_flags=[\"--comment=$(id)\"]", "name=a b",
+                     "network.ifname=eth0;id"]:
+        with pytest.raises(config.ConfigError):
+            config.load(GOLDEN_CONF, [override])
+
+
+def test_no_template_logic_reads_undefined_values() -> None:
+    env = render.environment()
+    with pytest.raises(Exception, match="undefined"):
+        env.from_string("{{ nope }}").render()
+    for name in ("Dockerfile.j2", "apptainer.def.j2", "sbatch.sh.j2"):
+        text = (render.templates_dir() / name).read_text()
+        # every {{ value }} in a shell line of the sbatch template goes through |q, except integers and
+        # validated #SBATCH values
+        if name == "sbatch.sh.j2":
+            for line in text.splitlines():
+                if line.startswith(("#", "{%")) or "{{" not in line:
+                    continue
+                for expr in re.findall(r"\{\{(.*?)\}\}", line):
+                    assert "|q" in expr.replace(" ", "") or expr.strip() in ("signal", "exec_prefix", "key"), line  # validated names
