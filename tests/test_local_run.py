@@ -1,0 +1,122 @@
+"""The quickstart end to end: real 2-process Lightning DDP on CPU (gloo), stopped and resumed exactly."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+QUICKSTART = REPO / "conf" / "quickstart.yaml"
+pytestmark = pytest.mark.slow
+STEPS = 40
+
+
+def runner(*args: str, check: bool = True, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-m", "runner", *args], capture_output=True, text=True, env=env,
+                         timeout=timeout)
+    if check:
+        assert out.returncode == 0, out.stdout + out.stderr
+    return out
+
+
+def start(root: Path, *overrides: str) -> tuple[subprocess.Popen[str], Path]:
+    """Start a local run in the background and return it with its run directory."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "runner", "submit", str(QUICKSTART), f"run_root={root}",
+                             f"trainer.max_steps={STEPS}", *overrides], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        runs = list(root.glob("quickstart-*"))
+        if runs:
+            return proc, runs[0]
+        time.sleep(0.05)
+    raise AssertionError("no run directory appeared")
+
+
+def wait_for(path: Path, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while not path.exists():
+        assert time.time() < deadline, f"{path} did not appear"
+        time.sleep(0.02)
+
+
+def weights(run: Path) -> list[dict[str, torch.Tensor]]:
+    files = sorted((run / "final").glob("rank-*.pt"))
+    assert len(files) == 2
+    return [torch.load(f, weights_only=True) for f in files]
+
+
+def assert_bitwise(a: list[dict[str, torch.Tensor]], b: list[dict[str, torch.Tensor]]) -> None:
+    for wa, wb in zip(a, b, strict=True):
+        assert wa.keys() == wb.keys()
+        for key in wa:
+            assert torch.equal(wa[key], wb[key]), key
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, torch.Tensor]]:
+    """An uninterrupted run: the weights every interrupted run must end with, bit for bit."""
+    root = tmp_path_factory.mktemp("reference")
+    runner("submit", str(QUICKSTART), f"run_root={root}", f"trainer.max_steps={STEPS}")
+    [run] = root.glob("quickstart-*")
+    assert (run / "finished").exists()
+    w = weights(run)
+    for key in w[0]:
+        assert torch.equal(w[0][key], w[1][key])  # DDP keeps every rank identical
+    status = json.loads(runner("status", "--root", str(root), "--json").stdout)
+    assert status[0]["state"] == "completed" and status[0]["last_checkpoint_step"] == STEPS
+    ranks = sorted(json.loads(p.read_text())["rank"] for p in (run / "ranks").glob("*.json"))
+    assert ranks == [0, 1]
+    assert [p.name for p in sorted((run / "logs").glob("rank-*.log"))] == ["rank-00000.log", "rank-00001.log"]
+    return w
+
+
+def test_signal_checkpoint_then_resume_is_bitwise_identical(tmp_path: Path, reference: list) -> None:
+    proc, run = start(tmp_path)
+    wait_for(run / "checkpoints" / "step-0000010" / "COMPLETE")
+    proc.send_signal(signal.SIGUSR2)  # what the batch script forwards before the time limit
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 75, out  # checkpointed, asks to be requeued
+    assert not (run / "finished").exists()
+    stopped = json.loads(runner("status", str(run), "--json").stdout)[0]
+    assert stopped["state"] == "preempted" and 10 <= stopped["last_checkpoint_step"] < STEPS
+    runner("resume", str(run))
+    assert (run / "finished").exists()
+    assert_bitwise(weights(run), reference)
+    assert "resuming from" in (run / "logs" / "rank-00001.log").read_text()
+
+
+def test_kill_and_torn_checkpoints_are_never_used(tmp_path: Path, reference: list) -> None:
+    proc, run = start(tmp_path, "checkpoint.every_n_steps=5")
+    ckpts = run / "checkpoints"
+    wait_for(ckpts / "step-0000015" / "COMPLETE")
+    subprocess.run(["pkill", "-KILL", "-f", f"runner.launch {run}"], check=False)
+    proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    # Torn writes as a crash would leave them: a staging dir, a published dir whose COMPLETE never landed,
+    # and a checkpoint written by another config.
+    newest = max(int(p.name.split("-")[1]) for p in ckpts.glob("step-*") if (p / "COMPLETE").exists())
+    (ckpts / f".staging-step-{newest + 1:07d}").mkdir()
+    torn = ckpts / f"step-{newest + 2:07d}"
+    torn.mkdir()
+    (torn / "model.ckpt").write_bytes(b"\0" * 100)
+    alien = ckpts / f"step-{newest + 3:07d}"
+    alien.mkdir()
+    (alien / "manifest.json").write_text(json.dumps({"config_hash": "another-config"}))
+    (alien / "COMPLETE").write_text("x")
+    out = runner("resume", str(run))
+    log = (run / "logs" / "rank-00000.log").read_text()
+    assert f"resuming from {ckpts / f'step-{newest:07d}'}" in log
+    assert f"skipping {torn}: no COMPLETE marker" in log and "another-config" in log
+    assert (run / "finished").exists(), out.stdout
+    assert_bitwise(weights(run), reference)
