@@ -30,7 +30,7 @@ def _validate(args: argparse.Namespace) -> int:
 def _submit(args: argparse.Namespace) -> int:
     from runner import submit
 
-    plan = submit.plan(args.config, args.overrides)
+    plan = submit.plan(args.config, args.overrides, allow_missing_image=args.allow_missing_image)
     if args.dry_run:
         print(plan)
         return 0
@@ -103,6 +103,8 @@ def parser() -> argparse.ArgumentParser:
     sp = cmd("submit", _submit, "create a run directory and start the run (Slurm or local)")
     config_args(sp)
     sp.add_argument("--dry-run", action="store_true", help="print the plan and the rendered script; write nothing")
+    sp.add_argument("--allow-missing-image", action="store_true",
+                    help="submit even if the image is missing here or was built from a different spec")
     sp = cmd("build", _build, "render the Dockerfile and Apptainer definition; build the image and the SIF")
     config_args(sp)
     sp.add_argument("--dry-run", action="store_true", help="render and print the build plan; build nothing")

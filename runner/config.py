@@ -102,6 +102,7 @@ SCHEMA: dict[str, Any] = {
         "builder": _f(str, "auto", choices=("auto", "docker", "podman")),
         "image_dir": _f(str, "images"),
         "image": _f((str, NONE), None),
+        "allow_missing_image": _f(bool, False),
         "binds": _f(list, []),
         "python": _f(str, "python"),
         "workdir": _f(str, "/workspace"),

@@ -78,10 +78,14 @@ def dockerfile(cfg: Config, spec_hash: str) -> str:
     return render("Dockerfile.j2", config_name=cfg.name, labels=spec_labels(cfg, spec_hash), **spec)
 
 
-def apptainer_def(cfg: Config, spec_hash: str, bootstrap: str, source: str) -> str:
+def apptainer_def(cfg: Config, spec_hash: str, bootstrap: str, source: str,
+                  extra_labels: list[tuple[str, str]] | None = None) -> str:
+    """``extra_labels``: the build's provenance (``runner build`` adds them; values are single lines)."""
     c = cfg["container"]
+    labels = spec_labels(cfg, spec_hash)
+    labels += [(k, v) for k, v in extra_labels or [] if k not in dict(labels)]
     return render("apptainer.def.j2", config_name=cfg.name, spec_hash=spec_hash, bootstrap=bootstrap,
-                  source=source, labels=spec_labels(cfg, spec_hash), workdir=c["workdir"], python=c["python"])
+                  source=source, labels=labels, workdir=c["workdir"], python=c["python"])
 
 
 def spec_hash(cfg: Config, code_files: dict[str, bytes]) -> str:

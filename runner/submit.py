@@ -32,6 +32,7 @@ class Plan:
     scheduler: str
     world_size: int
     notes: list[str] = field(default_factory=list)
+    image_problem: str | None = None
 
     def __str__(self) -> str:
         lines = [f"run directory: {self.run.root}", f"scheduler:     {self.scheduler}",
@@ -79,7 +80,26 @@ def new_run_dir(cfg: config.Config) -> RunDir:
     return RunDir(root)
 
 
-def plan(path: Path, overrides: list[str]) -> Plan:
+def check_image(cfg: config.Config, image: str, allow_missing: bool = False) -> str | None:
+    """Why this config's image cannot be used (missing, or built from a different spec), or None.
+
+    Only a Slurm run uses the image (a local run starts the launcher here). ``execute`` refuses to submit
+    when there is a problem; ``--dry-run`` shows it. ``--allow-missing-image`` or
+    ``container.allow_missing_image: true`` turn the check off (an image that exists only on the cluster).
+    """
+    c = cfg["container"]
+    if c["runtime"] == "none" or cfg["scheduler"] != "slurm" or allow_missing or c["allow_missing_image"]:
+        return None
+    from runner.build import image_problem
+
+    problem = image_problem(cfg, Path(image))
+    if problem is None:
+        return None
+    return (f"{problem}. hint: run `runner build {cfg.path}` first, or pass --allow-missing-image "
+            "(container.allow_missing_image: true) if the image exists where the job runs")
+
+
+def plan(path: Path, overrides: list[str], allow_missing_image: bool = False) -> Plan:
     """Validate and render everything for a submission, without touching the system."""
     rd_path = None
     cfg = config.load(path, overrides)
@@ -87,6 +107,7 @@ def plan(path: Path, overrides: list[str]) -> Plan:
     rd_path = run.root
     cfg = config.load(path, overrides, run_dir=str(rd_path))
     image = image_path(cfg) if cfg["container"]["runtime"] != "none" else "none"
+    image_problem = check_image(cfg, image, allow_missing_image)
     manifest = {"runner_version": __version__, "config_hash": cfg.hash(), "config_file": str(path.resolve()),
                 "overrides": overrides, "scheduler": cfg["scheduler"], "image": image,
                 "world_size": cfg.world_size, "global_batch": cfg.global_batch,
@@ -101,7 +122,9 @@ def plan(path: Path, overrides: list[str]) -> Plan:
         argv = [sys.executable, "-m", "runner.launch", str(rd_path)]
     notes = [f"global batch:  {cfg.global_batch} = {cfg.local_batch} x {cfg.world_size} ranks x "
              f"{cfg.accumulate} accumulation"]
-    return Plan(RunDir(rd_path), files, argv, cfg["scheduler"], cfg.world_size, notes)
+    if image_problem:
+        notes.append(f"image check:   {image_problem} (runner submit refuses without --allow-missing-image)")
+    return Plan(RunDir(rd_path), files, argv, cfg["scheduler"], cfg.world_size, notes, image_problem)
 
 
 def write(p: Plan) -> None:
@@ -115,6 +138,8 @@ def write(p: Plan) -> None:
 
 def execute(p: Plan) -> int:
     """Write the run directory and start the run; returns the exit code for the CLI."""
+    if p.image_problem:
+        raise SubmitError(p.image_problem)
     if p.scheduler == "slurm":
         return submit_slurm(p)
     write(p)

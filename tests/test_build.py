@@ -367,7 +367,8 @@ def test_submit_refuses_missing_image_unless_told(tmp_path: Path, fake_bin: Path
     assert "image check:   image " in capsys.readouterr().out
     assert cli.main(["submit", str(cfg), runs]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("runner: error: image ") and "not found. hint: run `runner build" in err[0]
+    assert len(err) == 1 and err[0].startswith("runner: error: image ")
+    assert "not found. hint: run `runner build" in err[0]
     assert not (tmp_path / "runs").exists()
     assert submit.plan(cfg, [runs], allow_missing_image=True).image_problem is None
     assert submit.plan(cfg, [runs, "container.allow_missing_image=true"]).image_problem is None
