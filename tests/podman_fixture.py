@@ -22,7 +22,7 @@ import pytest
 
 BASE_IMAGE = "localhost/runner-test-base:bookworm"
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
-SCRIPT_TIMEOUT_S = 900  # a cold base image takes ~30 s; apt on a slow mirror takes longer
+SCRIPT_TIMEOUT_S = 900  # a cold base image takes 35-80 s here; a slow mirror takes longer
 
 
 def _in_ci() -> bool:
@@ -39,9 +39,7 @@ def _unavailable(reason: str) -> NoReturn:
 def _run_script(name: str, *args: str) -> None:
     argv = [str(SCRIPTS / name), *args]
     try:
-        proc = subprocess.run(
-            argv, capture_output=True, text=True, timeout=SCRIPT_TIMEOUT_S, check=False
-        )
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=SCRIPT_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
         _unavailable(f"{name} ran longer than {SCRIPT_TIMEOUT_S} s")
     else:
@@ -57,8 +55,8 @@ def _image_exists(image: str) -> bool:
 
 @pytest.fixture(scope="session")
 def podman_base_image() -> str:
-    """Reference of a local image standing in for nvcr.io/nvidia/pytorch (python3, pip, yaml,
-    jinja2, requests; no torch)."""
+    """Reference of a local image standing in for nvcr.io/nvidia/pytorch: bash, apt, python3, pip,
+    yaml, jinja2, requests; no torch, no CUDA."""
     if _in_ci() or os.geteuid() == 0:
         _run_script("install-podman.sh")
         _run_script("make-base-image.sh", BASE_IMAGE)

@@ -29,9 +29,7 @@ CMD ["python3", "-c", "import os; print(os.environ['RUNNER_TEST_VALUE'])"]
 
 
 def podman(*args: str) -> str:
-    proc = subprocess.run(
-        ["podman", *args], capture_output=True, text=True, timeout=300, check=False
-    )
+    proc = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=300, check=False)
     if proc.returncode != 0:
         pytest.fail(f"podman {' '.join(args)} exited {proc.returncode}:\n{proc.stderr}")
     return proc.stdout
@@ -47,8 +45,8 @@ def test_build_from_local_base_label_run_save(podman_base_image: str, tmp_path: 
     archive = tmp_path / "image.tar"
     try:
         podman(
-            "build", "--build-arg", f"BASE_IMAGE={podman_base_image}",
-            "--build-arg", f"TEST_VALUE={value}", "-t", tag, str(context),
+            "build", "--format", "docker", "--build-arg", f"BASE_IMAGE={podman_base_image}",
+            "--build-arg", f"TEST_VALUE={value}", "--tag", tag, str(context),
         )  # fmt: skip
 
         [info] = json.loads(podman("image", "inspect", tag))
