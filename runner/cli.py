@@ -69,6 +69,12 @@ def _resume(args: argparse.Namespace) -> int:
     return submit.resume(status.find_run(args.run, Path(args.root)))
 
 
+def _preflight(args: argparse.Namespace) -> int:
+    from runner import preflight
+
+    return preflight.cli(args.config, args.overrides, args.wait)
+
+
 def _dev_cluster(args: argparse.Namespace) -> int:
     from runner import devcluster
 
@@ -121,6 +127,9 @@ def parser() -> argparse.ArgumentParser:
         if name == "logs":
             sp.add_argument("--rank", type=int, default=0)
             sp.add_argument("--follow", "-f", action="store_true")
+    sp = cmd("preflight", _preflight, "run the preflight checks as a short job (or locally) and print the report")
+    config_args(sp)
+    sp.add_argument("--wait", type=float, default=600, help="seconds to wait for the report (default: 600)")
     sp = cmd("dev-cluster", _dev_cluster, "a local multi-node Slurm cluster for trying the sbatch path (root)")
     sp.add_argument("action", choices=("up", "status", "down"))
     sp.add_argument("--nodes", type=int, default=2)

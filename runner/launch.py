@@ -228,6 +228,11 @@ def train(rd: RunDir) -> int:
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     # Preflight (issue "Preflight and the NCCL/IB environment") plugs in here: network environment first,
     # then checks in their own short-lived process group, before Lightning builds its own.
+    from runner import preflight
+
+    code = preflight.in_job(rd, cfg, rank, local, node, world)
+    if code is not None:
+        return code
     L.seed_everything(cfg["seed"] + rank, workers=True, verbose=False)
     cfg_hash = manifest["config_hash"]
     last = checkpoint.latest(rd.checkpoints, cfg_hash, cfg["resume"]["force"]) if cfg["resume"]["enabled"] else None
