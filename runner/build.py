@@ -56,6 +56,10 @@ ARG IMAGE
 FROM ${IMAGE}
 """
 TAIL_LINES = 20
+# Generous limits, so that only a hung step is stopped: an NGC image with nccl-tests builds in ~15 min on a
+# login node, and saving or converting a 20 GB image takes minutes.
+BUILD_TIMEOUT_S = 3 * 3600
+SAVE_TIMEOUT_S = 3600
 
 
 def code_files(cfg: Config) -> dict[str, bytes]:
@@ -147,6 +151,8 @@ class Step:
     title: str
     argv: list[str]
     capture: bool = False
+    timeout_s: float = 600
+
 
     def command(self, values: dict[str, str]) -> list[str]:
         return [fill(a, values) for a in self.argv]
@@ -243,25 +249,27 @@ def _steps(builder: str, sif: str | None, tag: str, base: str, p: Paths, python:
     label_args = [a for k, v in labels(prov) for a in ("--label", f"{k}={v}")]
     steps = [
         Step("image", "build the image", [builder, "build", *fmt, "--file", str(p.dockerfile),
-                                          "--build-arg", f"BASE_IMAGE={base}", "--tag", tag, ctx]),
+                                          "--build-arg", f"BASE_IMAGE={base}", "--tag", tag, ctx],
+             timeout_s=BUILD_TIMEOUT_S),
         Step("freeze", "pip freeze inside the image",
              [builder, "run", "--rm", "--network=none", "--entrypoint", python, tag, "-m", "pip", "freeze"],
-             capture=True),
-        Step("base", "inspect the base image", [builder, "image", "inspect", base], capture=True),
+             capture=True, timeout_s=300),
+        Step("base", "inspect the base image", [builder, "image", "inspect", base], capture=True, timeout_s=120),
         Step("label", "add the provenance labels", [builder, "build", *fmt, "--file", str(p.provenance_dockerfile),
                                                     "--build-arg", f"IMAGE={tag}", *label_args, "--tag", tag, ctx]),
     ]
     if save:
         archive_fmt = ["--format", "docker-archive"] if builder == "podman" else []
         steps.append(Step("save", "save the docker-archive",
-                          [builder, "save", *archive_fmt, "--output", str(p.archive), tag]))
+                          [builder, "save", *archive_fmt, "--output", str(p.archive), tag], timeout_s=SAVE_TIMEOUT_S))
     if sif:
         steps.append(sif_step(sif, p))
     return steps
 
 
 def sif_step(tool: str, p: Paths) -> Step:
-    return Step("sif", "build the SIF", [tool, "build", "--force", str(p.sif), str(p.definition)])
+    return Step("sif", "build the SIF", [tool, "build", "--force", str(p.sif), str(p.definition)],
+                timeout_s=SAVE_TIMEOUT_S)
 
 
 def _builder_has(builder: str, tag: str) -> bool:
@@ -367,8 +375,11 @@ class Progress:
         return seconds
 
 
-def _run_step(argv: list[str], log: Path, capture: bool, progress: Progress) -> tuple[int, str]:
-    """Run one step, streaming its output into ``log``; returns (exit code, captured stdout)."""
+def _run_step(argv: list[str], log: Path, capture: bool, progress: Progress, timeout_s: float) -> tuple[int, str]:
+    """Run one step, streaming its output into ``log``; returns (exit code, captured stdout).
+
+    A step still running after ``timeout_s`` is terminated and reported as exit 124, like timeout(1).
+    """
     with open(log, "w") as logf:
         logf.write("+ " + shlex.join(argv) + "\n")
         logf.flush()
@@ -379,6 +390,14 @@ def _run_step(argv: list[str], log: Path, capture: bool, progress: Progress) -> 
             logf.write(f"{argv[0]}: command not found\n")
             return 127, ""
         captured: list[str] = []
+        expired = threading.Event()
+
+        def stop() -> None:
+            expired.set()
+            proc.terminate()
+
+        watchdog = threading.Timer(timeout_s, stop)
+        watchdog.start()
         try:
             assert proc.stdout is not None
             for line in proc.stdout:
@@ -392,6 +411,11 @@ def _run_step(argv: list[str], log: Path, capture: bool, progress: Progress) -> 
             proc.terminate()
             proc.wait()
             raise
+        finally:
+            watchdog.cancel()
+        if expired.is_set():
+            logf.write(f"runner: stopped after {timeout_s:g} s\n")
+            rc = 124
     return rc, "".join(captured)
 
 
@@ -445,12 +469,12 @@ def execute(bp: BuildPlan, out: TextIO | None = None) -> int:
         if step.name == "sif":  # the definition's %labels need the values of the steps before
             p.definition.write_text(fill(bp.files["apptainer.def"].decode(), values))
         progress.start(i, step, log)
-        rc, stdout = _run_step(step.command(values), log, step.capture, progress)
+        rc, stdout = _run_step(step.command(values), log, step.capture, progress, step.timeout_s)
         durations[step.name] = round(progress.finish(rc == 0), 2)
         if rc != 0:
             for line in _tail(log):
                 print(f"    | {line}", file=sys.stderr)
-            what = "not found" if rc == 127 else f"failed (exit {rc})"
+            what = {127: "not found", 124: f"timed out after {step.timeout_s:g} s"}.get(rc, f"failed (exit {rc})")
             raise BuildError(f"build step '{step.name}' ({step.title}) {what}; log: {log}")
         if step.name == "freeze":
             freeze = [line.strip() for line in stdout.splitlines() if line.strip()]

@@ -54,8 +54,11 @@ def write_config(d: Path, *, name: str = "buildtest", base: str = "localhost/run
     return path
 
 
+# FAKES, named as such: Apptainer cannot be installed here and no docker daemon can run here, so the fast
+# control-flow tests use these stand-ins (they log their argv, print like the real tool, fail where FAKE_FAIL
+# says). The real podman builds further down show the same steps against the real thing.
 FAKE_BUILDER = r"""#!/bin/bash
-# A stand-in for docker/podman: logs its argv, prints like a builder, fails where FAKE_FAIL says.
+# FAKE docker/podman for control-flow tests.
 printf '%s\n' "${0##*/} $*" >> "$FAKE_CALLS"
 case "$1 $2" in
   "build "*)
@@ -70,6 +73,7 @@ case "$1 $2" in
 esac
 """
 FAKE_APPTAINER = r"""#!/bin/bash
+# FAKE apptainer: writes an empty SIF.
 printf '%s\n' "${0##*/} $*" >> "$FAKE_CALLS"
 [ "$1" = build ] && : > "$3"
 """
@@ -231,16 +235,16 @@ def test_hadolint_on_rendered_dockerfiles(tmp_path: Path, fake_bin: Path) -> Non
 
 def test_execute_fills_provenance_and_second_run_does_nothing(tmp_path: Path, fake_bin: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    install(fake_bin, "podman", "apptainer")
-    cfg = write_config(tmp_path)
+    install(fake_bin, "docker", "apptainer")
+    cfg = write_config(tmp_path, builder="docker")
     assert cli.main(["build", str(cfg)]) == 0
     out = capsys.readouterr().out
     bp = build.plan(cfg)
     p = bp.paths
     assert bp.up_to_date and "is up to date" in bp.up_to_date
     made = calls(tmp_path)
-    assert [c.split()[:2] for c in made] == [["podman", "build"], ["podman", "run"], ["podman", "image"],
-                                             ["podman", "build"], ["podman", "save"], ["apptainer", "build"]]
+    assert [c.split()[:2] for c in made] == [["docker", "build"], ["docker", "run"], ["docker", "image"],
+                                             ["docker", "build"], ["docker", "save"], ["apptainer", "build"]]
     freeze = '["PyYAML==6.0","requests==2.28.1"]'
     assert f"--label runner.pip_freeze={freeze}" in made[3] and "--label runner.base_digest=base@sha256:222" in made[3]
     record = json.loads(p.record.read_text())
@@ -266,8 +270,8 @@ def test_execute_fills_provenance_and_second_run_does_nothing(tmp_path: Path, fa
 def test_without_apptainer_the_archive_is_the_result(tmp_path: Path, fake_bin: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     """Exit 0 with a note; the next build with apptainer present builds only the SIF, with the same labels."""
-    install(fake_bin, "podman")
-    cfg = write_config(tmp_path)
+    install(fake_bin, "docker")
+    cfg = write_config(tmp_path, builder="docker")
     assert cli.main(["build", str(cfg)]) == 0
     out = capsys.readouterr().out
     p = build.plan(cfg).paths
@@ -290,9 +294,9 @@ def test_without_apptainer_the_archive_is_the_result(tmp_path: Path, fake_bin: P
 
 def test_failing_step_names_step_and_log(tmp_path: Path, fake_bin: Path, monkeypatch: pytest.MonkeyPatch,
                                          capsys: pytest.CaptureFixture[str]) -> None:
-    install(fake_bin, "podman", "apptainer")
+    install(fake_bin, "docker", "apptainer")
     monkeypatch.setenv("FAKE_FAIL", "image")
-    cfg = write_config(tmp_path)
+    cfg = write_config(tmp_path, builder="docker")
     assert cli.main(["build", str(cfg)]) == 1
     captured = capsys.readouterr()
     p = build.plan(cfg).paths
@@ -303,6 +307,15 @@ def test_failing_step_names_step_and_log(tmp_path: Path, fake_bin: Path, monkeyp
     assert "ERROR: pip cannot find wandb==99" in log.read_text()
     assert "    FAILED in " in captured.out
     assert not p.record.exists()
+
+
+def test_hung_step_is_stopped(tmp_path: Path) -> None:
+    log = tmp_path / "hang.log"
+    t0 = time.monotonic()
+    rc, _ = build._run_step([sys.executable, "-c", "import time; time.sleep(60)"], log, False, build.Progress(1),
+                            timeout_s=0.5)
+    assert rc == 124 and time.monotonic() - t0 < 10
+    assert log.read_text().endswith("runner: stopped after 0.5 s\n")
 
 
 def test_progress_shows_live_output_on_a_terminal(tmp_path: Path) -> None:
@@ -397,7 +410,8 @@ def real(podman_base_image: str, tmp_path_factory: pytest.TempPathFactory) -> An
     """One real cold build of the rendered Dockerfile from the local base, in a git repo with a dirty file."""
     d = tmp_path_factory.mktemp("realbuild")
     git = ["git", "-C", str(d), "-c", "user.name=t", "-c", "user.email=t@t"]
-    cfg = write_config(d, base=podman_base_image, extra="# v1\n")
+    # Its own name (so its own tag) per session: concurrent test runs do not remove each other's images.
+    cfg = write_config(d, name=f"buildtest-{os.getpid()}", base=podman_base_image, extra="# v1\n")
     subprocess.run(git[:3] + ["init", "-q"], check=True)
     subprocess.run(git + ["add", cfg.name], check=True)
     subprocess.run(git + ["commit", "-q", "-m", "c"], check=True)
