@@ -196,7 +196,8 @@ class BuildPlan:
             lines += ["", self.up_to_date]
             return "\n".join(lines)
         code = sorted(n for n in self.files if n.startswith("code/"))
-        lines += ["", f"write {self.paths.build_dir}/: " + ", ".join(n for n in self.files if not n.startswith("code/"))
+        lines += ["", f"remove {self.paths.record.name} and {self.paths.archive.name} if they exist",
+                  f"write {self.paths.build_dir}/: " + ", ".join(n for n in self.files if not n.startswith("code/"))
                   + f", code/ ({len(code)} files)"]
         for i, step in enumerate(self.steps, 1):
             lines.append(f"[{i}/{len(self.steps)}] {step.name}: {shlex.join(step.command(self.values))}")
@@ -456,6 +457,8 @@ def execute(bp: BuildPlan, out: TextIO | None = None) -> int:
         raise BuildError(bp.problem)
     p = bp.paths
     p.record.unlink(missing_ok=True)
+    if any(s.name == "save" for s in bp.steps):
+        p.archive.unlink(missing_ok=True)  # podman save refuses to overwrite a docker-archive
     write_build_dir(bp)
     print(f"runner build: {bp.config_name} spec {bp.spec_hash} with {bp.builder}; build dir {p.build_dir}",
           file=out, flush=True)

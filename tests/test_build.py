@@ -493,6 +493,17 @@ def test_real_second_build_does_nothing(real: Any) -> None:
 
 
 @pytest.mark.podman
+def test_real_force_rebuilds_from_the_layer_cache(real: Any) -> None:
+    bp = real["plan"]
+    before = bp.paths.archive.stat().st_mtime_ns
+    result = runner_build(real["cfg"], "--force")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "[1/" in result.stdout and bp.paths.archive.stat().st_mtime_ns > before  # the archive is rewritten
+    assert "Using cache" in (bp.paths.logs / "image.log").read_text()
+    assert json.loads(bp.paths.record.read_text())["spec_hash"] == bp.spec_hash
+
+
+@pytest.mark.podman
 def test_real_changed_pip_pin_rebuilds(real: Any) -> None:
     cfg = real["cfg"]
     result = runner_build(cfg, 'container.pip=["PyYAML>=6.0,<7"]')
