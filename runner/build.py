@@ -201,6 +201,8 @@ class BuildPlan:
                   + f", code/ ({len(code)} files)"]
         for i, step in enumerate(self.steps, 1):
             lines.append(f"[{i}/{len(self.steps)}] {step.name}: {shlex.join(step.command(self.values))}")
+        if any(PLACEHOLDER.search(a) for step in self.steps for a in step.command(self.values)):
+            lines.append("(@{pip_freeze} and @{base_digest} are filled in from the output of steps freeze and base)")
         lines.append(f"then write {self.paths.record} (the provenance record; it marks the build complete)")
         for name in ("Dockerfile", "apptainer.def"):
             lines += ["", f"--- {name} ---", fill(self.files[name].decode(), self.values).rstrip("\n")]

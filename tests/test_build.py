@@ -267,6 +267,33 @@ def test_execute_fills_provenance_and_second_run_does_nothing(tmp_path: Path, fa
     assert len(calls(tmp_path)) == 12
 
 
+def test_runtime_none_builds_only_the_image(tmp_path: Path, fake_bin: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    install(fake_bin, "docker", "apptainer")
+    cfg = write_config(tmp_path, builder="docker", runtime="none")
+    bp = build.plan(cfg)
+    assert [s.name for s in bp.steps] == ["image", "freeze", "base", "label"] and not bp.notes
+    assert cli.main(["build", str(cfg)]) == 0
+    assert json.loads(bp.paths.record.read_text())["archive"] is None
+    capsys.readouterr()
+    assert cli.main(["build", str(cfg)]) == 0  # up to date: the record matches and docker has the tag
+    assert capsys.readouterr().out.startswith(f"image {bp.tag} is up to date")
+    assert calls(tmp_path)[-1] == f"docker image inspect {bp.tag}"
+
+
+def test_explicit_image_path(tmp_path: Path, fake_bin: Path) -> None:
+    install(fake_bin, "podman")
+    sif = tmp_path / "site" / "team.sif"
+    cfg_path = write_config(tmp_path, scheduler="slurm", extra=f"  image: {sif}\n")
+    bp = build.plan(cfg_path)
+    assert bp.paths.sif == sif and bp.paths.archive == sif.with_suffix(".tar")
+    assert bp.paths.record == sif.with_suffix(".json")
+    cfg = submit.config.load(cfg_path)
+    sif.parent.mkdir()
+    sif.write_text("")
+    assert "has no provenance record team.json" in str(build.image_problem(cfg, sif))
+
+
 def test_without_apptainer_the_archive_is_the_result(tmp_path: Path, fake_bin: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     """Exit 0 with a note; the next build with apptainer present builds only the SIF, with the same labels."""
