@@ -547,6 +547,23 @@ def test_real_changed_pip_pin_rebuilds(real: Any) -> None:
 
 
 @pytest.mark.podman
+def test_real_ngc_dockerfile_builds_from_the_build_arg(real: Any, podman_base_image: str) -> None:
+    """The Dockerfile rendered for the NGC base builds from another base given only as --build-arg."""
+    bp = build.plan(real["cfg"], ["container.base_image=null"])
+    assert "ARG BASE_IMAGE=nvcr.io/nvidia/pytorch:24.10-py3\n" in bp.files["Dockerfile"].decode()
+    build.write_build_dir(bp)
+    tag = f"{bp.tag}-buildarg"
+    try:
+        podman("build", "--format", "docker", "--file", str(bp.paths.dockerfile), "--build-arg",
+               f"BASE_IMAGE={podman_base_image}", "--tag", tag, str(bp.paths.build_dir))
+        [info] = json.loads(podman("image", "inspect", tag))
+        assert info["Config"]["Labels"]["runner.base_image"] == podman_base_image
+        assert podman("run", "--rm", tag, "python3", "-m", "runner.launch", "--version").startswith("runner ")
+    finally:
+        subprocess.run(["podman", "rmi", "--force", tag], capture_output=True, timeout=300, check=False)
+
+
+@pytest.mark.podman
 def test_real_failing_step_names_step_and_log(real: Any) -> None:
     result = runner_build(real["cfg"], 'container.pip=["/nonexistent/missing.whl"]')
     assert result.returncode == 1
