@@ -11,6 +11,8 @@ Needs root and the Debian Slurm packages (`scripts/install-slurm.sh`). Standard 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -19,6 +21,7 @@ import socket
 import stat
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -401,6 +404,10 @@ def _setup_network(cluster: Cluster) -> None:
     _ip("link", "set", BRIDGE, "up")
     for node in cluster.nodes:
         ns, veth = cluster.netns[node], cluster.veths[node]
+        if Path(f"/run/netns/{ns}").exists() and \
+                _ip("-n", ns, "link", "show", "lo", check=False).returncode != 0:
+            _ip("netns", "del", ns, check=False)  # a stale file, not a namespace
+            Path(f"/run/netns/{ns}").unlink(missing_ok=True)
         if not Path(f"/run/netns/{ns}").exists():
             _ip("netns", "add", ns)
         if _ip("link", "show", veth, check=False).returncode != 0:
@@ -548,6 +555,30 @@ def _daemons_alive(p: _Paths, cluster: Cluster) -> bool:
     return all(_pidfile_alive(f) for f in pidfiles)
 
 
+_held_locks: dict[Path, int] = {}
+
+
+@contextlib.contextmanager
+def _locked(root: Path) -> Iterator[None]:
+    """Serialise up/down between processes (re-entrant within one): one cluster per machine."""
+    if _held_locks.get(root):
+        _held_locks[root] += 1
+        try:
+            yield
+        finally:
+            _held_locks[root] -= 1
+        return
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{root}.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        _held_locks[root] = 1
+        try:
+            yield
+        finally:
+            _held_locks[root] = 0
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def _load(root: Path) -> Cluster | None:
     try:
         return Cluster._from_json((root / "cluster.json").read_text())
@@ -579,6 +610,11 @@ def up(nodes: int = 2, root: Path | None = None, gpus_per_node: int = 2,
     if not 1 <= nodes <= 200:
         raise ClusterError(f"nodes={nodes} is out of range; use 1..200")
     root = resolve_root(root)
+    with _locked(root):
+        return _up(root, nodes, gpus_per_node, cpus_per_node, timeout)
+
+
+def _up(root: Path, nodes: int, gpus_per_node: int, cpus_per_node: int, timeout: float) -> Cluster:
     p = _Paths(root)
     names = [f"n{i}" for i in range(1, nodes + 1)]
     cluster = Cluster(
@@ -637,6 +673,11 @@ def up(nodes: int = 2, root: Path | None = None, gpus_per_node: int = 2,
 def down(root: Path | None = None) -> None:
     """Stop every daemon and job process, remove the namespaces, veths and bridge. Idempotent."""
     root = resolve_root(root)
+    with _locked(root):
+        _down(root)
+
+
+def _down(root: Path) -> None:
     p = _Paths(root)
     cluster = _load(root)
     netns = sorted(set(cluster.netns.values() if cluster else []) | set(_leftover_netns()))

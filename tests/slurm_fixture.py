@@ -7,10 +7,14 @@ cannot install Slurm, and fail instead when CI=true: CI must never skip them sil
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,8 +49,29 @@ def _install() -> None:
         _unavailable(f"scripts/install-slurm.sh failed: {last[-1] if last else proc.returncode}")
 
 
+@contextlib.contextmanager
+def _session_lock(root: Path, timeout: float = 1800) -> Iterator[None]:
+    """Hold the machine's one cluster for this session: another pytest session waits here
+    instead of having the cluster torn down under its running tests."""
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{root}.session.lock", "a") as f:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    _unavailable(f"another test session held the dev cluster for {timeout:g}s")
+                time.sleep(0.5)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="session")
-def slurm_cluster() -> Iterator[object]:
+def slurm_cluster() -> Iterator[Any]:
     """A running `runner.devcluster.Cluster`; SLURM_CONF points at it for the session.
 
     A healthy cluster that was already up before the session (same shape) is reused and left
@@ -56,21 +81,21 @@ def slurm_cluster() -> Iterator[object]:
     from runner import devcluster
     from runner.errors import ClusterError
 
-    before = devcluster.running()
-    try:
-        cluster = devcluster.up(nodes=2, gpus_per_node=2)
-    except ClusterError as exc:
-        _unavailable(str(exc))
-        raise  # unreachable: _unavailable skips or fails
-    started_here = before != cluster
-    old_conf = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = str(cluster.conf)
-    try:
-        yield cluster
-    finally:
-        if old_conf is None:
-            os.environ.pop("SLURM_CONF", None)
-        else:
-            os.environ["SLURM_CONF"] = old_conf
-        if started_here:
-            devcluster.down(cluster.root)
+    with _session_lock(devcluster.resolve_root()):
+        before = devcluster.running()
+        try:
+            cluster = devcluster.up(nodes=2, gpus_per_node=2)
+        except ClusterError as exc:
+            _unavailable(str(exc))
+            raise  # not reached: _unavailable skips or fails
+        old_conf = os.environ.get("SLURM_CONF")
+        os.environ["SLURM_CONF"] = str(cluster.conf)
+        try:
+            yield cluster
+        finally:
+            if old_conf is None:
+                os.environ.pop("SLURM_CONF", None)
+            else:
+                os.environ["SLURM_CONF"] = old_conf
+            if before != cluster:
+                devcluster.down(cluster.root)

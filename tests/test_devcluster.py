@@ -186,8 +186,13 @@ def test_kill_and_revive_node(slurm_cluster: devcluster.Cluster, tmp_path: Path)
     while _sh(["squeue", "-h", "-j", job_id, "-o", "%T"]).stdout.strip() != "RUNNING":
         assert time.monotonic() < deadline, "job did not start"
         time.sleep(0.1)
-    sleeps = _sh(["pgrep", "-x", "sleep"]).stdout.split()
-    assert sleeps
+    def sleeps_on_n2() -> list[int]:
+        pids = devcluster._netns_pids(c.netns["n2"])
+        return [p for p in pids if Path(f"/proc/{p}/comm").read_text().strip() == "sleep"]
+
+    while not sleeps_on_n2():  # RUNNING comes before srun has started its task
+        assert time.monotonic() < deadline, "the job's task did not start"
+        time.sleep(0.1)
     try:
         devcluster.kill_node(c, "n2")
         assert not devcluster._netns_pids(c.netns["n2"])  # slurmd, slurmstepd, the job: gone
