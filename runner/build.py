@@ -153,7 +153,6 @@ class Step:
     capture: bool = False
     timeout_s: float = 600
 
-
     def command(self, values: dict[str, str]) -> list[str]:
         return [fill(a, values) for a in self.argv]
 
@@ -196,8 +195,11 @@ class BuildPlan:
             lines += ["", self.up_to_date]
             return "\n".join(lines)
         code = sorted(n for n in self.files if n.startswith("code/"))
-        lines += ["", f"remove {self.paths.record.name} and {self.paths.archive.name} if they exist",
-                  f"write {self.paths.build_dir}/: " + ", ".join(n for n in self.files if not n.startswith("code/"))
+        if any(s.name == "save" for s in self.steps):
+            lines += ["", f"remove {self.paths.record.name} and {self.paths.archive.name} if they exist"]
+        elif any(s.name == "image" for s in self.steps):
+            lines += ["", f"remove {self.paths.record.name} if it exists"]
+        lines += [f"write {self.paths.build_dir}/: " + ", ".join(n for n in self.files if not n.startswith("code/"))
                   + f", code/ ({len(code)} files)"]
         for i, step in enumerate(self.steps, 1):
             lines.append(f"[{i}/{len(self.steps)}] {step.name}: {shlex.join(step.command(self.values))}")
@@ -324,8 +326,8 @@ def plan(path: str | Path, overrides: list[str] | None = None, force: bool = Fal
         bp.steps = _steps(builder, tool, tag, base, p, c["python"], prov, save=wants_sif)
         if wants_sif and tool is None:
             bp.notes.append(missing_sif.replace("is ready", "will be ready"))
-    if not bp.steps:
-        bp.problem = None  # nothing will run, so a missing builder does not matter
+    if all(s.name == "sif" for s in bp.steps):
+        bp.problem = None  # the builder does not run, so a missing one does not matter
     return bp
 
 
@@ -458,7 +460,8 @@ def execute(bp: BuildPlan, out: TextIO | None = None) -> int:
     if bp.problem:
         raise BuildError(bp.problem)
     p = bp.paths
-    p.record.unlink(missing_ok=True)
+    if any(s.name == "image" for s in bp.steps):  # a rebuild: the old record no longer describes the image
+        p.record.unlink(missing_ok=True)
     if any(s.name == "save" for s in bp.steps):
         p.archive.unlink(missing_ok=True)  # podman save refuses to overwrite a docker-archive
     write_build_dir(bp)
