@@ -135,6 +135,15 @@ def test_dry_run_prints_every_step_exactly_and_writes_nothing(tmp_path: Path, fa
     assert not (tmp_path / "images").exists() and calls(tmp_path) == []
 
 
+def test_dry_run_never_imports_torch(tmp_path: Path) -> None:
+    probe = ("import sys; from runner.cli import main; main(sys.argv[1:]); "
+             "print(sorted(m for m in ('torch', 'lightning') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe, "build", str(write_config(tmp_path)), "--dry-run"],
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == "[]"
+
+
 def test_apptainer_command_lines(tmp_path: Path, fake_bin: Path) -> None:
     """The exact argv of the SIF step, and the one-colon docker-archive form offered for the cluster."""
     install(fake_bin, "podman", "apptainer")
