@@ -438,8 +438,10 @@ def podman(*args: str, timeout: float = 300) -> str:
 
 
 def runner_build(cfg: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    # The same runner as this process (its files are in the spec hash), whatever the venv has installed.
+    env = {**os.environ, "PYTHONPATH": str(Path(build.__file__).resolve().parents[1])}
     return subprocess.run([sys.executable, "-m", "runner", "build", str(cfg), *args], capture_output=True, text=True,
-                          timeout=600, cwd=cfg.parent)
+                          timeout=600, cwd=cfg.parent, env=env)
 
 
 @pytest.fixture(scope="module")
