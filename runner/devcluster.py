@@ -687,8 +687,9 @@ def _down(root: Path) -> None:
     node_pids = [pid for ns in netns for pid in _netns_pids(ns)]
     node_pids += [pid for f in p.nodes.glob("*/slurmd.pid") if (pid := _read_pid(f))]
     _kill_pids(node_pids, timeout=3)
+    # up() starts from empty state, so there is nothing worth a graceful shutdown (~2 s) here
     daemons = [_read_pid(f) for f in (p.ctld_pid, p.dbd_pid)]
-    _kill_pids([d for d in daemons if d], timeout=5)
+    _kill_pids([d for d in daemons if d], timeout=0.5)
     db = _read_pid(p.db_pid)
     if db:
         _kill_pids([db], timeout=15)
