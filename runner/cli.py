@@ -54,7 +54,7 @@ def _status(args: argparse.Namespace) -> int:
 def _logs(args: argparse.Namespace) -> int:
     from runner import status
 
-    return status.logs(status.find_run(args.run, Path(args.root)), args.rank, args.follow)
+    return status.logs(status.find_run(args.run, Path(args.root)), None if args.batch else args.rank, args.follow)
 
 
 def _cancel(args: argparse.Namespace) -> int:
@@ -125,8 +125,10 @@ def parser() -> argparse.ArgumentParser:
         if name == "status":
             sp.add_argument("--json", action="store_true", help="machine-readable output")
         if name == "logs":
-            sp.add_argument("--rank", type=int, default=0)
-            sp.add_argument("--follow", "-f", action="store_true")
+            sp.add_argument("--rank", type=int, default=0, help="which rank's log (default: 0)")
+            sp.add_argument("--batch", action="store_true",
+                            help="Slurm's output of the batch script (hooks, srun errors) instead of a rank's log")
+            sp.add_argument("--follow", "-f", action="store_true", help="keep printing until the run ends")
     sp = cmd("preflight", _preflight, "run the preflight checks as a short job (or locally) and print the report")
     config_args(sp)
     sp.add_argument("--wait", type=float, default=600, help="seconds to wait for the report (default: 600)")

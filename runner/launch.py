@@ -204,7 +204,9 @@ def _write_rank_info(rd: RunDir, rank: int, local: int, node: int, world: int) -
             "slurm": {k: v for k, v in os.environ.items() if k in (
                 "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_JOB_ID", "SLURM_NTASKS",
                 "SLURM_RESTART_COUNT", "CUDA_VISIBLE_DEVICES")},
-            "master": f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"}
+            "master": f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}",
+            "ifname": {k: os.environ.get(k) for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")},
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
     atomic_write(rd.root / "ranks" / f"rank-{rank:05d}.json", json.dumps(info, indent=2))
 
 
@@ -216,6 +218,9 @@ def train(rd: RunDir) -> int:
     _redirect_output(rd.rank_log(rank))
     print(f"runner {__version__}: rank {rank}/{world} local {local} node {node} on {socket.gethostname()}",
           flush=True)
+    from runner import rendezvous
+
+    rendezvous.setup_env()  # GLOO/NCCL_SOCKET_IFNAME: detected on this node unless the config set them
     _write_rank_info(rd, rank, local, node, world)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     flag = StopFlag()

@@ -114,6 +114,7 @@ def exec_prefix(cfg: Config, image: str, binds: list[str], env_names: list[str])
 # Variables the launcher needs inside the container. Apptainer passes the host environment through by
 # default, but sites that set --cleanenv (or APPTAINER_CLEANENV) drop them, so they are passed explicitly.
 CONTAINER_ENV = ("MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "RUNNER_RUN_DIR")
+IFNAME_ENV = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")  # passed only when network.ifname sets them
 
 
 def sbatch(cfg: Config, run_dir: Path, image: str) -> str:
@@ -125,9 +126,10 @@ def sbatch(cfg: Config, run_dir: Path, image: str) -> str:
         gpus = d["num_device"] if d["trainer"]["accelerator"] in ("gpu", "cuda") else 0
     binds = sorted({str(run_dir.parent.resolve()), *cfg["container"]["binds"]})
     env = sorted((k, str(v)) for k, v in d["env"].items())
-    env_names = [*CONTAINER_ENV, *(k for k, _ in env)]
+    ifname = cfg["network"]["ifname"]
+    env_names = [*CONTAINER_ENV, *(IFNAME_ENV if ifname else ()), *(k for k, _ in env)]
     return render("sbatch.sh.j2", config_name=cfg.name, config_hash=cfg.hash(), name=cfg.name,
                   nodes=d["num_nodes"], ntasks_per_node=d["num_device"], gpus_per_node=gpus,
                   cpus_per_task=s["cpus_per_task"], time=s["time"], sbatch_flags=flags, requeue=s["requeue"],
                   signal=s["signal"], signal_lead_s=s["signal_lead_s"], run_dir=str(run_dir), env=env,
-                  host_python=sys.executable, exec_prefix=exec_prefix(cfg, image, binds, env_names))
+                  host_python=sys.executable, ifname=ifname, exec_prefix=exec_prefix(cfg, image, binds, env_names))

@@ -62,6 +62,7 @@ class RunDir:
     ledger = property(lambda self: self.root / "ledger.jsonl")
     exit_status = property(lambda self: self.root / "exit_status.json")
     finished = property(lambda self: self.root / "finished")
+    cancelled = property(lambda self: self.root / "cancelled")  # written by `runner cancel`: never resubmit
     logs = property(lambda self: self.root / "logs")
     checkpoints = property(lambda self: self.root / "checkpoints")
     final = property(lambda self: self.root / "final")

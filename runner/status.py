@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,8 @@ def local_state(run: RunDir) -> str:
         return "completed"
     status = read_json(run.exit_status)
     events = run.events()
+    if run.cancelled.exists() or _cancelled_since_submit(events):
+        return "cancelled"
     if status is None or (events and events[-1]["event"] in ("submitted", "resubmitted", "start")):
         return "running" if any(e["event"] in ("start", "train_start") for e in events[-3:]) else "pending"
     code = status.get("exit_code")
@@ -40,22 +43,74 @@ def local_state(run: RunDir) -> str:
     return "cancelled" if status.get("cancelled") else "failed"
 
 
+def _cancelled_since_submit(events: list[dict[str, Any]]) -> bool:
+    """`runner cancel` was the last word since the last (re)submission."""
+    for e in reversed(events):
+        if e["event"] == "cancelled":
+            return True
+        if e["event"] in ("submitted", "resubmitted"):
+            return False
+    return False
+
+
+def _job_alive(events: list[dict[str, Any]]) -> bool:
+    """The batch script started and has not recorded its exit yet (training may be done, the job is not)."""
+    for e in reversed(events):
+        if e["event"] == "exit":
+            return False
+        if e["event"] in ("start", "submitted", "resubmitted"):
+            return True
+    return False
+
+
+def _exit_code(value: str | None) -> int | None:
+    """Slurm's "75:0" (exit code : signal) -> 75."""
+    head = (value or "").split(":")[0]
+    return int(head) if head.isdigit() else None
+
+
+def combine(local: str, job: Any) -> str:
+    """Slurm's view of the job, corrected by the run directory's own records.
+
+    Slurm knows whether a job is pending or running; the run directory knows whether training finished
+    (the ``finished`` marker: a job that exits 0 after SIGTERM is COMPLETED to Slurm but did not finish)
+    and whether it stopped to be requeued (exit code 75). When Slurm has forgotten the job (no accounting,
+    older than MinJobAge), the run directory's exit status is all there is.
+    """
+    if local == "completed" or job is None:
+        return local
+    state: str | None = job.runner_state
+    if state is None:
+        return local
+    if not job.terminal:
+        return state
+    if _exit_code(job.exit_code) == EXIT_REQUEUE or local == "preempted":
+        return "preempted"
+    if state == "completed":  # the batch script exited 0 but the launcher never wrote `finished`
+        return "failed"
+    return state
+
+
 def row(run: RunDir) -> dict[str, Any]:
     manifest = read_json(run.manifest, {})
     cfg_hash = manifest.get("config_hash")
     last = checkpoint.latest(run.checkpoints, cfg_hash) if run.checkpoints.is_dir() else None
     events = run.events()
     state = local_state(run)
-    from runner import slurm
-
     job = run.job_id()
-    if job and state not in ("completed",) and manifest.get("scheduler") == "slurm":
-        state = slurm.job_state(job) or state
+    info = None
+    if job and manifest.get("scheduler") == "slurm" and (state != "completed" or _job_alive(events)):
+        from runner import slurm
+
+        info = slurm.query(job)
+        state = combine(state, info)
     return {"run": run.name, "path": str(run.root), "state": state, "job_id": job,
             "last_checkpoint_step": last[0] if last else None,
             "restarts": sum(1 for e in events if e["event"] in ("resubmitted", "requeued")),
             "age_s": round(time.time() - manifest.get("created", time.time()), 1),
-            "last_event": events[-1]["event"] if events else None}
+            "last_event": events[-1]["event"] if events else None,
+            **({"slurm_state": info.state, "slurm_source": info.source, "slurm_exit_code": info.exit_code,
+                "reason": info.reason, "nodes": info.nodes} if info else {})}
 
 
 def collect(name: str | None, root: Path) -> list[dict[str, Any]]:
@@ -78,38 +133,113 @@ def table(rows: list[dict[str, Any]]) -> str:
     cols = ("run", "state", "job_id", "last_checkpoint_step", "restarts", "age")
     data = [[str(r.get(c) if c != "age" else _age(r["age_s"])) if r.get(c, "") is not None else "-" for c in cols]
             for r in rows]
+    for r, d in zip(rows, data, strict=True):
+        if r["state"] == "pending" and r.get("reason"):  # Slurm's reason: Resources, Priority, BeginTime, ...
+            d[1] = f"pending ({r['reason']})"
     heads = ("RUN", "STATE", "JOB", "CKPT", "RESTARTS", "AGE")
     widths = [max(len(h), *(len(d[i]) for d in data)) for i, h in enumerate(heads)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     return "\n".join([fmt.format(*heads), *(fmt.format(*d) for d in data)])
 
 
-def logs(run: RunDir, rank: int, follow: bool) -> int:
-    path = run.rank_log(rank)
-    if not path.exists():
-        raise RunnerError(f"{path}: found no log for rank {rank}; expected one of "
-                          f"{sorted(p.name for p in run.logs.glob('rank-*.log')) or 'none yet'}")
-    with open(path, errors="replace") as f:
-        print(f.read(), end="")
-        while follow and not run.finished.exists():
-            line = f.readline()
-            if line:
-                print(line, end="", flush=True)
-            else:
-                time.sleep(0.5)
-    return 0
+def ended(run: RunDir) -> bool | None:
+    """Nothing more will be written to the logs (until a resubmission): finished, exited or cancelled.
+
+    None when Slurm does not know the job (any more, or its commands failed): the caller decides how long
+    to believe that, since a controller restart or a network blip looks the same.
+    """
+    if run.finished.exists():
+        return True
+    events = run.events()
+    if events and events[-1]["event"] in ("exit", "cancelled", "finished", "gave_up"):
+        return True
+    job = run.job_id()
+    if job and (read_json(run.manifest, {}) or {}).get("scheduler") == "slurm":
+        from runner import slurm
+
+        info = slurm.query(job)
+        return None if info is None else info.terminal
+    return False
 
 
-def cancel(run: RunDir) -> int:
-    from runner import slurm
-
+def log_path(run: RunDir, rank: int | None) -> Path:
+    """A rank's log, or with ``rank=None`` Slurm's batch output (``slurm-JOB.out``: the batch shell, hooks)."""
+    if rank is not None:
+        return run.rank_log(rank)
     job = run.job_id()
     if job:
-        slurm.cancel(job)
-    status = read_json(run.exit_status, {}) or {}
+        return run.logs / f"slurm-{job}.out"
+    outs = sorted(run.logs.glob("slurm-*.out"), key=lambda p: p.stat().st_mtime)
+    return outs[-1] if outs else run.logs / "slurm-JOB.out"
+
+
+def logs(run: RunDir, rank: int | None, follow: bool, poll_s: float = 0.2) -> int:
+    """Print a log; with ``follow``, keep printing until the run ends (waiting for the log to appear)."""
+    path = log_path(run, rank)
+    what = f"rank {rank}" if rank is not None else "the batch script"
+    if not path.exists():
+        if not follow:
+            have = sorted(p.name for p in run.logs.glob("*")) if run.logs.is_dir() else []
+            raise RunnerError(f"{path}: found no log for {what}; expected one of {have or 'none yet'}. "
+                              "hint: --follow waits for it; --batch shows Slurm's output of the batch script")
+        print(f"runner: waiting for {path} ...", file=sys.stderr, flush=True)
+    check_every = max(1, int(2.0 / poll_s))
+    polls = unknown = 0
+    f = None
+    try:
+        while True:
+            if f is None and path.exists():
+                f = open(path, errors="replace")  # held open while following
+            chunk = f.read() if f is not None else ""
+            if chunk:
+                sys.stdout.write(chunk)
+                sys.stdout.flush()
+            if not follow:
+                return 0
+            polls += 1
+            done = ended(run) if not chunk and polls % check_every == 0 else False
+            unknown = unknown + 1 if done is None else 0
+            if done or unknown >= 5:  # Slurm has not known the job for ~10 s: it is gone
+                if f is not None:
+                    sys.stdout.write(f.read())  # what was written between the last read and the end
+                    sys.stdout.flush()
+                return 0
+            if not chunk:
+                time.sleep(poll_s)
+    finally:
+        if f is not None:
+            f.close()
+
+
+def cancel(run: RunDir, wait_s: float = 30) -> int:
+    """Cancel the run's Slurm job (every rank gets SIGTERM) and wait until Slurm says it ended.
+
+    The ``cancelled`` marker is written first: the batch script's exit hook and ``runner cron`` read it and
+    must not requeue or resubmit a job the user cancelled, however its launcher exited.
+    """
     from runner.rundir import atomic_write
 
-    atomic_write(run.exit_status, json.dumps({**status, "cancelled": True, "time": time.time()}) + "\n")
+    job = run.job_id()
+    manifest = read_json(run.manifest, {}) or {}
+    if run.finished.exists():
+        print(f"run {run.name} already finished; nothing to cancel")
+        return 0
+    atomic_write(run.cancelled, json.dumps({"job_id": job, "time": time.time()}) + "\n")
     run.record("cancelled", job_id=job)
+    if job and manifest.get("scheduler") == "slurm":
+        from runner import slurm
+
+        complaint = slurm.cancel(job)
+        deadline = time.monotonic() + wait_s
+        info = slurm.query(job)
+        while info is not None and not info.terminal and time.monotonic() < deadline:
+            time.sleep(0.25)
+            info = slurm.query(job)
+        state = info.state if info else "unknown to Slurm"
+        note = f"; scancel said: {complaint}" if complaint else ""
+        print(f"cancelled {run.name} (job {job}: {state}){note}")
+        return 0
+    status = read_json(run.exit_status, {}) or {}
+    atomic_write(run.exit_status, json.dumps({**status, "cancelled": True, "time": time.time()}) + "\n")
     print(f"cancelled {run.name}" + (f" (job {job})" if job else ""))
     return 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from runner import __version__, config, proc, render
+from runner import __version__, config, render
 from runner.errors import SubmitError
 from runner.rundir import RunDir, atomic_write
 
@@ -148,16 +149,22 @@ def execute(p: Plan) -> int:
 
 
 def submit_slurm(p: Plan) -> int:
+    """Write the run directory, ``sbatch`` its script, record the job id.
+
+    The directory exists before sbatch runs (the job may start within a second and writes into it); when
+    sbatch refuses, it is removed again, so no run directory without a job id ever looks submitted.
+    """
+    from runner import slurm
+
     write(p)
     try:
-        out = proc.run(p.argv, timeout=60)
-    except SubmitError as e:
-        # A refused submission leaves no run directory that looks submitted.
-        import shutil
-
+        job_id = slurm.submit(str(p.run.script))
+    except BaseException as e:
         shutil.rmtree(p.run.root, ignore_errors=True)
-        raise SubmitError(f"sbatch refused the job: {e}. hint: check the slurm: block against `sinfo`") from None
-    job_id = out.strip().split(";")[0]
+        if isinstance(e, SubmitError):
+            raise SubmitError(f"sbatch refused the job: {e}. hint: compare the config's num_nodes, num_device and "
+                              "slurm: block with `sinfo -N -o '%N %c %G'`") from None
+        raise
     atomic_write(p.run.job_id_file, job_id + "\n")
     p.run.record("submitted", scheduler="slurm", job_id=job_id, world_size=p.world_size)
     print(f"submitted job {job_id}: {p.run.root}")
@@ -219,8 +226,13 @@ def resume(run: RunDir) -> int:
         print(f"run {run.root} already finished; nothing to do")
         return 0
     if cfg["scheduler"] == "slurm":
-        out = proc.run(["sbatch", "--parsable", str(run.script)], timeout=60)
-        job_id = out.strip().split(";")[0]
+        from runner import slurm
+
+        try:
+            job_id = slurm.submit(str(run.script))
+        except SubmitError as e:
+            raise SubmitError(f"sbatch refused the job: {e}. hint: check the slurm: block against `sinfo`") \
+                from None
         atomic_write(run.job_id_file, job_id + "\n")
         run.record("resubmitted", job_id=job_id)
         print(f"resubmitted job {job_id}: {run.root}")

@@ -34,7 +34,8 @@ def test_recordings_are_from_the_slurm_we_parse() -> None:
 
 # sacct -X -n -P -j ID --format=JobID,State,ExitCode,NodeList,Start,End,Elapsed
 SACCT = {
-    "COMPLETED": ("COMPLETED", "completed", "0:0", "n1"),
+    "COMPLETED": ("COMPLETED", "completed", "0:0", "n[1-2]"),
+    "COMPLETED_lag": ("COMPLETED", "completed", "0:0", "n1"),  # the node list fills in later
     "FAILED": ("FAILED", "failed", "3:0", "n1"),
     "CANCELLED": ("CANCELLED", "cancelled", "0:0", "n1"),  # recorded as "CANCELLED by 0"
     "TIMEOUT": ("TIMEOUT", "timeout", "0:0", "n1"),
@@ -293,8 +294,13 @@ def test_row_reads_slurm_for_slurm_runs(tmp_path: Path, monkeypatch: pytest.Monk
     fake_slurm(monkeypatch, {})  # Slurm forgot it: the ledger's `cancelled` is the last word
     assert status.row(run)["state"] == "cancelled"
     run.finished.write_text("{}")
+    # training finished while the job still runs its exit hook: completed, and Slurm's word is shown
+    fake_slurm(monkeypatch, {"squeue": text("squeue_RUNNING.txt").replace("5|", "6|", 1)})
+    row = status.row(run)
+    assert (row["state"], row["slurm_state"]) == ("completed", "RUNNING")
+    run.record("exit", job_id="6", exit_code=0)
     calls = fake_slurm(monkeypatch, {})
-    assert status.row(run)["state"] == "completed" and calls == []  # finished: no need to ask
+    assert status.row(run)["state"] == "completed" and calls == []  # finished and exited: no need to ask
 
 
 # The interface detection's parsers (outputs recorded inside the dev cluster's node namespaces)

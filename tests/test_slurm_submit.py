@@ -19,12 +19,17 @@ import pytest
 
 from runner import config, render, submit
 
+pytest_plugins = ("tests.slurm_fixture",)
+
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf" / "slurm-2node.yaml"
 STEPS = 60
+# Extra overrides for every submission here (kept empty: the tests run the config as users get it).
+EXTRA: list[str] = [o for o in os.environ.get("RUNNER_TEST_SLURM_EXTRA", "").split() if o]
 
 
-def runner(*args: str, env: dict[str, str], check: bool = True, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+def runner(*args: str, env: dict[str, str], check: bool = True,
+           timeout: float = 90) -> subprocess.CompletedProcess[str]:
     out = subprocess.run([sys.executable, "-m", "runner", *args], capture_output=True, text=True, env=env,
                          timeout=timeout, cwd=REPO)
     if check:
@@ -128,6 +133,9 @@ def test_config_is_valid_and_world_size_4() -> None:
 # The real cluster
 
 
+slurm = pytest.mark.slurm
+
+
 @pytest.fixture(scope="module")
 def env(slurm_cluster: Any) -> dict[str, str]:
     return {**os.environ, **slurm_cluster.env(), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
@@ -138,7 +146,7 @@ def two_node_run(env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) 
     """One `runner submit conf/slurm-2node.yaml` to COMPLETED, with `runner logs --follow` watching it."""
     root = tmp_path_factory.mktemp("slurm-runs")
     t0 = time.monotonic()
-    out = runner("submit", str(CONF), f"run_root={root}", f"trainer.max_steps={STEPS}", env=env)
+    out = runner("submit", str(CONF), f"run_root={root}", f"trainer.max_steps={STEPS}", *EXTRA, env=env)
     m = re.search(r"submitted job (\d+): (\S+)", out.stdout)
     assert m, out.stdout
     job, run = m.group(1), Path(m.group(2))
@@ -146,6 +154,13 @@ def two_node_run(env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) 
     follow = subprocess.Popen([sys.executable, "-m", "runner", "logs", str(run), "--rank", "0", "--follow"],
                               env=env, cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     wait_state(run, env, {"completed", "failed", "cancelled", "timeout", "preempted"}, timeout=60)
+    # training is done once `finished` exists; the job itself ends after the exit hook
+    deadline = time.monotonic() + 20
+    while (row := json.loads(runner("status", str(run), "--json", env=env).stdout)[0]).get("slurm_state"):
+        if row["slurm_state"] == "COMPLETED":
+            break
+        assert time.monotonic() < deadline, row
+        time.sleep(0.2)
     try:
         followed, _ = follow.communicate(timeout=15)
     finally:
@@ -154,6 +169,7 @@ def two_node_run(env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) 
     return run, job, followed
 
 
+@slurm
 def test_two_nodes_two_tasks_layout(two_node_run: tuple[Path, str, str], slurm_cluster: Any) -> None:
     run, job, _ = two_node_run
     infos = [json.loads(p.read_text()) for p in sorted((run / "ranks").glob("rank-*.json"))]
@@ -176,6 +192,7 @@ def test_two_nodes_two_tasks_layout(two_node_run: tuple[Path, str, str], slurm_c
     assert hosts == {0: {first}, 1: {second}}
 
 
+@slurm
 def test_training_finishes_and_status_says_completed(two_node_run: tuple[Path, str, str],
                                                      env: dict[str, str]) -> None:
     run, job, followed = two_node_run
@@ -203,6 +220,7 @@ def test_training_finishes_and_status_says_completed(two_node_run: tuple[Path, s
     runner("logs", str(run), "--batch", env=env)  # Slurm's output of the batch script exists
 
 
+@slurm
 def test_weights_identical_on_every_rank_and_bitwise_equal_to_local(two_node_run: tuple[Path, str, str],
                                                                     env: dict[str, str],
                                                                     tmp_path: Path) -> None:
@@ -213,7 +231,7 @@ def test_weights_identical_on_every_rank_and_bitwise_equal_to_local(two_node_run
         assert_bitwise(slurm_w[0], w)
     # the same config with scheduler: local runs 4 processes here (NODE_RANK 0 and 1, same world size)
     out = runner("submit", str(CONF), "scheduler=local", f"run_root={tmp_path}", f"trainer.max_steps={STEPS}",
-                 env=env)
+                 *EXTRA, env=env)
     [local] = tmp_path.glob("slurm-2node-*")
     assert (local / "finished").exists(), out.stdout
     local_w = weights(local)
@@ -223,9 +241,10 @@ def test_weights_identical_on_every_rank_and_bitwise_equal_to_local(two_node_run
         assert_bitwise(a, b)
 
 
+@slurm
 @pytest.mark.parametrize("overrides, sbatch_says", [
     (["slurm.gpus_per_node=9"], "Requested node configuration is not available"),
-    (["num_nodes=3", "dataloader.train.total_shards=6", "dataloader.valid.total_shards=6"],
+    (["num_nodes=3", "global_batch_size=48", "dataloader.train.total_shards=6", "dataloader.valid.total_shards=6"],
      "Node count specification invalid"),
 ])
 def test_refused_submission_is_one_line_and_leaves_nothing(overrides: list[str], sbatch_says: str,
@@ -240,9 +259,10 @@ def test_refused_submission_is_one_line_and_leaves_nothing(overrides: list[str],
     assert runner("status", "--root", str(tmp_path), env=env).stdout.strip() == "no runs"
 
 
+@slurm
 def test_cancel_a_running_job(env: dict[str, str], tmp_path: Path) -> None:
     out = runner("submit", str(CONF), f"run_root={tmp_path}", "trainer.max_steps=1000000",
-                 "checkpoint.every_n_steps=1000000", env=env)
+                 "checkpoint.every_n_steps=1000000", *EXTRA, env=env)
     run = Path(re.search(r"submitted job \d+: (\S+)", out.stdout).group(1))  # type: ignore[union-attr]
     deadline = time.monotonic() + 45
     while not any((run / "ranks").glob("*.json")) or "train_start" not in (run / "ledger.jsonl").read_text():
