@@ -6,6 +6,7 @@ complete checkpoint quickly. A directory without ``COMPLETE`` is a write that ne
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -47,14 +48,48 @@ def complete(root: Path, config_hash: str | None = None, force: bool = False) ->
     return sorted(found, reverse=True)
 
 
-def latest(root: Path, config_hash: str | None = None, force: bool = False) -> tuple[int, Path] | None:
-    found = complete(root, config_hash, force)
-    return found[0] if found else None
+def verify(path: Path) -> str | None:
+    """None if every file matches the manifest's size and sha256, else what is wrong."""
+    files = read_json(path / "manifest.json", {}).get("files")
+    if not isinstance(files, dict) or not files:
+        return "manifest lists no files"
+    for name, meta in files.items():
+        f = path / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if f.stat().st_size != meta.get("size") or _digest(f) != meta.get("sha256"):
+            return f"{name} does not match its manifest (size or sha256)"
+    return None
+
+
+def latest(root: Path, config_hash: str | None = None, force: bool = False,
+           check: bool = False) -> tuple[int, Path] | None:
+    """The newest complete checkpoint; with ``check``, damaged ones are skipped for the previous one."""
+    for step, path in complete(root, config_hash, force):
+        problem = verify(path) if check else None
+        if problem is None:
+            return step, path
+        print(f"runner: skipping {path}: {problem}; trying the previous checkpoint", file=sys.stderr)
+    return None
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def publish(root: Path, step: int, manifest: dict[str, Any]) -> Path:
-    """Turn a fully written staging directory into ``step-XXXXXXX`` and mark it complete (rank 0 only)."""
+    """Turn a fully written staging directory into ``step-XXXXXXX`` and mark it complete (rank 0 only).
+
+    The manifest records each file's size and sha256 as read back from disk, so a resume can tell a checkpoint
+    that was damaged after it was written (a full disk, a bad copy) from a good one.
+    """
     staging, final = staging_dir(root, step), step_dir(root, step)
+    manifest = {**manifest, "files": {p.name: {"size": p.stat().st_size, "sha256": _digest(p)}
+                                      for p in sorted(staging.iterdir()) if p.is_file()}}
     atomic_write(staging / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True))
     if final.exists():
         shutil.rmtree(final)

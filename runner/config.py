@@ -132,6 +132,7 @@ SCHEMA: dict[str, Any] = {
     "checkpoint": {
         "every_n_steps": _f(int, 100, **POS_INT),
         "keep_last": _f(int, 3, **POS_INT),
+        "exact_resume": _f(bool, True),
     },
     "resume": {
         "enabled": _f(bool, True),

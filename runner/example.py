@@ -8,6 +8,7 @@ uninterrupted one.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -109,13 +110,17 @@ class ShardedDataModule(L.LightningDataModule):
 class TinyRegressor(L.LightningModule):
     """A two-layer MLP with dropout, so that resuming without the RNG state would change the result."""
 
-    def __init__(self, dim: int = 16, hidden: int = 32, lr: float = 0.05, dropout: float = 0.1):
+    def __init__(self, dim: int = 16, hidden: int = 32, lr: float = 0.05, dropout: float = 0.1,
+                 step_time_s: float = 0.0):
         super().__init__()
         self.save_hyperparameters()
         self.net = nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, 1))
         self.lr = lr
+        self.step_time_s = step_time_s  # stands in for a real model's step time (fault-injection tests, demos)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        if self.step_time_s:
+            time.sleep(self.step_time_s)
         x, y = batch
         loss = nn.functional.mse_loss(self.net(x), y)
         self.log("train_loss", loss, prog_bar=True)

@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from runner import __version__, checkpoint
-from runner.rundir import EXIT_REQUEUE, EXIT_TERMINATED, RunDir, atomic_write
+from runner.rundir import EXIT_REQUEUE, EXIT_TERMINATED, RunDir, atomic_write, read_json
 
 
 class StopFlag:
@@ -132,14 +132,20 @@ def make_callback(rd: RunDir, cfg: dict[str, Any], cfg_hash: str, flag: StopFlag
 
         def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
             self.last_saved = trainer.global_step
+            self.t_start = time.time()
+            saved = read_json(resume_from / "manifest.json", {}) if resume_from else {}
+            self.base_productive = float(saved.get("productive_s", 0.0))
+            if trainer.global_rank == 0:
+                before = read_json(rd.root / "progress.json", {}) or {}
+                lost = max(int(before.get("step", 0)) - trainer.global_step, 0)
+                rd.record("train_start", step=trainer.global_step, lost_steps=lost,
+                          resumed_from=str(resume_from) if resume_from else None)
             if resume_from is not None:
                 rng = resume_from / f"rng-rank{trainer.global_rank:05d}.pt"
                 if rng.is_file():
                     _set_rng_state(torch.load(rng, weights_only=False))
                 else:
                     print(f"runner: warning: {rng} missing (world size changed?); RNG not restored", flush=True)
-            rd.record("train_start", rank=trainer.global_rank, step=trainer.global_step) \
-                if trainer.global_rank == 0 else None
 
         def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                                batch_idx: int) -> None:
@@ -151,6 +157,7 @@ def make_callback(rd: RunDir, cfg: dict[str, Any], cfg_hash: str, flag: StopFlag
             if trainer.global_rank == 0 and step % log_every == 0 and step != self.last_saved:
                 loss = outputs["loss"].item() if isinstance(outputs, dict) else float("nan")
                 print(f"step {step} loss {loss:.6f} ({time.time() - self.t0:.1f}s)", flush=True)
+                self.progress(step)
             if step != self.last_saved and (step % every == 0 or stop):
                 self.save(trainer, step)
             if stop:
@@ -171,12 +178,20 @@ def make_callback(rd: RunDir, cfg: dict[str, Any], cfg_hash: str, flag: StopFlag
                     os.fsync(f.fileno())
                 manifest = {"step": step, "epoch": trainer.current_epoch, "config_hash": cfg_hash,
                             "world_size": trainer.world_size, "time": time.time(), "runner_version": __version__,
-                            "files": sorted(p.name for p in staging.iterdir())}
+                            "productive_s": self.productive()}
                 checkpoint.publish(root, step, manifest)
+                self.progress(step)
                 checkpoint.prune(root, keep)
                 print(f"runner: checkpoint step-{step:07d} complete", flush=True)
             trainer.strategy.barrier("runner-ckpt-published")
             self.last_saved = step
+
+        def productive(self) -> float:
+            """Training seconds that a checkpoint keeps: earlier attempts' kept time plus this attempt's."""
+            return round(self.base_productive + time.time() - self.t_start, 3)
+
+        def progress(self, step: int) -> None:
+            atomic_write(rd.root / "progress.json", json.dumps({"step": step, "time": time.time()}) + "\n")
 
     return RunnerCheckpoint()
 
@@ -188,7 +203,12 @@ def _strategy(cfg: dict[str, Any]) -> Any:
     name = cfg["trainer"]["strategy"]
     if name == "fsdp":
         return FSDPStrategy(timeout=timeout)
-    return DDPStrategy(find_unused_parameters=name == "ddp_find_unused_parameters_true", timeout=timeout)
+    # DDP regroups its gradient buckets after the first step of every process; a resumed run's first step
+    # would then all-reduce in another layout than the uninterrupted run did, and with more than two ranks
+    # the float sums differ. find_unused_parameters=True keeps the first layout for the whole run (at the
+    # cost of one autograd-graph walk per step), which makes resumes bitwise exact.
+    exact = cfg["checkpoint"]["exact_resume"]
+    return DDPStrategy(find_unused_parameters=name == "ddp_find_unused_parameters_true" or exact, timeout=timeout)
 
 
 def _reached_end(trainer: Any, tcfg: dict[str, Any]) -> bool:
@@ -225,6 +245,8 @@ def train(rd: RunDir) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     flag = StopFlag()
     flag.install(cfg["slurm"]["signal"])
+    if cfg["slurm"]["signal"] != "TERM":
+        flag.install("TERM")  # scancel / preemption: checkpoint at the next step if the grace time allows
 
     import lightning as L
     import torch
@@ -240,7 +262,8 @@ def train(rd: RunDir) -> int:
         return code
     L.seed_everything(cfg["seed"] + rank, workers=True, verbose=False)
     cfg_hash = manifest["config_hash"]
-    last = checkpoint.latest(rd.checkpoints, cfg_hash, cfg["resume"]["force"]) if cfg["resume"]["enabled"] else None
+    last = checkpoint.latest(rd.checkpoints, cfg_hash, cfg["resume"]["force"], check=True) \
+        if cfg["resume"]["enabled"] else None
     model = instantiate(cfg["model"])
     data = instantiate(cfg["data"], dataloader=cfg["dataloader"], seed=cfg["seed"])
     callback = make_callback(rd, cfg, cfg_hash, flag, last[1] if last else None)
@@ -258,6 +281,9 @@ def train(rd: RunDir) -> int:
     try:
         trainer.fit(model, datamodule=data, ckpt_path=str(last[1] / "model.ckpt") if last else None)
     except SIGTERMException:
+        if callback.stopped_by_signal:  # our callback checkpointed before Lightning's SIGTERM exit
+            print(f"runner: checkpointed at step {trainer.global_step} on SIGTERM; exit {EXIT_REQUEUE}", flush=True)
+            return EXIT_REQUEUE
         print("runner: terminated (SIGTERM) before the end of training", flush=True)
         return EXIT_TERMINATED
     if callback.stopped_by_signal:
@@ -269,7 +295,8 @@ def train(rd: RunDir) -> int:
     _save_bytes({k: v.detach().cpu() for k, v in model.state_dict().items()}, rd.final / f"rank-{rank:05d}.pt")
     trainer.strategy.barrier("runner-final")
     if rank == 0:
-        atomic_write(rd.finished, json.dumps({"step": trainer.global_step, "time": time.time()}) + "\n")
+        atomic_write(rd.finished, json.dumps({"step": trainer.global_step, "time": time.time(),
+                                              "productive_s": callback.productive()}) + "\n")
         rd.record("finished", step=trainer.global_step)
     print(f"runner: finished at step {trainer.global_step}", flush=True)
     return 0
@@ -283,7 +310,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.version or args.run_dir is None:
         print(f"runner {__version__}")
         return 0
-    return train(RunDir(args.run_dir.resolve()))
+    rd = RunDir(args.run_dir.resolve())
+    code = train(rd)
+    if ranks()[0] == 0:
+        # srun reports 143 when --kill-on-bad-exit ends the ranks that were still exiting; this file keeps
+        # the code all ranks agreed on, for the batch script's exit hook.
+        attempt = {"code": code, "job_id": os.environ.get("SLURM_JOB_ID"), "time": time.time(),
+                   "restart_count": os.environ.get("SLURM_RESTART_COUNT", "0")}
+        atomic_write(rd.last_exit, json.dumps(attempt) + "\n")
+    return code
 
 
 if __name__ == "__main__":

@@ -62,6 +62,7 @@ class RunDir:
     ledger = property(lambda self: self.root / "ledger.jsonl")
     exit_status = property(lambda self: self.root / "exit_status.json")
     finished = property(lambda self: self.root / "finished")
+    last_exit = property(lambda self: self.root / "last_exit.json")  # the launcher's own exit code (rank 0)
     cancelled = property(lambda self: self.root / "cancelled")  # written by `runner cancel`: never resubmit
     logs = property(lambda self: self.root / "logs")
     checkpoints = property(lambda self: self.root / "checkpoints")

@@ -83,7 +83,8 @@ class WebhookServer:
         Response  # so tests need not import this plugin module (pytest warns if they do)
     )
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.host = host  # jobs on the dev cluster's nodes reach the host on the bridge address, not loopback
         self.secret = secrets.token_hex(12)
         self.path = f"/services/T0000/B0000/{self.secret}"
         self.requests: list[Request] = []
@@ -94,7 +95,7 @@ class WebhookServer:
         self._thread: threading.Thread | None = None
         self.port = 0
         self.start()
-        self.url = f"http://127.0.0.1:{self.port}{self.path}"
+        self.url = f"http://{host}:{self.port}{self.path}"
 
     # -- control -------------------------------------------------------------------------------
 
@@ -107,7 +108,7 @@ class WebhookServer:
         """Listen (again) on the same port."""
         if self._httpd is not None:
             return
-        httpd = ThreadingHTTPServer(("127.0.0.1", self.port), self._handler_class())
+        httpd = ThreadingHTTPServer((self.host, self.port), self._handler_class())
         httpd.daemon_threads = True
         self.port = httpd.server_address[1]
         self._httpd = httpd

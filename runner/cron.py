@@ -1,0 +1,153 @@
+"""``runner cron``: run every minute from crontab; resumes every run that died, from its last checkpoint.
+
+Safe to run often: one instance at a time per run root (a non-blocking lock; a second one exits at once),
+every Slurm command has a timeout, and one run's problem never stops the others. For each unfinished Slurm
+run with no pending or running job it decides, from the Slurm state and the run's ledger, to resubmit (with
+exponential backoff), to leave it alone (finished, cancelled by the user, already given up) or to give up
+after ``resume.max_restarts``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from runner.rundir import RunDir, atomic_write, read_json
+
+RESUBMIT_STATES = ("FAILED", "NODE_FAIL", "TIMEOUT", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
+
+
+@dataclass
+class Decision:
+    """What cron will do with one run, and why (printed as one line per run)."""
+
+    action: str  # skip | wait | resubmit | give_up
+    reason: str
+
+
+def clean_env() -> dict[str, str]:
+    """The environment for sbatch without the caller's SLURM_* (scrontab jobs have them; they would leak in)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
+
+
+def decide(run: RunDir, cfg: dict[str, Any], now: float | None = None) -> Decision:
+    from runner import slurm
+    from runner.jobhook import restarts_used
+
+    now = time.time() if now is None else now
+    events = run.events()
+    names = [e["event"] for e in events]
+    if run.finished.exists():
+        return Decision("skip", "finished")
+    if run.cancelled.exists() or "cancelled" in names:
+        return Decision("skip", "cancelled by the user")
+    if "gave_up" in names:
+        return Decision("skip", "already gave up")
+    job = run.job_id()
+    if not job:
+        return Decision("skip", "never submitted")
+    info = slurm.query(job)
+    if info is not None and not info.terminal:
+        return Decision("skip", f"job {job} is {info.state}")
+    status = read_json(run.exit_status, {}) or {}
+    state = info.state if info is not None else "UNKNOWN"
+    if state == "CANCELLED" and status.get("event") not in ("timeout", "preempted"):
+        return Decision("skip", f"job {job} was cancelled (scancel)")
+    if state not in RESUBMIT_STATES and state not in ("COMPLETED", "CANCELLED", "UNKNOWN"):
+        return Decision("skip", f"job {job} is {state}")
+    reason = f"job {job} ended {state}" + (f" (exit {status['exit_code']})" if "exit_code" in status else "")
+    used = restarts_used(run)
+    if used >= cfg["resume"]["max_restarts"]:
+        return Decision("give_up", f"{reason}; {used} restarts used of resume.max_restarts="
+                                   f"{cfg['resume']['max_restarts']}")
+    last = max((e["time"] for e in events if e["event"] in ("resubmitted", "requeued", "exit")), default=0.0)
+    delay = float(cfg["resume"]["backoff_s"]) * (2 ** max(used - 1, 0)) if used else 0.0
+    if now < last + delay:
+        return Decision("wait", f"{reason}; backoff {delay:.0f} s, {last + delay - now:.0f} s left")
+    return Decision("resubmit", reason)
+
+
+def _alert(run: RunDir, cfg: dict[str, Any], event: str, **fields: Any) -> None:
+    from runner import alerts
+
+    alerts.send(alerts.alert_from_run(run.root, event, **fields), cfg["alerts"], run.root, budget_s=20)
+
+
+def handle(run: RunDir) -> Decision:
+    from runner import alerts, slurm
+    from runner.jobhook import restarts_used
+
+    cfg = yaml.safe_load(run.config.read_text())
+    alerts.flush_queue(run.root, cfg["alerts"])
+    d = decide(run, cfg)
+    attempt = restarts_used(run) + 2
+    if d.action == "resubmit":
+        job = slurm.submit(str(run.script), env=clean_env())
+        atomic_write(run.job_id_file, job + "\n")
+        run.record("resubmitted", job_id=job, reason=d.reason, attempt=attempt)
+        _alert(run, cfg, "resubmitted", job_id=job, attempt=attempt,
+               next_step=f"resubmitted as job {job}; it resumes from the newest complete checkpoint ({d.reason})")
+    elif d.action == "give_up":
+        run.record("gave_up", reason=d.reason)
+        _alert(run, cfg, "gave_up", attempt=attempt - 1, next_step=f"no further submissions: {d.reason}")
+    return d
+
+
+def runs_under(root: Path) -> list[RunDir]:
+    if not root.is_dir():
+        return []
+    return [RunDir(p.resolve()) for p in sorted(root.iterdir())
+            if (p / "manifest.json").is_file() and (read_json(p / "manifest.json", {}) or {}).get("scheduler")
+            == "slurm"]
+
+
+def run_once(roots: list[Path]) -> int:
+    for root in roots:
+        root.mkdir(parents=True, exist_ok=True)
+        with open(root / ".runner-cron.lock", "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                print(f"runner cron: another instance is working on {root}; leaving it to that one")
+                continue
+            for run in runs_under(root):
+                try:
+                    d = handle(run)
+                except Exception as e:  # one broken run must never stop the others
+                    print(f"{run.name}: error: {type(e).__name__}: {e}", file=sys.stderr)
+                    continue
+                if d.action != "skip":
+                    print(f"{run.name}: {d.action}: {d.reason}", flush=True)
+    return 0
+
+
+def crontab_line(roots: list[Path]) -> str:
+    exe = shlex.quote(str(Path(sys.executable).parent / "runner"))
+    args = " ".join(f"--root {shlex.quote(str(r.resolve()))}" for r in roots)
+    log = shlex.quote(str(roots[0].resolve() / ".runner-cron.log"))
+    return f"* * * * * {exe} cron {args} >> {log} 2>&1"
+
+
+def install(roots: list[Path], yes: bool) -> int:
+    line = crontab_line(roots)
+    print(line)
+    if not yes:
+        print("# add it with `crontab -e`, or run again with --yes to install it")
+        return 0
+    current = subprocess.run(["crontab", "-l"], capture_output=True, text=True, timeout=30)
+    existing = current.stdout if current.returncode == 0 else ""
+    if line in existing.splitlines():
+        print("# already installed")
+        return 0
+    subprocess.run(["crontab", "-"], input=existing + line + "\n", text=True, check=True, timeout=30)
+    print("# installed")
+    return 0
