@@ -69,6 +69,13 @@ def _resume(args: argparse.Namespace) -> int:
     return submit.resume(status.find_run(args.run, Path(args.root)))
 
 
+def _cron(args: argparse.Namespace) -> int:
+    from runner import cron
+
+    roots = [Path(r) for r in (args.root or ["runs"])]
+    return cron.install(roots, args.yes) if args.install else cron.run_once(roots)
+
+
 def _preflight(args: argparse.Namespace) -> int:
     from runner import preflight
 
@@ -129,6 +136,10 @@ def parser() -> argparse.ArgumentParser:
             sp.add_argument("--batch", action="store_true",
                             help="Slurm's output of the batch script (hooks, srun errors) instead of a rank's log")
             sp.add_argument("--follow", "-f", action="store_true", help="keep printing until the run ends")
+    sp = cmd("cron", _cron, "resume every Slurm run that died (run it every minute from crontab)")
+    sp.add_argument("--root", action="append", help="run root to watch (repeatable; default: runs)")
+    sp.add_argument("--install", action="store_true", help="print the crontab line (with --yes: install it)")
+    sp.add_argument("--yes", action="store_true")
     sp = cmd("preflight", _preflight, "run the preflight checks as a short job (or locally) and print the report")
     config_args(sp)
     sp.add_argument("--wait", type=float, default=600, help="seconds to wait for the report (default: 600)")

@@ -186,9 +186,19 @@ def run_local(run: RunDir, world_size: int, num_device: int | None = None) -> in
         for key in [k for k in env if k.startswith("SLURM_")]:
             del env[key]
         env.update({k: str(v) for k, v in cfg.get("env", {}).items()})
-        procs.append(subprocess.Popen([sys.executable, "-m", "runner.launch", str(run.root)], env=env))
+        # Own session: a Ctrl-C at the terminal reaches only this process, which turns it into a checkpoint.
+        procs.append(subprocess.Popen([sys.executable, "-m", "runner.launch", str(run.root)], env=env,
+                                      start_new_session=True))
     print(f"run {run.root}: {world_size} local processes, logs in {run.logs}/", flush=True)
+    requeue_signal = getattr(signal, f"SIG{cfg['slurm']['signal']}")
+    stops = []
+
     def forward(signum: int, frame: object) -> None:
+        """First Ctrl-C/TERM: every rank checkpoints and exits; a second one terminates them."""
+        stops.append(signum)
+        if signum == signal.SIGUSR2 or len(stops) == 1:
+            signum = requeue_signal
+            print("runner: stopping: ranks checkpoint at the next step (Ctrl-C again to terminate)", flush=True)
         for p in procs:
             p.send_signal(signum)
 
