@@ -36,7 +36,8 @@ class Decision:
 
 def clean_env() -> dict[str, str]:
     """The environment for sbatch without the caller's SLURM_* (scrontab jobs have them; they would leak in)."""
-    return {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
+    return {k: v for k, v in os.environ.items()
+            if k == "SLURM_CONF" or not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
 
 
 def decide(run: RunDir, cfg: dict[str, Any], now: float | None = None) -> Decision:
