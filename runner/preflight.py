@@ -50,6 +50,8 @@ ONLY_ENV = "RUNNER_PREFLIGHT_ONLY"  # set by `runner preflight`: stop after the 
 JOB_BUDGET_S = 1.5  # time spent timing the whole-job all-reduce (after one untimed and one sizing op)
 PAIR_BUDGET_S = 0.5  # the same, per pair of nodes
 SLOW_FACTOR = 0.5  # without a threshold, a node below half the median node bandwidth is called slow
+STORE_GRACE_S = 30  # extra time a TCPStore may take to start once its port answers (slow DNS, see run_checks)
+SLOW_STORE_S = 2.0  # slower than this is reported (warn)
 
 
 @dataclass
@@ -302,7 +304,7 @@ def check_free_space(path: str, node: str, min_free_gb: float) -> Check:
         return Check("free space", node, FAIL, f"{path}: {e.strerror}", f">= {min_free_gb:g} GB")
     ok = free >= min_free_gb
     return Check("free space", node, PASS if ok else FAIL, f"{free:.1f} GB free", f">= {min_free_gb:g} GB",
-                 "" if ok else "free space or move run_root; checkpoints will not fit", path)
+                 "" if ok else f"free space on {path} or move run_root; checkpoints will not fit")
 
 
 def code_files(cfg: Mapping[str, Any]) -> list[Path]:
@@ -422,16 +424,41 @@ def summary(checks: list[Check], status: str) -> str:
     return f"preflight {status}: " + "; ".join(c.line() for c in bad[:3]) + more
 
 
+def _collapse(checks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row for a check that passed on several nodes (the json keeps every node); problems stay per node."""
+    out: list[dict[str, Any]] = []
+    groups: dict[str, dict[str, Any]] = {}
+    for c in checks:
+        key = f"{c['name']}\0{(c['value'].split() or [''])[0]}"  # same check, same interface / path / tool
+        if c["status"] != PASS or c["name"] in ("busbw node",):
+            out.append(dict(c))
+        elif key not in groups:
+            groups[key] = dict(c, nodes=[c["node"]])
+            out.append(groups[key])
+        else:
+            g = groups[key]
+            g["nodes"].append(c["node"])
+            if c["value"] != g["value"] and not g["value"].endswith(" (varies)"):
+                g["value"] += " (varies)"
+            if c.get("note") != g.get("note"):
+                g["note"] = ""
+    for g in groups.values():
+        n = g.pop("nodes")
+        g["node"] = n[0] if len(n) == 1 else ",".join(n) if len(n) <= 4 else f"{len(n)} nodes"
+    return out
+
+
 def table(report: Mapping[str, Any]) -> str:
     """The report as a plain-text table (preflight.txt, `runner preflight`, the rank-0 log)."""
     head = (f"preflight {report['status'].upper()} in {report.get('duration_s', 0):.1f} s: "
             f"{len(report.get('nodes', []))} nodes, {report.get('world_size')} ranks, "
             f"{report.get('backend') or 'no'} probe, master {report.get('master')}")
     cols = ("name", "node", "status", "value", "threshold", "hint")
-    rows = [[str(c.get(k, "")) for k in cols] for c in report["checks"]]
+    checks = _collapse(report["checks"])
+    rows = [[str(c.get(k, "")) for k in cols] for c in checks]
     widths = [min(48, max([len(h)] + [len(r[i]) for r in rows])) for i, h in enumerate(cols)]
     lines = [head, "  ".join(h.upper().ljust(w) for h, w in zip(cols, widths, strict=True)).rstrip()]
-    for r, c in zip(rows, report["checks"], strict=True):
+    for r, c in zip(rows, checks, strict=True):
         lines.append("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
         if c.get("note"):
             lines.append(f"    note: {c['note']}")
@@ -629,7 +656,7 @@ def _ib_check(text: str, host: str) -> Check:
 
 def _collect(job: _Job, store: Any) -> tuple[list[dict[str, Any]], list[int]]:
     """Rank 0: every rank's facts from the store, or from its own file when it could not reach us."""
-    deadline = job.t0 + job.pf["timeout_s"] + 3
+    deadline = time.monotonic() + job.pf["timeout_s"] + 3  # the common case: an unreachable rank wrote its file
     got: dict[int, dict[str, Any]] = {}
     while True:
         for r in range(job.world):
@@ -638,7 +665,7 @@ def _collect(job: _Job, store: Any) -> tuple[list[dict[str, Any]], list[int]]:
         missing = [r for r in range(job.world) if r not in got]
         if not missing or (time.monotonic() > deadline and all(rank_file(job.rd, r).exists() for r in missing)):
             break
-        if time.monotonic() > deadline + 5:
+        if time.monotonic() > deadline + STORE_GRACE_S:  # a rank neither reported nor wrote: it never started
             break
         time.sleep(0.05)
     facts = [got[r] for r in sorted(got)]
@@ -654,6 +681,14 @@ def _evaluate_local(job: _Job, facts: list[dict[str, Any]]) -> list[Check]:
     checks = [Check(**c) for f in facts for c in f["checks"]]
     by_node = {f["host"]: f["versions"] for f in facts if f.get("versions")}
     checks += compare_versions(by_node)
+    slow = max((f for f in facts if "store_s" in f), key=lambda f: f["store_s"], default=None)
+    if slow is not None:
+        bad = slow["store_s"] > SLOW_STORE_S
+        checks.append(Check("rendezvous", slow["host"] if bad else "all", WARN if bad else PASS,
+                            f"TCPStore up in {slow['store_s']:.1f} s", f"< {SLOW_STORE_S:g} s",
+                            "slow name resolution (c10d looks up peer names): fix the DNS server in "
+                            "/etc/resolv.conf or list the nodes in /etc/hosts; every job pays this" if bad else "",
+                            f"slowest rank {slow['rank']}"))
     return checks
 
 
@@ -706,7 +741,10 @@ def run_checks(job: _Job) -> str:
         checks += compare_versions({job.host: facts["versions"]})
         return _finish(job, checks, {"nodes": [job.host], "backend": None,
                                      "bandwidth": {"note": "one rank: nothing to measure"}})
-    timeout = timedelta(seconds=pf["timeout_s"])
+    # The port is known to answer (or is our own) when a store is built, so a slow store is name resolution:
+    # c10d looks up the peers' names, and a DNS server that does not answer costs 10-20 s on every job.
+    timeout = timedelta(seconds=pf["timeout_s"] + STORE_GRACE_S)
+    t_store = time.monotonic()
     if job.rank == 0:
         try:
             store = dist.TCPStore(addr, port, job.world, True, timeout, wait_for_workers=False)
@@ -721,8 +759,9 @@ def run_checks(job: _Job) -> str:
             return _unreachable(job, facts, what, seconds)
         facts["reach_s"] = seconds
         store = dist.TCPStore(addr, port, job.world, False, timeout)
+    facts["store_s"] = time.monotonic() - t_store
     store.set(f"local/{job.rank}", json.dumps(facts))
-    wait = timedelta(seconds=2 * pf["timeout_s"] + 10)
+    wait = timedelta(seconds=2 * (pf["timeout_s"] + STORE_GRACE_S) + 10)
     if job.rank == 0:
         all_facts, missing = _collect(job, store)
         checks = _evaluate_local(job, all_facts)

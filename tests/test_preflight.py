@@ -309,6 +309,18 @@ def test_table_and_summary() -> None:
     assert "interface  n2    fail    eth9 not found" in out and "    note: CPU run: no GPUs needed" in out
 
 
+def test_table_shows_a_check_that_passed_everywhere_once_and_problems_per_node() -> None:
+    def gpus(node: str) -> dict[str, str]:
+        return preflight.Check("gpus", node, PASS, "cpu run").__dict__
+
+    checks = [gpus("n1"), gpus("n2"), preflight.Check("path", "n2", FAIL, "/d missing").__dict__, gpus("n3"),
+              preflight.Check("path", "n1", PASS, "/d").__dict__, preflight.Check("path", "n3", PASS, "/d").__dict__]
+    rows = [ln.split() for ln in preflight.table({"status": FAIL, "checks": checks}).splitlines()[2:-1]]
+    assert rows == [["gpus", "n1,n2,n3", "pass", "cpu", "run"], ["path", "n2", "fail", "/d", "missing"],
+                    ["path", "n1,n3", "pass", "/d"]]
+    assert [c["node"] for c in checks] == ["n1", "n2", "n2", "n3", "n1", "n3"]  # the report itself is untouched
+
+
 # ------------------------------------------------------------------------------------------ real local runs
 
 
