@@ -11,8 +11,9 @@ How, in phases, never blocking longer than ``preflight.timeout_s`` on the networ
    TCP connect (seconds, never a hang), then join and post their results to the store;
 3. if nothing failed so far, a short-lived process group (gloo on CPU, nccl on GPU) measures all-reduce
    bandwidth over the whole job and between pairs of nodes, so that a slow node is named;
-4. rank 0 writes ``preflight.json`` and ``preflight.txt``, sends the alert on failure, and tells every
-   rank the outcome. A rank that cannot reach rank 0 writes its own result under ``logs/preflight/``.
+4. rank 0 writes ``preflight.json`` and ``preflight.txt`` and tells every rank the outcome; on failure the
+   alert goes out from rank 0 in a local run, from the batch script's exit hook (host side) under Slurm.
+   A rank that cannot reach rank 0 writes its own result under ``logs/preflight/``.
 
 Standard library at import time: ``runner preflight`` (the CLI) imports this module without torch.
 """
@@ -704,7 +705,7 @@ def _finish(job: _Job, checks: list[Check], extra: dict[str, Any]) -> str:
     atomic_write(job.rd.root / "preflight.txt", table(report))
     print(table(report), end="", flush=True)
     job.rd.record("preflight", status=status, duration_s=round(report["duration_s"], 2), summary=text)
-    if status == FAIL:
+    if status == FAIL and "SLURM_JOB_ID" not in os.environ:  # under Slurm the batch script's exit hook alerts
         from runner import alerts
 
         alert = alerts.alert_from_run(job.rd.root, "preflight_failed", exit_code=EXIT_PREFLIGHT, cause=text,
@@ -721,7 +722,8 @@ def _unreachable(job: _Job, facts: dict[str, Any], what: str, seconds: float) ->
         "reach master", job.host, FAIL, f"{addr}:{port} not reachable from {job.host} after {seconds:.1f} s: {what}",
         f"connect within {job.pf['timeout_s']} s",
         "a firewall between nodes, a wrong MASTER_ADDR/MASTER_PORT, or rank 0 failed to start (see its log)")))
-    atomic_write(rank_file(job.rd, job.rank), json.dumps(facts) + "\n")
+    with contextlib.suppress(OSError):  # a run directory that is not shared: rank 0 still names the rank
+        atomic_write(rank_file(job.rd, job.rank), json.dumps(facts) + "\n")
     print(f"runner: preflight: {facts['checks'][-1]['value']}", flush=True)
     deadline = time.monotonic() + job.pf["timeout_s"] + 30  # rank 0 may still be sending the alert
     while not job.rd.preflight.exists() and time.monotonic() < deadline:
