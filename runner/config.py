@@ -113,7 +113,7 @@ SCHEMA: dict[str, Any] = {
         "account": _f((str, NONE), None, pattern=SBATCH_SAFE),
         "qos": _f((str, NONE), None, pattern=SBATCH_SAFE),
         "constraint": _f((str, NONE), None, pattern=SBATCH_SAFE),
-        "time": _f(str, "01:00:00", pattern=TIME, expect="Slurm time like 01:00:00 or 2-00:00:00"),
+        "time": _f((str, int), "01:00:00", pattern=TIME, expect="Slurm time like 01:00:00, 2-00:00:00 or minutes"),
         "cpus_per_task": _f(int, 4, **POS_INT),
         "mem": _f((str, int, NONE), None, pattern=SBATCH_SAFE),
         "gpus_per_node": _f((int, NONE), None, min=0),

@@ -153,7 +153,8 @@ def test_time_limit_signals_before_the_limit(slurm_cluster: devcluster.Cluster, 
     env = env_for(slurm_cluster, hook)
     run = submit(env, tmp_path, "slurm.time=1", "slurm.signal_lead_s=45", "model.step_time_s=0.3",
                  "resume.max_restarts=8")
-    wait_for("the run to finish across time limits", lambda: (run / "finished").exists(), 400, run)
+    wait_for("the run to finish across time limits", lambda: any(e.get("outcome") == "completed"
+                                                                 for e in events(run)), 400, run)
     outcomes = [e.get("outcome") for e in events(run) if e["event"] == "exit"]
     assert outcomes[-1] == "completed" and "timeout" in outcomes, outcomes
     n = outcomes.count("timeout")
