@@ -157,6 +157,7 @@ class _Paths:
         self.cgroup = self.etc / "cgroup.conf"
         self.dbdconf = self.etc / "slurmdbd.conf"
         self.hosts = self.etc / "hosts"
+        self.resolv = self.etc / "resolv.conf"
         self.munge = root / "munge"
         self.munge_key = self.munge / "munge.key"
         self.munge_socket = self.munge / "munge.socket.2"
@@ -495,7 +496,10 @@ def _start_slurmctld(p: _Paths) -> None:
 
 
 def _node_script(p: _Paths, node: str, use_freezer: bool) -> str:
-    cmds = ["set -e", f"hostname {node}", f"mount --bind {p.hosts} /etc/hosts"]
+    # No DNS inside a node: the host's nameserver is unreachable from the namespace, so every reverse lookup
+    # (gloo/c10d's TCPStore looks up each peer, as ::ffff:10.77.0.x) would wait 10 s for a DNS timeout.
+    cmds = ["set -e", f"hostname {node}", f"mount --bind {p.hosts} /etc/hosts",
+            f"mount --bind {p.resolv} /etc/resolv.conf"]
     if use_freezer:
         # Each node gets its own freezer subtree: slurm's cgroup paths (slurm/uid_0/job_N/...)
         # would otherwise collide between the nodes of one job.
@@ -647,6 +651,7 @@ def _up(root: Path, nodes: int, gpus_per_node: int, cpus_per_node: int, timeout:
            else "CgroupAutomount=no\n")
     _write(p.dbdconf, _render_dbd_conf(p), 0o600)
     _write(p.hosts, _render_hosts(cluster))
+    _write(p.resolv, "# dev cluster nodes: no nameserver; every node name is in /etc/hosts\n")
     _write(p.state, cluster._to_json())
     _make_gpu_devices(p, cluster)
 

@@ -58,6 +58,14 @@ def classify(run: RunDir, rc: int, cfg: dict[str, Any], job: str | None) -> str:
     return "failed"
 
 
+def _cause(run: RunDir, rc: int, event: str) -> str | None:
+    if event in ("completed", "cancelled"):
+        return None
+    from runner import alerts
+
+    return alerts.alert_from_run(run.root, event, exit_code=rc).cause
+
+
 def _alert(run: RunDir, cfg: dict[str, Any], event: str, **fields: Any) -> None:
     from runner import alerts
 
@@ -81,7 +89,8 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
     status = {"exit_code": rc, "job_id": job, "attempt": attempt, "signal": signal_name, "event": event,
               "time": time.time()}
     atomic_write(run.exit_status, json.dumps(status) + "\n")
-    run.record("exit", job_id=job, exit_code=rc, signal=signal_name, outcome=event, attempt=attempt)
+    run.record("exit", job_id=job, exit_code=rc, signal=signal_name, outcome=event, attempt=attempt,
+               cause=_cause(run, rc, event))
     nodes = os.environ.get("SLURM_JOB_NODELIST", "")
     common = {"job_id": job or "", "attempt": attempt, "nodes": nodes, "exit_code": rc}
     if event in ("completed", "cancelled"):

@@ -109,8 +109,28 @@ def row(run: RunDir) -> dict[str, Any]:
             "restarts": sum(1 for e in events if e["event"] in ("resubmitted", "requeued")),
             "age_s": round(time.time() - manifest.get("created", time.time()), 1),
             "last_event": events[-1]["event"] if events else None,
+            **history(run, events, manifest, last),
             **({"slurm_state": info.state, "slurm_source": info.source, "slurm_exit_code": info.exit_code,
                 "reason": info.reason, "nodes": info.nodes} if info else {})}
+
+
+def history(run: RunDir, events: list[dict[str, Any]], manifest: dict[str, Any],
+            last: tuple[int, Path] | None) -> dict[str, Any]:
+    """What the failures cost: the last outcome and its cause, steps lost per restart, and goodput.
+
+    Goodput is training time kept in checkpoints (or in the finished run) divided by wall time since submit.
+    """
+    exits = [e for e in events if e["event"] == "exit" and e.get("outcome")]
+    done = read_json(run.finished, None)
+    kept = (done or {}).get("productive_s")
+    if kept is None and last is not None:
+        kept = (read_json(last[1] / "manifest.json", {}) or {}).get("productive_s")
+    end = (done or {}).get("time") or time.time()
+    wall = end - manifest.get("created", end)
+    return {"last_outcome": exits[-1]["outcome"] if exits else None,
+            "last_cause": exits[-1].get("cause") if exits else None,
+            "lost_steps": [e.get("lost_steps", 0) for e in events if e["event"] == "train_start"][1:],
+            "goodput": round(kept / wall, 3) if kept is not None and wall > 0 else None}
 
 
 def collect(name: str | None, root: Path) -> list[dict[str, Any]]:
@@ -130,13 +150,18 @@ def _age(seconds: float) -> str:
 def table(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "no runs"
-    cols = ("run", "state", "job_id", "last_checkpoint_step", "restarts", "age")
+    cols = ("run", "state", "job_id", "last_checkpoint_step", "restarts", "lost_steps", "goodput", "last_outcome",
+            "age")
     data = [[str(r.get(c) if c != "age" else _age(r["age_s"])) if r.get(c, "") is not None else "-" for c in cols]
             for r in rows]
     for r, d in zip(rows, data, strict=True):
         if r["state"] == "pending" and r.get("reason"):  # Slurm's reason: Resources, Priority, BeginTime, ...
             d[1] = f"pending ({r['reason']})"
-    heads = ("RUN", "STATE", "JOB", "CKPT", "RESTARTS", "AGE")
+        d[5] = ",".join(map(str, r["lost_steps"])) or "-"
+        d[6] = f"{r['goodput']:.0%}" if r.get("goodput") is not None else "-"
+        if r.get("last_cause"):
+            d[7] = f"{d[7]}: {r['last_cause'][:60]}"
+    heads = ("RUN", "STATE", "JOB", "CKPT", "RESTARTS", "LOST", "GOODPUT", "LAST", "AGE")
     widths = [max(len(h), *(len(d[i]) for d in data)) for i, h in enumerate(heads)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     return "\n".join([fmt.format(*heads), *(fmt.format(*d) for d in data)])

@@ -145,6 +145,8 @@ def test_preemption_notice_checkpoints_requeues_and_resumes(slurm_cluster: devcl
     assert_recovered(run, reference, hook, ["preempted", "requeued", "completed"])
     row = status(env, run)
     assert row["state"] == "completed" and row["restarts"] == 1
+    assert len(row["lost_steps"]) == 1 and row["lost_steps"][0] <= EVERY
+    assert 0 < row["goodput"] < 1 and row["last_outcome"] == "completed"
 
 
 def test_time_limit_signals_before_the_limit(slurm_cluster: devcluster.Cluster, hook: Any,
@@ -235,6 +237,8 @@ def test_gives_up_after_max_restarts(slurm_cluster: devcluster.Cluster, hook: An
     pid = json.loads((run / "ranks" / "rank-00001.json").read_text())["pid"]
     os.kill(pid, signal.SIGKILL)
     wait_for("the job to fail", lambda: status(env, run)["state"] == "failed", 60, run)
+    wait_for("the exit hook", lambda: status(env, run)["last_outcome"] == "failed", 30, run)
+    assert "Killed" in (status(env, run)["last_cause"] or "") or status(env, run)["last_cause"]
     out = runner(env, "cron", "--root", str(tmp_path)).stdout
     assert "give_up" in out
     runner(env, "cron", "--root", str(tmp_path))
