@@ -24,8 +24,6 @@ pytest_plugins = ("tests.slurm_fixture",)
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf" / "slurm-2node.yaml"
 STEPS = 60
-# Extra overrides for every submission here (kept empty: the tests run the config as users get it).
-EXTRA: list[str] = [o for o in os.environ.get("RUNNER_TEST_SLURM_EXTRA", "").split() if o]
 
 
 def runner(*args: str, env: dict[str, str], check: bool = True,
@@ -146,7 +144,7 @@ def two_node_run(env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) 
     """One `runner submit conf/slurm-2node.yaml` to COMPLETED, with `runner logs --follow` watching it."""
     root = tmp_path_factory.mktemp("slurm-runs")
     t0 = time.monotonic()
-    out = runner("submit", str(CONF), f"run_root={root}", f"trainer.max_steps={STEPS}", *EXTRA, env=env)
+    out = runner("submit", str(CONF), f"run_root={root}", f"trainer.max_steps={STEPS}", env=env)
     m = re.search(r"submitted job (\d+): (\S+)", out.stdout)
     assert m, out.stdout
     job, run = m.group(1), Path(m.group(2))
@@ -231,7 +229,7 @@ def test_weights_identical_on_every_rank_and_bitwise_equal_to_local(two_node_run
         assert_bitwise(slurm_w[0], w)
     # the same config with scheduler: local runs 4 processes here (NODE_RANK 0 and 1, same world size)
     out = runner("submit", str(CONF), "scheduler=local", f"run_root={tmp_path}", f"trainer.max_steps={STEPS}",
-                 *EXTRA, env=env)
+                 env=env)
     [local] = tmp_path.glob("slurm-2node-*")
     assert (local / "finished").exists(), out.stdout
     local_w = weights(local)
@@ -262,7 +260,7 @@ def test_refused_submission_is_one_line_and_leaves_nothing(overrides: list[str],
 @slurm
 def test_cancel_a_running_job(env: dict[str, str], tmp_path: Path) -> None:
     out = runner("submit", str(CONF), f"run_root={tmp_path}", "trainer.max_steps=1000000",
-                 "checkpoint.every_n_steps=1000000", *EXTRA, env=env)
+                 "checkpoint.every_n_steps=1000000", env=env)
     run = Path(re.search(r"submitted job \d+: (\S+)", out.stdout).group(1))  # type: ignore[union-attr]
     deadline = time.monotonic() + 45
     while not any((run / "ranks").glob("*.json")) or "train_start" not in (run / "ledger.jsonl").read_text():
