@@ -157,7 +157,6 @@ _NCCL_RE = re.compile(
 _NODE_FAIL_RE = re.compile(r"NODE_FAIL|DUE TO NODE FAIL")
 _TIME_LIMIT_RE = re.compile(r"DUE TO TIME LIMIT")
 _PREEMPTED_RE = re.compile(r"DUE TO PREEMPTION|\bPREEMPTED\b")
-_PREEMPT_WORD_RE = re.compile(r"\bpreempt(?:ed|ion|ing)?\b", re.I)
 # Output prefixes added by `srun --label` ("3: ") and torchrun ("[rank3]: ").
 _PREFIX_RE = re.compile(r"^(?:\[(?:default)?rank\s*\d+\]:\s?|\d+:\s?)")
 _EXC_RE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Interrupt|Exit)(?::\s|:$|$)")
@@ -223,9 +222,6 @@ def guess_cause(log_lines: list[str], exit_code: int | None, slurm_state: str | 
     nccl = _first_match(_NCCL_RE, lines)
     if nccl:
         return f"NCCL timeout: {nccl}"
-    preempt_word = _first_match(_PREEMPT_WORD_RE, lines)
-    if preempt_word:
-        return f"preemption: {preempt_word}"
     exc = _exception_line(lines)
     if exc:
         return f"Python exception: {exc}"

@@ -434,7 +434,8 @@ TB = ["Traceback (most recent call last):", '  File "train.py", line 3, in <modu
         ),
         ([], None, "PREEMPTED", "preemption: Slurm state PREEMPTED"),
         (["*** JOB 7 CANCELLED AT 2026-01-01T00:00:00 DUE TO PREEMPTION ***"], None, None, "preemption"),
-        (["job was preempted by a higher-priority job"], None, "REQUEUED", "preemption: job was preempted"),
+        # A mere word is no evidence (it matched run-directory paths like ".../bench-preempt-x/..."):
+        (["/runs/bench-preempt-x/checkpoints exists, writable"], None, "REQUEUED", "unknown"),
         (
             [*TB, "RuntimeError: shapes (3,) and (4,) differ"],
             1,
