@@ -56,6 +56,9 @@ def decide(run: RunDir, cfg: dict[str, Any], now: float | None = None) -> Decisi
     job = run.job_id()
     if not job:
         return Decision("skip", "never submitted")
+    outcomes = [e.get("outcome") for e in events if e["event"] == "exit"]
+    if outcomes and outcomes[-1] == "preflight_failed":
+        return Decision("skip", "preflight failed: fix the node or interface it names, then `runner resume`")
     info = slurm.query(job)
     if info is not None and not info.terminal:
         return Decision("skip", f"job {job} is {info.state}")

@@ -61,6 +61,8 @@ def classify(run: RunDir, rc: int, cfg: dict[str, Any], job: str | None) -> str:
 def _cause(run: RunDir, rc: int, event: str) -> str | None:
     if event in ("completed", "cancelled"):
         return None
+    if event == "preflight_failed":
+        return str((read_json(run.preflight, {}) or {}).get("summary") or "preflight failed; see preflight.txt")
     from runner import alerts
 
     return alerts.alert_from_run(run.root, event, exit_code=rc).cause
@@ -108,8 +110,9 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
             run.record("gave_up", job_id=job, reason=f"{event} after {attempt - 1} restarts")
             _alert(run, cfg, "gave_up", **common)
         return 0
-    # failed / preflight_failed: `runner cron` decides about resubmission (with backoff), the alert says so.
-    _alert(run, cfg, event, **common)
+    # failed: `runner cron` decides about resubmission (with backoff), the alert says so. preflight_failed: a
+    # person must look (a bad node or interface would fail again), so cron leaves it alone.
+    _alert(run, cfg, event, **common, cause=_cause(run, rc, event))
     return 0
 
 

@@ -493,7 +493,11 @@ class _Job:
 
     @property
     def master(self) -> tuple[str, int]:
-        return os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "29500"))
+        # Its own port, next to MASTER_PORT: ranks that finish preflight early must never reach a preflight
+        # store that is closing when they rendezvous for Lightning on MASTER_PORT ("Failed to recv").
+        master_port = int(os.environ.get("MASTER_PORT", "29500"))
+        return os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("RUNNER_PREFLIGHT_PORT",
+                                                                               master_port + 1))
 
 
 def _local_facts(job: _Job) -> dict[str, Any]:

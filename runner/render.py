@@ -113,7 +113,7 @@ def exec_prefix(cfg: Config, image: str, binds: list[str], env_names: list[str])
 
 # Variables the launcher needs inside the container. Apptainer passes the host environment through by
 # default, but sites that set --cleanenv (or APPTAINER_CLEANENV) drop them, so they are passed explicitly.
-CONTAINER_ENV = ("MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "RUNNER_RUN_DIR")
+CONTAINER_ENV = ("MASTER_ADDR", "MASTER_PORT", "RUNNER_PREFLIGHT_PORT", "OMP_NUM_THREADS", "RUNNER_RUN_DIR")
 IFNAME_ENV = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")  # passed only when network.ifname sets them
 
 

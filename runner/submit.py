@@ -175,14 +175,16 @@ def run_local(run: RunDir, world_size: int, num_device: int | None = None) -> in
     """Start one launcher process per rank on this machine and wait; Ctrl-C stops them gracefully."""
     cfg = yaml.safe_load(run.config.read_text())
     per_node = num_device or cfg["num_device"]
-    with socket.socket() as s:
+    with socket.socket() as s, socket.socket() as s2:  # two free ports: Lightning's and preflight's
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+        s2.bind(("127.0.0.1", 0))
+        port, preflight_port = s.getsockname()[1], s2.getsockname()[1]
     procs = []
     for rank in range(world_size):
         env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world_size),
                "RANK": str(rank), "LOCAL_RANK": str(rank % per_node), "NODE_RANK": str(rank // per_node),
-               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "RUNNER_RUN_DIR": str(run.root)}
+               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "RUNNER_RUN_DIR": str(run.root),
+               "RUNNER_PREFLIGHT_PORT": str(preflight_port)}
         for key in [k for k in env if k.startswith("SLURM_")]:
             del env[key]
         env.update({k: str(v) for k, v in cfg.get("env", {}).items()})

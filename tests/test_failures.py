@@ -30,8 +30,7 @@ STEPS = 80
 EVERY = 10
 # ~0.1 s a step: the run lasts long enough to be hit mid-training, and is still quick.
 BASE = [f"trainer.max_steps={STEPS}", f"checkpoint.every_n_steps={EVERY}", "checkpoint.keep_last=20",
-        "model.step_time_s=0.1", "alerts.kind=json", "alerts.backoff_s=0.2", "resume.backoff_s=0",
-        "preflight.enabled=false"]
+        "model.step_time_s=0.1", "alerts.kind=json", "alerts.backoff_s=0.2", "resume.backoff_s=0"]
 
 
 @pytest.fixture

@@ -92,7 +92,8 @@ def test_rendezvous_lines() -> None:
     text = render_for()
     lines = text.splitlines()
     assert 'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in lines
-    assert "export MASTER_PORT=$((10000 + SLURM_JOB_ID % 20000))" in lines
+    assert "export MASTER_PORT=$((10000 + 2 * (SLURM_JOB_ID % 10000)))" in lines
+    assert "export RUNNER_PREFLIGHT_PORT=$((MASTER_PORT + 1))" in lines
     assert 'export OMP_NUM_THREADS="${SLURM_CPUS_PER_TASK:-1}"' in lines
     assert "#SBATCH --cpus-per-task=1" in lines and "#SBATCH --nodes=2" in lines
     assert "#SBATCH --ntasks-per-node=2" in lines and not any("--gres" in x for x in lines)
@@ -115,7 +116,7 @@ def test_rendezvous_shell_part_runs(tmp_path: Path) -> None:
     env = {"PATH": f"{tmp_path}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "n[3-4]", "SLURM_JOB_ID": "12345",
            "SLURM_CPUS_PER_TASK": "3"}
     out = subprocess.run(["bash", "-uc", probe], capture_output=True, text=True, env=env, timeout=10)
-    assert out.stdout.split() == ["n3", str(10000 + 12345 % 20000), "3", "3"], out.stderr
+    assert out.stdout.split() == ["n3", str(10000 + 2 * (12345 % 10000)), "3", "3"], out.stderr
     env["SLURM_JOB_NODELIST"] = "bad"
     out = subprocess.run(["bash", "-uc", probe], capture_output=True, text=True, env=env, timeout=10)
     assert out.returncode != 0 and "cannot read the first node" in out.stderr
@@ -184,7 +185,7 @@ def test_two_nodes_two_tasks_layout(two_node_run: tuple[Path, str, str], slurm_c
         assert info["omp_num_threads"] == "1"  # from --cpus-per-task=1
         hosts.setdefault(info["node_rank"], set()).add(info["hostname"])
         # MASTER_ADDR is the first node; the port derives from the job id
-        assert info["master"] == f"{first}:{10000 + int(job) % 20000}"
+        assert info["master"] == f"{first}:{10000 + 2 * (int(job) % 10000)}"
         # each node detected its own interface from the route to MASTER_ADDR (on n1 that is not `lo`)
         assert info["ifname"] == {"GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "eth0"}
     assert hosts == {0: {first}, 1: {second}}
