@@ -66,7 +66,7 @@ def _cancel(args: argparse.Namespace) -> int:
 def _resume(args: argparse.Namespace) -> int:
     from runner import status, submit
 
-    return submit.resume(status.find_run(args.run, Path(args.root)))
+    return submit.resume(status.find_run(args.run, Path(args.root)), args.overrides)
 
 
 def _cron(args: argparse.Namespace) -> int:
@@ -131,6 +131,9 @@ def parser() -> argparse.ArgumentParser:
         sp.add_argument("--root", default="runs", help="where run directories live (default: runs)")
         if name == "status":
             sp.add_argument("--json", action="store_true", help="machine-readable output")
+        if name == "resume":
+            sp.add_argument("overrides", nargs="*", metavar="num_nodes=N",
+                            help="resume on other capacity (num_nodes / num_device); the global batch is kept")
         if name == "logs":
             sp.add_argument("--rank", type=int, default=0, help="which rank's log (default: 0)")
             sp.add_argument("--batch", action="store_true",

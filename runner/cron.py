@@ -49,7 +49,7 @@ def decide(run: RunDir, cfg: dict[str, Any], now: float | None = None) -> Decisi
     names = [e["event"] for e in events]
     if run.finished.exists():
         return Decision("skip", "finished")
-    if run.cancelled.exists() or "cancelled" in names:
+    if run.cancelled_now():
         return Decision("skip", "cancelled by the user")
     if "gave_up" in names:
         return Decision("skip", "already gave up")

@@ -47,7 +47,7 @@ def classify(run: RunDir, rc: int, cfg: dict[str, Any], job: str | None) -> str:
     """What the step's end means: completed, cancelled, timeout, preempted, preflight_failed or failed."""
     if run.finished.exists():
         return "completed"
-    if run.cancelled.exists() or any(e["event"] == "cancelled" for e in run.events()):
+    if run.cancelled_now():
         return "cancelled"
     if rc == EXIT_PREFLIGHT:
         return "preflight_failed"

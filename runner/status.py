@@ -33,7 +33,7 @@ def local_state(run: RunDir) -> str:
         return "completed"
     status = read_json(run.exit_status)
     events = run.events()
-    if run.cancelled.exists() or _cancelled_since_submit(events):
+    if run.cancelled_now():
         return "cancelled"
     if status is None or (events and events[-1]["event"] in ("submitted", "resubmitted", "start")):
         return "running" if any(e["event"] in ("start", "train_start") for e in events[-3:]) else "pending"
@@ -41,16 +41,6 @@ def local_state(run: RunDir) -> str:
     if code == EXIT_REQUEUE:
         return "preempted"
     return "cancelled" if status.get("cancelled") else "failed"
-
-
-def _cancelled_since_submit(events: list[dict[str, Any]]) -> bool:
-    """`runner cancel` was the last word since the last (re)submission."""
-    for e in reversed(events):
-        if e["event"] == "cancelled":
-            return True
-        if e["event"] in ("submitted", "resubmitted"):
-            return False
-    return False
 
 
 def _job_alive(events: list[dict[str, Any]]) -> bool:

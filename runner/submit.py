@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -229,14 +230,60 @@ def _print_tail(path: Path, n: int = 8) -> None:
         print(f"  {line}")
 
 
-def resume(run: RunDir) -> int:
+RESIZABLE = ("num_nodes", "num_device")
+
+
+def resize(run: RunDir, overrides: list[str]) -> str:
+    """Change a stopped run's node or device count, keeping its global batch; returns what changed.
+
+    Only the layout may change: anything else would be another config (a new run). With a target
+    ``global_batch_size`` the accumulation is derived again, so the config hash (which leaves the layout
+    out) stays the same and the run resumes from its checkpoints.
+    """
+    bad = sorted({o.partition("=")[0] for o in overrides} - set(RESIZABLE))
+    if bad:
+        raise SubmitError(f"resume {run.name}: found an override of {', '.join(bad)}; expected only num_nodes or "
+                          "num_device. hint: another config is another run: runner submit")
+    data = yaml.safe_load(run.config.read_text())
+    before = config.from_dict(copy.deepcopy(data), run.config)
+    config.apply_overrides(data, overrides)
+    data["trainer"].update(devices=data["num_device"], num_nodes=data["num_nodes"])
+    for split in data["dataloader"].values():
+        split["dist_world_size"] = data["num_nodes"] * data["num_device"]
+    if data.get("global_batch_size"):
+        data["trainer"]["accumulate_grad_batches"] = None
+    staged = run.root / ".config.resize.yaml"
+    atomic_write(staged, yaml.safe_dump(data, sort_keys=False))
+    try:
+        after = config.load(staged)
+    finally:
+        staged.unlink(missing_ok=True)
+    manifest = json.loads(run.manifest.read_text())
+    if after.hash() != manifest["config_hash"] and not data["resume"]["force"]:
+        raise SubmitError(f"resume {run.name}: the new layout changes the global batch ({before.global_batch} -> "
+                          f"{after.global_batch}); expected the same. hint: set global_batch_size in the config")
+    atomic_write(run.config, yaml.safe_dump(after.data, sort_keys=False))
+    atomic_write(run.script, render.sbatch(after, run.root, manifest.get("image", "none")))
+    manifest.update(world_size=after.world_size, accumulate_grad_batches=after.accumulate)
+    atomic_write(run.manifest, json.dumps(manifest, indent=2) + "\n")
+    change = (f"resized from {before['num_nodes']}x{before['num_device']} (accumulate {before.accumulate}) to "
+              f"{after['num_nodes']}x{after['num_device']} (accumulate {after.accumulate}); global batch "
+              f"{after.global_batch} kept")
+    run.record("resized", change=change, world_size=after.world_size, accumulate=after.accumulate)
+    print(change)
+    return change
+
+
+def resume(run: RunDir, overrides: list[str] | None = None) -> int:
     """Start a stopped run again in its own directory; the launcher picks the newest complete checkpoint."""
     if not run.config.is_file():
         raise SubmitError(f"{run.root}: found no config.yaml; expected a run directory. hint: see `runner status`")
-    cfg = yaml.safe_load(run.config.read_text())
     if run.finished.exists():
         print(f"run {run.root} already finished; nothing to do")
         return 0
+    change = resize(run, overrides) if overrides else None
+    cfg = yaml.safe_load(run.config.read_text())
+    run.cancelled.unlink(missing_ok=True)  # resuming is the user's word: a cancel before it no longer holds
     if cfg["scheduler"] == "slurm":
         from runner import slurm
 
@@ -246,8 +293,13 @@ def resume(run: RunDir) -> int:
             raise SubmitError(f"sbatch refused the job: {e}. hint: check the slurm: block against `sinfo`") \
                 from None
         atomic_write(run.job_id_file, job_id + "\n")
-        run.record("resubmitted", job_id=job_id)
+        run.record("resubmitted", job_id=job_id, reason=change or "runner resume")
         print(f"resubmitted job {job_id}: {run.root}")
+        from runner import alerts
+
+        note = f"resubmitted as job {job_id} by `runner resume`" + (f"; {change}" if change else "")
+        alerts.send(alerts.alert_from_run(run.root, "resubmitted", job_id=job_id, next_step=note), cfg["alerts"],
+                    run.root, budget_s=15)
         return 0
     run.record("resubmitted", scheduler="local")
     return run_local(run, cfg["num_nodes"] * cfg["num_device"])

@@ -126,3 +126,19 @@ def test_kill_and_torn_checkpoints_are_never_used(tmp_path: Path, reference: lis
     assert f"skipping {damaged}: model.ckpt does not match its manifest" in log
     assert (run / "finished").exists(), out.stdout
     assert_bitwise(weights(run), reference)
+
+
+def test_resume_on_other_capacity_keeps_the_global_batch(tmp_path: Path) -> None:
+    proc, run = start(tmp_path)
+    wait_for(run / "checkpoints" / "step-0000010" / "COMPLETE")
+    proc.send_signal(signal.SIGUSR2)
+    proc.communicate(timeout=120)
+    bad = runner("resume", str(run), "seed=3", check=False)
+    assert bad.returncode == 1 and "expected only num_nodes or num_device" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+    out = runner("resume", str(run), "num_device=1")
+    assert "resized from 1x2 (accumulate 2) to 1x1 (accumulate 4); global batch 32 kept" in out.stdout
+    assert (run / "finished").exists()
+    resized = [json.loads(x) for x in (run / "ledger.jsonl").read_text().splitlines() if '"resized"' in x]
+    assert resized[0]["world_size"] == 1 and resized[0]["accumulate"] == 4
+    assert "resuming from" in (run / "logs" / "rank-00000.log").read_text()
