@@ -20,6 +20,7 @@ from runner import __version__
 from runner.config import Config
 
 LIGHTNING_PIN = "lightning==2.6.*"
+NCCL_TESTS_REF = "v2.17.1"  # a release tag, so the image is reproducible
 
 
 def templates_dir() -> Path:
@@ -64,6 +65,7 @@ def image_spec(cfg: Config) -> dict[str, Any]:
     c = cfg["container"]
     return {"base_image": base_image(cfg), "apt": c["apt"], "pip": c["pip"], "nccl_tests": c["nccl_tests"],
             "perftest": c["perftest"], "install_lightning": c["install_lightning"], "lightning": LIGHTNING_PIN,
+            "nccl_tests_ref": NCCL_TESTS_REF,
             "python": c["python"], "workdir": c["workdir"], "code": c["code"]}
 
 
