@@ -154,10 +154,11 @@ def make_callback(rd: RunDir, cfg: dict[str, Any], cfg_hash: str, flag: StopFlag
             step = trainer.global_step
             if not boundary:
                 return
-            if trainer.global_rank == 0 and step % log_every == 0 and step != self.last_saved:
-                loss = outputs["loss"].item() if isinstance(outputs, dict) else float("nan")
-                print(f"step {step} loss {loss:.6f} ({time.time() - self.t0:.1f}s)", flush=True)
+            if trainer.global_rank == 0:
                 self.progress(step)
+                if step % log_every == 0 and step != self.last_saved:
+                    loss = outputs["loss"].item() if isinstance(outputs, dict) else float("nan")
+                    print(f"step {step} loss {loss:.6f} ({time.time() - self.t0:.1f}s)", flush=True)
             if step != self.last_saved and (step % every == 0 or stop):
                 self.save(trainer, step)
             if stop:
@@ -180,7 +181,6 @@ def make_callback(rd: RunDir, cfg: dict[str, Any], cfg_hash: str, flag: StopFlag
                             "world_size": trainer.world_size, "time": time.time(), "runner_version": __version__,
                             "productive_s": self.productive()}
                 checkpoint.publish(root, step, manifest)
-                self.progress(step)
                 checkpoint.prune(root, keep)
                 print(f"runner: checkpoint step-{step:07d} complete", flush=True)
             trainer.strategy.barrier("runner-ckpt-published")
@@ -191,7 +191,11 @@ def make_callback(rd: RunDir, cfg: dict[str, Any], cfg_hash: str, flag: StopFlag
             return round(self.base_productive + time.time() - self.t_start, 3)
 
         def progress(self, step: int) -> None:
-            atomic_write(rd.root / "progress.json", json.dumps({"step": step, "time": time.time()}) + "\n")
+            """The last step reached, every step (rank 0): a restart compares it with its checkpoint to count
+            the steps a failure cost. Advisory, so no fsync; a rename keeps it whole."""
+            tmp = rd.root / ".progress.json.tmp"
+            tmp.write_text(json.dumps({"step": step, "time": time.time()}) + "\n")
+            os.replace(tmp, rd.root / "progress.json")
 
     return RunnerCheckpoint()
 
