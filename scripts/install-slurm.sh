@@ -3,7 +3,7 @@
 # Idempotent: does nothing (and is fast) when everything is already installed.
 set -eu
 
-PKGS="slurmctld slurmd slurm-client munge slurmdbd mariadb-server iproute2 util-linux procps"
+PKGS="slurmctld slurmd slurm-client munge slurmdbd mariadb-server iproute2 iptables util-linux procps"
 
 if [ "$(id -u)" -ne 0 ]; then
     echo "install-slurm.sh: must run as root (try: sudo $0)" >&2

@@ -16,24 +16,16 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
-from typing import NoReturn
 
 import pytest
+
+from tests.ci import in_ci, unavailable
 
 BASE_IMAGE = "localhost/runner-test-base:bookworm"
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 SCRIPT_TIMEOUT_S = 900  # a cold base image takes 35-80 s here; a slow mirror takes longer
 
 
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").lower() in {"true", "1", "yes"}
-
-
-def _unavailable(reason: str) -> NoReturn:
-    """Skip on a developer machine, fail in CI: CI must run every podman test."""
-    if _in_ci():
-        pytest.fail(f"CI=true but {reason}", pytrace=False)
-    pytest.skip(reason)
 
 
 def _run_script(name: str, *args: str) -> None:
@@ -41,11 +33,11 @@ def _run_script(name: str, *args: str) -> None:
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=SCRIPT_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
-        _unavailable(f"{name} ran longer than {SCRIPT_TIMEOUT_S} s")
+        unavailable(f"{name} ran longer than {SCRIPT_TIMEOUT_S} s")
     else:
         if proc.returncode != 0:
             tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
-            _unavailable(f"{name} failed (exit {proc.returncode}):\n{tail}")
+            unavailable(f"{name} failed (exit {proc.returncode}):\n{tail}")
 
 
 def _image_exists(image: str) -> bool:
@@ -57,13 +49,13 @@ def _image_exists(image: str) -> bool:
 def podman_base_image() -> str:
     """Reference of a local image standing in for nvcr.io/nvidia/pytorch: bash, apt, python3, pip,
     yaml, jinja2, requests; no torch, no CUDA."""
-    if _in_ci() or os.geteuid() == 0:
+    if in_ci() or os.geteuid() == 0:
         _run_script("install-podman.sh")
         _run_script("make-base-image.sh", BASE_IMAGE)
     elif shutil.which("podman") is None:
-        _unavailable("podman is not installed. HINT: sudo scripts/install-podman.sh")
+        unavailable("podman is not installed. HINT: sudo scripts/install-podman.sh")
     elif not _image_exists(BASE_IMAGE):
-        _unavailable(
+        unavailable(
             f"no image {BASE_IMAGE} in this user's podman storage; the scripts build it for root."
             " HINT: run the podman tests as root"
         )

@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from tests.ci import unavailable
+
 REPO = Path(__file__).resolve().parents[1]
 INSTALL_SCRIPT = REPO / "scripts" / "install-slurm.sh"
 
@@ -27,26 +29,18 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "slurm: needs the local dev Slurm cluster (root + scripts/install-slurm.sh)")
 
 
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
-
-
-def _unavailable(reason: str) -> None:
-    if _in_ci():
-        pytest.fail(f"dev Slurm cluster unavailable in CI: {reason}", pytrace=False)
-    pytest.skip(reason)
 
 
 def _install() -> None:
     """Run the idempotent installer (0.1 s when everything is there)."""
     if os.geteuid() != 0:
-        _unavailable("the dev Slurm cluster needs root; run the tests as root "
+        unavailable("the dev Slurm cluster needs root; run the tests as root "
                      "after `sudo scripts/install-slurm.sh`")
     proc = subprocess.run(["sh", str(INSTALL_SCRIPT)], capture_output=True, text=True,
                           timeout=900)
     if proc.returncode != 0:
         last = (proc.stderr or proc.stdout).strip().splitlines()
-        _unavailable(f"scripts/install-slurm.sh failed: {last[-1] if last else proc.returncode}")
+        unavailable(f"scripts/install-slurm.sh failed: {last[-1] if last else proc.returncode}")
 
 
 @contextlib.contextmanager
@@ -62,7 +56,7 @@ def _session_lock(root: Path, timeout: float = 1800) -> Iterator[None]:
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    _unavailable(f"another test session held the dev cluster for {timeout:g}s")
+                    unavailable(f"another test session held the dev cluster for {timeout:g}s")
                 time.sleep(0.5)
         try:
             yield
@@ -86,8 +80,8 @@ def slurm_cluster() -> Iterator[Any]:
         try:
             cluster = devcluster.up(nodes=2, gpus_per_node=2)
         except ClusterError as exc:
-            _unavailable(str(exc))
-            raise  # not reached: _unavailable skips or fails
+            unavailable(str(exc))
+            raise  # not reached: unavailable() skips or fails
         old_conf = os.environ.get("SLURM_CONF")
         os.environ["SLURM_CONF"] = str(cluster.conf)
         try:

@@ -19,8 +19,6 @@ if TYPE_CHECKING:
     from tests.webhook_server import WebhookServer
 
 # Not imported directly: a module that pytest loads as a plugin must not be imported before.
-pytest_plugins = ["tests.webhook_server"]
-
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -22,7 +22,6 @@ import pytest
 from runner import build, cli, render, submit
 from runner.errors import SubmitError
 
-pytest_plugins = ("tests.podman_fixture",)
 VENV_BIN = Path(sys.executable).parent
 
 

@@ -21,7 +21,6 @@ import pytest
 
 from runner import devcluster
 
-pytest_plugins = ("tests.slurm_fixture",)
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[1]

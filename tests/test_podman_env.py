@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ("tests.podman_fixture",)
 pytestmark = pytest.mark.podman
 
 DOCKERFILE = """\

@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from tests.ci import need
+
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf" / "slurm-2node.yaml"
 NODES = 3
@@ -36,11 +38,6 @@ NO_DNS = Path("/tmp/runner-preflight-no-dns.conf")
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
-def need(ok: bool, reason: str) -> None:
-    if not ok:
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
 
 
 def in_node(cluster: Any, node: str, *argv: str) -> subprocess.CompletedProcess[str]:

@@ -19,8 +19,6 @@ import pytest
 
 from runner import config, render, submit
 
-pytest_plugins = ("tests.slurm_fixture",)
-
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf" / "slurm-2node.yaml"
 STEPS = 60
