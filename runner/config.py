@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from runner.alerts import EVENTS
 from runner.errors import ConfigError
 
 _REQUIRED = object()
@@ -29,10 +30,6 @@ NGC_TAG = re.compile(r"^\d{2}\.(0[1-9]|1[0-2])$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$")
 STRATEGIES = ("ddp", "ddp_find_unused_parameters_true", "fsdp")
-EVENTS = (
-    "failed", "preempted", "requeued", "timeout", "resubmitted", "gave_up", "completed", "cancelled",
-    "preflight_failed",
-)
 TRAINER_KEYS = (
     "accelerator", "strategy", "devices", "num_nodes", "precision", "max_epochs", "min_epochs", "max_steps",
     "min_steps", "max_time", "limit_train_batches", "limit_val_batches", "val_check_interval",
