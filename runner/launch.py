@@ -257,8 +257,8 @@ def train(rd: RunDir) -> int:
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    # Preflight (issue "Preflight and the NCCL/IB environment") plugs in here: network environment first,
-    # then checks in their own short-lived process group, before Lightning builds its own.
+    # The NCCL/gloo environment, then the preflight checks in their own short-lived process group (on their own
+    # port), before Lightning builds its process group: a bad node or interface stops the job here (exit 77).
     from runner import preflight
 
     code = preflight.in_job(rd, cfg, rank, local, node, world)
