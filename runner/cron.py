@@ -24,6 +24,8 @@ import yaml
 from runner.rundir import RunDir, atomic_write, read_json
 
 RESUBMIT_STATES = ("FAILED", "NODE_FAIL", "TIMEOUT", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
+SLURM_REQUEUES = ("NODE_FAIL", "BOOT_FAIL")  # with --requeue, Slurm puts these back in the queue by itself
+REQUEUE_GRACE_S = 180.0
 
 
 @dataclass
@@ -69,6 +71,10 @@ def decide(run: RunDir, cfg: dict[str, Any], now: float | None = None) -> Decisi
     if state not in RESUBMIT_STATES and state not in ("COMPLETED", "CANCELLED", "UNKNOWN"):
         return Decision("skip", f"job {job} is {state}")
     reason = f"job {job} ended {state}" + (f" (exit {status['exit_code']})" if "exit_code" in status else "")
+    ended = max((e["time"] for e in events if e["event"] == "exit"), default=0.0)
+    if state in SLURM_REQUEUES and cfg["slurm"]["requeue"] and now < ended + REQUEUE_GRACE_S:
+        # Slurm requeues a --requeue job itself after a node failure; resubmitting too would run it twice.
+        return Decision("wait", f"{reason}; Slurm requeues it itself ({ended + REQUEUE_GRACE_S - now:.0f} s grace)")
     used = restarts_used(run)
     if used >= cfg["resume"]["max_restarts"]:
         return Decision("give_up", f"{reason}; {used} restarts used of resume.max_restarts="

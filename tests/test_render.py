@@ -157,3 +157,17 @@ def test_no_template_logic_reads_undefined_values() -> None:
                 for expr in re.findall(r"\{\{(.*?)\}\}", line):
                     validated = ("signal", "exec_prefix", "key")  # names checked by the config schema
                     assert "|q" in expr.replace(" ", "") or expr.strip() in validated, line
+
+
+@pytest.mark.parametrize(("owner", "trains"), [("14", False), ("13", True), ("", True), (None, True)])
+def test_a_superseded_job_steps_aside(owner: str | None, trains: bool, tmp_path: Path) -> None:
+    """Slurm may requeue a job that `runner cron` already resubmitted: the older job id must not train."""
+    text = artifacts()["job.sbatch"]
+    guard = text[text.index("# One job trains"):text.index("# Host-side hooks")]
+    if owner is not None:
+        (tmp_path / "job_id").write_text(owner + "\n")
+    script = f"set -uo pipefail\nRUN_DIR={tmp_path}\nSLURM_JOB_ID=13\n{guard}\necho TRAINING\n"
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=10)
+    assert out.returncode == 0
+    assert ("TRAINING" in out.stdout) == trains
+    assert ("superseded by job 14" in out.stderr) == (not trains)
