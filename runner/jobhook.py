@@ -25,7 +25,10 @@ ALERT_BUDGET_S = 15.0  # the job may be seconds from its time limit: queue what 
 
 def restarts_used(run: RunDir) -> int:
     """Requeues and resubmissions so far, from the run's own ledger (survives Slurm forgetting the job)."""
-    return sum(1 for e in run.events() if e["event"] in ("requeued", "resubmitted"))
+    events = run.events()
+    ours = sum(1 for e in events if e["event"] in ("requeued", "resubmitted"))
+    # Slurm may requeue a job on its own (after a node failure): every attempt's batch script records a start.
+    return max(ours, sum(1 for e in events if e["event"] == "start") - 1)
 
 
 def _seconds_left(job: str) -> float | None:

@@ -10,6 +10,7 @@ from typing import Any
 
 from runner import checkpoint
 from runner.errors import RunnerError
+from runner.jobhook import restarts_used
 from runner.rundir import EXIT_REQUEUE, RunDir, read_json
 
 STATES = ("pending", "running", "completed", "failed", "cancelled", "timeout", "preempted")
@@ -96,7 +97,7 @@ def row(run: RunDir) -> dict[str, Any]:
         state = combine(state, info)
     return {"run": run.name, "path": str(run.root), "state": state, "job_id": job,
             "last_checkpoint_step": last[0] if last else None,
-            "restarts": sum(1 for e in events if e["event"] in ("resubmitted", "requeued")),
+            "restarts": restarts_used(run),
             "age_s": round(time.time() - manifest.get("created", time.time()), 1),
             "last_event": events[-1]["event"] if events else None,
             **history(run, events, manifest, last),
