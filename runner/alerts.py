@@ -883,3 +883,9 @@ def alert_from_run(run_dir: str | os.PathLike[str], event: str, **fields: Any) -
         extra.setdefault("log", str(log_path.relative_to(root)))
     values["extra"] = extra
     return Alert(event=event, run_dir=os.fspath(run_dir), **values)
+
+
+def notify(run_dir: str | os.PathLike[str], cfg: Mapping[str, Any] | None, event: str, budget_s: float = 15.0,
+           **fields: Any) -> bool:
+    """Alert about a run directory (log tail and cause from its logs); never raises, queues what fails."""
+    return send(alert_from_run(run_dir, event, **fields), cfg, run_dir, budget_s=budget_s)

@@ -10,7 +10,6 @@ after ``resume.max_restarts``.
 from __future__ import annotations
 
 import fcntl
-import os
 import shlex
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from runner.rundir import RunDir, atomic_write, read_json
+from runner.rundir import RunDir, read_json
 
 RESUBMIT_STATES = ("FAILED", "NODE_FAIL", "TIMEOUT", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
 SLURM_REQUEUES = ("NODE_FAIL", "BOOT_FAIL")  # with --requeue, Slurm puts these back in the queue by itself
@@ -34,12 +33,6 @@ class Decision:
 
     action: str  # skip | wait | resubmit | give_up
     reason: str
-
-
-def clean_env() -> dict[str, str]:
-    """The environment for sbatch without the caller's SLURM_* (scrontab jobs have them; they would leak in)."""
-    return {k: v for k, v in os.environ.items()
-            if k == "SLURM_CONF" or not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
 
 
 def decide(run: RunDir, cfg: dict[str, Any], now: float | None = None) -> Decision:
@@ -86,29 +79,19 @@ def decide(run: RunDir, cfg: dict[str, Any], now: float | None = None) -> Decisi
     return Decision("resubmit", reason)
 
 
-def _alert(run: RunDir, cfg: dict[str, Any], event: str, **fields: Any) -> None:
-    from runner import alerts
-
-    alerts.send(alerts.alert_from_run(run.root, event, **fields), cfg["alerts"], run.root, budget_s=20)
-
-
 def handle(run: RunDir) -> Decision:
-    from runner import alerts, slurm
+    from runner import alerts, submit
     from runner.jobhook import restarts_used
 
     cfg = yaml.safe_load(run.config.read_text())
     alerts.flush_queue(run.root, cfg["alerts"])
     d = decide(run, cfg)
-    attempt = restarts_used(run) + 2
     if d.action == "resubmit":
-        job = slurm.submit(str(run.script), env=clean_env())
-        atomic_write(run.job_id_file, job + "\n")
-        run.record("resubmitted", job_id=job, reason=d.reason, attempt=attempt)
-        _alert(run, cfg, "resubmitted", job_id=job, attempt=attempt,
-               next_step=f"resubmitted as job {job}; it resumes from the newest complete checkpoint ({d.reason})")
+        submit.resubmit(run, cfg, d.reason)
     elif d.action == "give_up":
         run.record("gave_up", reason=d.reason)
-        _alert(run, cfg, "gave_up", attempt=attempt - 1, next_step=f"no further submissions: {d.reason}")
+        alerts.notify(run.root, cfg["alerts"], "gave_up", attempt=restarts_used(run) + 1,
+                      next_step=f"no further submissions: {d.reason}")
     return d
 
 

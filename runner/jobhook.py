@@ -74,8 +74,7 @@ def _cause(run: RunDir, rc: int, event: str) -> str | None:
 def _alert(run: RunDir, cfg: dict[str, Any], event: str, **fields: Any) -> None:
     from runner import alerts
 
-    alert = alerts.alert_from_run(run.root, event, **fields)
-    alerts.send(alert, cfg["alerts"], run.root, budget_s=ALERT_BUDGET_S)
+    alerts.notify(run.root, cfg["alerts"], event, budget_s=ALERT_BUDGET_S, **fields)
 
 
 def launcher_code(run: RunDir, rc: int, job: str | None) -> int:

@@ -712,9 +712,8 @@ def _finish(job: _Job, checks: list[Check], extra: dict[str, Any]) -> str:
     if status == FAIL and "SLURM_JOB_ID" not in os.environ:  # under Slurm the batch script's exit hook alerts
         from runner import alerts
 
-        alert = alerts.alert_from_run(job.rd.root, "preflight_failed", exit_code=EXIT_PREFLIGHT, cause=text,
-                                      extra={"report": "preflight.txt"})
-        alerts.send(alert, job.cfg.get("alerts"), job.rd.root, budget_s=15)
+        alerts.notify(job.rd.root, job.cfg.get("alerts"), "preflight_failed", exit_code=EXIT_PREFLIGHT, cause=text,
+                      extra={"report": "preflight.txt"})
     atomic_write(job.rd.preflight, json.dumps(report, indent=2) + "\n")
     return status
 

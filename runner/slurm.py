@@ -156,9 +156,21 @@ def parse_scontrol(text: str, job_id: str) -> JobInfo | None:
 # Commands
 
 
+def clean_env() -> dict[str, str]:
+    """This environment without the caller's job variables: sbatch run inside an allocation or a scrontab job
+    would otherwise pass SLURM_* of that job into the new one. SLURM_CONF names the cluster and stays."""
+    import os
+
+    return {k: v for k, v in os.environ.items()
+            if k == "SLURM_CONF" or not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
+
+
 def submit(script: str, env: dict[str, str] | None = None) -> str:
-    """``sbatch --parsable SCRIPT``; returns the job id or raises SubmitError with sbatch's own reason."""
+    """``sbatch --parsable SCRIPT`` in a clean environment; returns the job id or raises SubmitError with
+    sbatch's own reason."""
     import subprocess
+
+    env = clean_env() if env is None else env
 
     argv = ["sbatch", "--parsable", script]
     if proc.VERBOSE:

@@ -16,6 +16,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -233,6 +234,23 @@ def _print_tail(path: Path, n: int = 8) -> None:
 RESIZABLE = ("num_nodes", "num_device")
 
 
+def resubmit(run: RunDir, cfg: dict[str, Any], reason: str) -> str:
+    """sbatch the run's script again, make the new job the run's owner, record it and alert; returns the id."""
+    from runner import alerts, slurm
+    from runner.jobhook import restarts_used
+
+    attempt = restarts_used(run) + 2
+    try:
+        job_id = slurm.submit(str(run.script))
+    except SubmitError as e:
+        raise SubmitError(f"sbatch refused the job: {e}. hint: check the slurm: block against `sinfo`") from None
+    atomic_write(run.job_id_file, job_id + "\n")
+    run.record("resubmitted", job_id=job_id, reason=reason, attempt=attempt)
+    alerts.notify(run.root, cfg["alerts"], "resubmitted", job_id=job_id, attempt=attempt,
+                  next_step=f"resubmitted as job {job_id}; it resumes from the newest complete checkpoint ({reason})")
+    return job_id
+
+
 def resize(run: RunDir, overrides: list[str]) -> str:
     """Change a stopped run's node or device count, keeping its global batch; returns what changed.
 
@@ -285,21 +303,8 @@ def resume(run: RunDir, overrides: list[str] | None = None) -> int:
     cfg = yaml.safe_load(run.config.read_text())
     run.cancelled.unlink(missing_ok=True)  # resuming is the user's word: a cancel before it no longer holds
     if cfg["scheduler"] == "slurm":
-        from runner import slurm
-
-        try:
-            job_id = slurm.submit(str(run.script))
-        except SubmitError as e:
-            raise SubmitError(f"sbatch refused the job: {e}. hint: check the slurm: block against `sinfo`") \
-                from None
-        atomic_write(run.job_id_file, job_id + "\n")
-        run.record("resubmitted", job_id=job_id, reason=change or "runner resume")
+        job_id = resubmit(run, cfg, change or "runner resume")
         print(f"resubmitted job {job_id}: {run.root}")
-        from runner import alerts
-
-        note = f"resubmitted as job {job_id} by `runner resume`" + (f"; {change}" if change else "")
-        alerts.send(alerts.alert_from_run(run.root, "resubmitted", job_id=job_id, next_step=note), cfg["alerts"],
-                    run.root, budget_s=15)
         return 0
     run.record("resubmitted", scheduler="local")
     return run_local(run, cfg["num_nodes"] * cfg["num_device"])

@@ -8,6 +8,7 @@ the job's state, before slurmdbd caught up: they are why runner asks the control
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -338,3 +339,13 @@ def test_detect_uses_the_owner_of_a_local_address(monkeypatch: pytest.MonkeyPatc
 def test_detect_on_this_machine() -> None:
     assert rendezvous.detect_ifname("127.0.0.1") == "lo"
     assert rendezvous.detect_ifname("no-such-host.invalid") is None
+
+
+def test_sbatch_gets_a_clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job submitted from inside an allocation or a scrontab job must not inherit that job's variables."""
+    monkeypatch.setenv("SLURM_JOB_ID", "41")
+    monkeypatch.setenv("SBATCH_PARTITION", "other")
+    monkeypatch.setenv("SLURM_CONF", "/etc/slurm/slurm.conf")
+    env = slurm.clean_env()
+    assert "SLURM_JOB_ID" not in env and "SBATCH_PARTITION" not in env
+    assert env["SLURM_CONF"] == "/etc/slurm/slurm.conf" and env["PATH"] == os.environ["PATH"]
