@@ -13,8 +13,6 @@ from runner.errors import RunnerError
 from runner.jobhook import restarts_used
 from runner.rundir import EXIT_REQUEUE, RunDir, read_json
 
-STATES = ("pending", "running", "completed", "failed", "cancelled", "timeout", "preempted")
-
 
 def find_run(name: str, root: Path) -> RunDir:
     """A run by path, by directory name under root, or by name prefix (the newest match)."""
