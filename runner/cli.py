@@ -19,9 +19,9 @@ from runner.errors import RunnerError
 def _validate(args: argparse.Namespace) -> int:
     import yaml
 
-    from runner import config
+    from runner import spec
 
-    cfg = config.load(args.config, args.overrides)
+    cfg = spec.load(args.config, args.overrides)
     print(yaml.safe_dump(cfg.data, sort_keys=False), end="")
     print(f"# world size {cfg.world_size}; global batch {cfg.global_batch} = {cfg.local_batch} (batch_size) x "
           f"{cfg.world_size} (ranks) x {cfg.accumulate} (accumulate_grad_batches); config hash {cfg.hash()}")
@@ -29,7 +29,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _submit(args: argparse.Namespace) -> int:
-    from runner import submit
+    from runner.host import submit
 
     plan = submit.plan(args.config, args.overrides, allow_missing_image=args.allow_missing_image)
     if args.dry_run:
@@ -39,13 +39,13 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from runner import build
+    from runner.host import build
 
     return build.main(args)
 
 
 def _status(args: argparse.Namespace) -> int:
-    from runner import status
+    from runner.host import status
 
     rows = status.collect(args.run, Path(args.root))
     print(json.dumps(rows, indent=2) if args.json else status.table(rows))
@@ -53,38 +53,38 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _logs(args: argparse.Namespace) -> int:
-    from runner import status
+    from runner.host import status
 
     return status.logs(status.find_run(args.run, Path(args.root)), None if args.batch else args.rank, args.follow)
 
 
 def _cancel(args: argparse.Namespace) -> int:
-    from runner import status
+    from runner.host import status
 
     return status.cancel(status.find_run(args.run, Path(args.root)))
 
 
 def _resume(args: argparse.Namespace) -> int:
-    from runner import status, submit
+    from runner.host import status, submit
 
     return submit.resume(status.find_run(args.run, Path(args.root)), args.overrides)
 
 
 def _cron(args: argparse.Namespace) -> int:
-    from runner import cron
+    from runner.host import cron
 
     roots = [Path(r) for r in (args.root or ["runs"])]
     return cron.install(roots, args.yes) if args.install else cron.run_once(roots)
 
 
 def _preflight(args: argparse.Namespace) -> int:
-    from runner import preflight
+    from runner.job import preflight
 
     return preflight.cli(args.config, args.overrides, args.wait)
 
 
 def _dev_cluster(args: argparse.Namespace) -> int:
-    from runner import devcluster
+    from runner.dev import devcluster
 
     if args.action == "up":
         cluster = devcluster.up(nodes=args.nodes)

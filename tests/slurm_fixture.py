@@ -66,13 +66,13 @@ def _session_lock(root: Path, timeout: float = 1800) -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[Any]:
-    """A running `runner.devcluster.Cluster`; SLURM_CONF points at it for the session.
+    """A running `runner.dev.devcluster.Cluster`; SLURM_CONF points at it for the session.
 
     A healthy cluster that was already up before the session (same shape) is reused and left
     running; one started here is always torn down, even when tests fail.
     """
     _install()
-    from runner import devcluster
+    from runner.dev import devcluster
     from runner.errors import ClusterError
 
     with _session_lock(devcluster.resolve_root()):

@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 
-from runner import build, cli, render, submit
+from runner import cli
 from runner.errors import SubmitError
+from runner.host import build, render, submit
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -36,8 +37,8 @@ def write_config(d: Path, *, name: str = "buildtest", base: str = "localhost/run
         num_nodes: 1
         num_device: 2
         trainer: {{devices: "${{num_device}}", num_nodes: "${{num_nodes}}", max_steps: 10}}
-        model: {{_target_: runner.example.TinyRegressor}}
-        data: {{_target_: runner.example.ShardedDataModule}}
+        model: {{_target_: runner.dev.example.TinyRegressor}}
+        data: {{_target_: runner.dev.example.ShardedDataModule}}
         dataloader:
           train: {{total_shards: 2, dist_world_size: 2, batch_size: 4}}
           valid: {{total_shards: 2, dist_world_size: 2, batch_size: 4}}
@@ -216,7 +217,7 @@ def test_spec_json_and_build_dir_content(tmp_path: Path, fake_bin: Path) -> None
     bp = build.plan(write_config(tmp_path))
     spec = json.loads(bp.files["spec.json"])
     assert spec["spec_hash"] == bp.spec_hash and spec["spec"]["pip"] == ["PyYAML==6.0"]
-    assert "runner/build.py" in spec["code"] and "code/runner/build.py" in bp.files
+    assert "runner/host/build.py" in spec["code"] and "code/runner/host/build.py" in bp.files
     assert b"ARG IMAGE\nFROM ${IMAGE}\n" in bp.files["provenance.Dockerfile"]
     assert bp.files[".dockerignore"] == b"logs/\nimage.json\n"
 
@@ -296,7 +297,7 @@ def test_explicit_image_path(tmp_path: Path, fake_bin: Path) -> None:
     bp = build.plan(cfg_path)
     assert bp.paths.sif == sif and bp.paths.archive == sif.with_suffix(".tar")
     assert bp.paths.record == sif.with_suffix(".json")
-    cfg = submit.config.load(cfg_path)
+    cfg = submit.spec.load(cfg_path)
     sif.parent.mkdir()
     sif.write_text("")
     assert "has no provenance record team.json" in str(build.image_problem(cfg, sif))
@@ -384,7 +385,7 @@ def test_progress_shows_live_output_on_a_terminal(tmp_path: Path) -> None:
 def test_image_problem(tmp_path: Path, fake_bin: Path) -> None:
     install(fake_bin, "podman")
     cfg_path = write_config(tmp_path, scheduler="slurm")
-    cfg = submit.config.load(cfg_path)
+    cfg = submit.spec.load(cfg_path)
     h = render.spec_hash(cfg, build.code_files(cfg))
     sif = Path(submit.image_path(cfg))
     assert sif == build.plan(cfg_path).paths.sif
@@ -475,7 +476,7 @@ def test_real_build_labels_env_workdir_code(real: Any) -> None:
     assert labels["runner.base_digest"].startswith("localhost/runner-test-base@sha256:")
     assert labels["runner.git_commit"] == real["commit"] and labels["runner.git_dirty"] == "true"
     assert labels["org.opencontainers.image.revision"] == real["commit"]
-    assert labels["runner.config_hash"] == submit.config.load(real["cfg"]).hash()
+    assert labels["runner.config_hash"] == submit.spec.load(real["cfg"]).hash()
     freeze = json.loads(labels["runner.pip_freeze"])
     assert "PyYAML==6.0" in freeze and any(x.startswith("requests==") for x in freeze)
     assert "PYTHONPATH=/workspace" in info["Config"]["Env"] and info["Config"]["WorkingDir"] == "/workspace"
@@ -487,7 +488,7 @@ def test_real_build_labels_env_workdir_code(real: Any) -> None:
 @pytest.mark.podman
 def test_real_image_holds_the_code_and_runs_the_launcher(real: Any) -> None:
     bp = real["plan"]
-    assert podman("run", "--rm", bp.tag, "python3", "-m", "runner.launch", "--version").strip() == \
+    assert podman("run", "--rm", bp.tag, "python3", "-m", "runner.job.launch", "--version").strip() == \
         f"runner {render.__version__}"
     listing = podman("run", "--rm", bp.tag, "sh", "-c", "pwd; sha256sum runner/build.py; cat /etc/runner-spec.json")
     pwd, digest, spec = listing.split("\n", 2)
@@ -569,7 +570,7 @@ def test_real_ngc_dockerfile_builds_from_the_build_arg(real: Any, podman_base_im
                f"BASE_IMAGE={podman_base_image}", "--tag", tag, str(bp.paths.build_dir))
         [info] = json.loads(podman("image", "inspect", tag))
         assert info["Config"]["Labels"]["runner.base_image"] == podman_base_image
-        assert podman("run", "--rm", tag, "python3", "-m", "runner.launch", "--version").startswith("runner ")
+        assert podman("run", "--rm", tag, "python3", "-m", "runner.job.launch", "--version").startswith("runner ")
     finally:
         subprocess.run(["podman", "rmi", "--force", tag], capture_output=True, timeout=300, check=False)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from runner import config
+from runner import spec
 from runner.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -25,12 +25,12 @@ def write(tmp_path: Path, data: dict | str, name: str = "conf.yaml") -> Path:
 def problems(tmp_path: Path, overrides: list[str], base: dict | None = None) -> list[str]:
     path = write(tmp_path, base or QUICKSTART)
     with pytest.raises(ConfigError) as err:
-        config.load(path, overrides)
+        spec.load(path, overrides)
     return err.value.problems
 
 
 def test_quickstart_resolves_interpolation_and_global_batch(tmp_path: Path) -> None:
-    cfg = config.load(REPO / "conf" / "quickstart.yaml", ["num_device=4", "global_batch_size=64"])
+    cfg = spec.load(REPO / "conf" / "quickstart.yaml", ["num_device=4", "global_batch_size=64"])
     assert cfg["trainer"]["devices"] == 4
     assert cfg["dataloader"]["train"]["dist_world_size"] == 4  # ${num_nodes * num_device}
     assert cfg.accumulate == 2 and cfg.global_batch == 64  # 8 x 4 x 2
@@ -52,7 +52,7 @@ def test_quickstart_resolves_interpolation_and_global_batch(tmp_path: Path) -> N
     (["container.ngc_tag='24.1'"], "container.ngc_tag", "NGC release tag"),
     (["container.ngc_tag=latest"], "container.ngc_tag", "NGC release tag"),
     (["trainer.devices=${num_devices}"], "trainer.devices", "interpolation"),
-    (["model._target_=runner.example.NoSuchModel"], "model._target_", "NoSuchModel"),
+    (["model._target_=runner.dev.example.NoSuchModel"], "model._target_", "NoSuchModel"),
     (["data._target_=nowhere_pkg.Data"], "data._target_", "nowhere_pkg"),
     (["global_batch_size=20"], "global_batch_size", "multiple of batch_size x world size = 16"),
     (["slurm.partition=gpu;rm -rf"], "slurm.partition", "found 'gpu;rm -rf'"),
@@ -80,7 +80,7 @@ def test_all_problems_reported_at_once_with_line_numbers(tmp_path: Path) -> None
     text = text.replace("total_shards: 4", "total_shards: 4\n    totl_shards: 4").replace("seed: 1234", "seed: x")
     path = write(tmp_path, text)
     with pytest.raises(ConfigError) as err:
-        config.load(path)
+        spec.load(path)
     assert len(err.value.problems) == 3  # seed, and the typo in both loaders
     lines = {p.split(": ")[1]: p.split(": ")[0] for p in err.value.problems}
     seed_line = text.splitlines().index("seed: x") + 1
@@ -91,16 +91,16 @@ def test_all_problems_reported_at_once_with_line_numbers(tmp_path: Path) -> None
 def test_yaml_syntax_error_has_line_number(tmp_path: Path) -> None:
     path = write(tmp_path, "num_nodes: 1\ntrainer:\n  devices: [1, 2\n  max_steps: 3\n")
     with pytest.raises(ConfigError) as err:
-        config.load(path)
+        spec.load(path)
     [line] = err.value.problems
     assert line.startswith(f"{path}:4: YAML syntax error")
 
 
 def test_overrides_and_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read config"):
-        config.load(tmp_path / "missing.yaml")
+        spec.load(tmp_path / "missing.yaml")
     with pytest.raises(ConfigError, match="expected key.path=value"):
-        config.load(REPO / "conf" / "quickstart.yaml", ["trainer.max_steps"])
+        spec.load(REPO / "conf" / "quickstart.yaml", ["trainer.max_steps"])
 
 
 def test_cli_prints_one_line_per_problem_without_traceback(tmp_path: Path) -> None:
@@ -114,9 +114,9 @@ def test_cli_prints_one_line_per_problem_without_traceback(tmp_path: Path) -> No
 
 
 def test_world_size_change_keeps_config_hash_and_global_batch() -> None:
-    a = config.load(REPO / "conf" / "quickstart.yaml")
-    b = config.load(REPO / "conf" / "quickstart.yaml", ["num_device=4"])
+    a = spec.load(REPO / "conf" / "quickstart.yaml")
+    b = spec.load(REPO / "conf" / "quickstart.yaml", ["num_device=4"])
     assert (a.global_batch, b.global_batch) == (32, 32)
     assert (a.accumulate, b.accumulate) == (2, 1)
     assert a.hash() == b.hash()
-    assert a.hash() != config.load(REPO / "conf" / "quickstart.yaml", ["seed=7"]).hash()
+    assert a.hash() != spec.load(REPO / "conf" / "quickstart.yaml", ["seed=7"]).hash()

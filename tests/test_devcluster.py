@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from runner import devcluster
+from runner.dev import devcluster
 from runner.errors import ClusterError
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from runner import devcluster
+from runner.dev import devcluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -100,7 +100,7 @@ def test_kill_and_torn_checkpoints_are_never_used(tmp_path: Path, reference: lis
     proc, run = start(tmp_path, "checkpoint.every_n_steps=5")
     ckpts = run / "checkpoints"
     wait_for(ckpts / "step-0000015" / "COMPLETE")
-    subprocess.run(["pkill", "-KILL", "-f", f"runner.launch {run}"], check=False)
+    subprocess.run(["pkill", "-KILL", "-f", f"runner.job.launch {run}"], check=False)
     proc.communicate(timeout=60)
     assert proc.returncode != 0
     # Torn writes as a crash would leave them: a staging dir, a published dir whose COMPLETE never landed,

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from runner import netenv, preflight
 from runner.errors import PreflightError
-from runner.preflight import FAIL, PASS, WARN
+from runner.job import netenv, preflight
+from runner.job.preflight import FAIL, PASS, WARN
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "conf" / "quickstart.yaml"
@@ -190,7 +190,7 @@ def test_versions_mismatch_names_the_odd_node() -> None:
 
 
 def test_versions_of_this_process_are_stable() -> None:
-    cfg = {"model": {"_target_": "runner.example.TinyRegressor"}}
+    cfg = {"model": {"_target_": "runner.dev.example.TinyRegressor"}}
     a, b = preflight.versions(cfg), preflight.versions(cfg)
     assert a == b and len(a["code"]) == 16 and a["packages"]["pyyaml"]
     assert any(p.name == "example.py" for p in preflight.code_files(cfg))

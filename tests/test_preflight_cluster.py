@@ -54,7 +54,7 @@ def cluster() -> Iterator[Any]:
     from tests.slurm_fixture import _install
 
     _install()
-    from runner import devcluster
+    from runner.dev import devcluster
 
     before = devcluster.running()
     c = devcluster.up(nodes=NODES)
@@ -99,7 +99,7 @@ def failed(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 def test_rate_limited_node_is_named_with_its_bandwidth_and_passes_without_the_limit(cluster: Any,
                                                                                      tmp_path: Path) -> None:
-    from runner import devcluster
+    from runner.dev import devcluster
 
     devcluster.limit_link(cluster, SLOW_NODE, SLOW_MBIT)
     try:

@@ -14,7 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runner import config, render
+from runner import spec
+from runner.errors import ConfigError
+from runner.host import render
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).parent / "golden"
@@ -24,7 +26,7 @@ GOLDEN_CONF = REPO / "conf" / "ngc-4x8gpu.yaml"
 
 
 def artifacts(overrides: list[str] | None = None, path: Path = GOLDEN_CONF) -> dict[str, str]:
-    cfg = config.load(path, overrides or [], run_dir=str(RUN_DIR))
+    cfg = spec.load(path, overrides or [], run_dir=str(RUN_DIR))
     sbatch = render.sbatch(cfg, RUN_DIR, "/shared/images/ngc-4x8gpu-GOLDEN.sif")
     return {
         "Dockerfile": render.dockerfile(cfg, "GOLDEN"),
@@ -105,7 +107,7 @@ def test_runtimes_differ_only_in_exec_prefix() -> None:
     b = artifacts(["container.runtime=none"])["job.sbatch"].splitlines()
     changed = [(x, y) for x, y in zip(a, b, strict=True) if x != y]
     assert len(changed) == 1 and changed[0][0].startswith("srun ") and changed[0][1].startswith("srun ")
-    assert changed[0][1].split(" -m runner.launch")[1] == changed[0][0].split(" -m runner.launch")[1]
+    assert changed[0][1].split(" -m runner.job.launch")[1] == changed[0][0].split(" -m runner.job.launch")[1]
 
 
 # Hostile values: quotes, newlines, $(...), backticks, globs. Each must arrive in the job's environment
@@ -120,7 +122,7 @@ def test_hostile_env_values_stay_literal(values: list[str], tmp_path: Path) -> N
     values = [*values, f"$(touch {canary})", f"`touch {canary}`"]
     env = {f"V{i}": v for i, v in enumerate(values)}
     overrides = ["env={}"]
-    cfg = config.load(GOLDEN_CONF, overrides, run_dir=str(RUN_DIR))
+    cfg = spec.load(GOLDEN_CONF, overrides, run_dir=str(RUN_DIR))
     cfg.data["env"] = env
     script = render.sbatch(cfg, RUN_DIR, "/img.sif")
     # Execute only the part that sets variables (up to the rendezvous), then dump them NUL-separated.
@@ -133,13 +135,13 @@ def test_hostile_env_values_stay_literal(values: list[str], tmp_path: Path) -> N
 
 
 def test_hostile_values_outside_env_are_rejected_or_quoted(tmp_path: Path) -> None:
-    bad = config.load(GOLDEN_CONF, ["container.apt=[\"x; touch /tmp/pwned\"]"], run_dir=str(RUN_DIR))
+    bad = spec.load(GOLDEN_CONF, ["container.apt=[\"x; touch /tmp/pwned\"]"], run_dir=str(RUN_DIR))
     dockerfile = render.dockerfile(bad, "H")
     assert "'x; touch /tmp/pwned'" in dockerfile
     for override in ["slurm.account=a$(id)", "slurm.extra_flags=[\"--comment=$(id)\"]", "name=a b",
                      "network.ifname=eth0;id"]:
-        with pytest.raises(config.ConfigError):
-            config.load(GOLDEN_CONF, [override])
+        with pytest.raises(ConfigError):
+            spec.load(GOLDEN_CONF, [override])
 
 
 def test_no_template_logic_reads_undefined_values() -> None:

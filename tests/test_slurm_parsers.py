@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from runner import rendezvous, slurm, status
 from runner.errors import SubmitError
+from runner.host import slurm, status
+from runner.job import ifname as rendezvous
 from runner.rundir import EXIT_REQUEUE, RunDir
 
 FIXTURES = Path(__file__).parent / "fixtures" / "slurm"

@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from runner import config, render, submit
+from runner import spec
+from runner.host import render, submit
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf" / "slurm-2node.yaml"
@@ -76,8 +77,8 @@ def test_apptainer_and_none_differ_only_in_the_exec_prefix() -> None:
     assert len(changed) == 1, changed
     a, b = changed[0]
     assert a.startswith("srun ") and b.startswith("srun ")
-    prefix_none, _, tail_none = a.partition(" -m runner.launch ")
-    prefix_app, _, tail_app = b.partition(" -m runner.launch ")
+    prefix_none, _, tail_none = a.partition(" -m runner.job.launch ")
+    prefix_app, _, tail_app = b.partition(" -m runner.job.launch ")
     assert tail_none == tail_app == '"$RUN_DIR" &'
     assert prefix_none.endswith(render.q(sys.executable))
     assert "apptainer exec --nv" in prefix_app and "/shared/img.sif python" in prefix_app
@@ -121,7 +122,7 @@ def test_rendezvous_shell_part_runs(tmp_path: Path) -> None:
 
 
 def test_config_is_valid_and_world_size_4() -> None:
-    cfg = config.load(CONF)
+    cfg = spec.load(CONF)
     assert cfg.world_size == 4 and cfg["scheduler"] == "slurm" and cfg["container"]["runtime"] == "none"
     assert cfg.global_batch == 32
 
@@ -203,7 +204,7 @@ def test_training_finishes_and_status_says_completed(two_node_run: tuple[Path, s
     table = runner("status", "--root", str(run.parent), env=env).stdout
     assert re.search(rf"{run.name}\s+completed\s+{job}\s+{STEPS}", table), table
     # Slurm itself agrees (sacct once accounting caught up, else the controller)
-    from runner import slurm
+    from runner.host import slurm
 
     os.environ.setdefault("SLURM_CONF", env["SLURM_CONF"])
     deadline = time.monotonic() + 10

@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runner import checkpoint
 from runner.errors import RunnerError
-from runner.jobhook import restarts_used
+from runner.host.jobhook import restarts_used
+from runner.job import checkpoint
 from runner.rundir import EXIT_REQUEUE, RunDir, read_json
 
 
@@ -89,7 +89,7 @@ def row(run: RunDir) -> dict[str, Any]:
     job = run.job_id()
     info = None
     if job and manifest.get("scheduler") == "slurm" and (state != "completed" or _job_alive(events)):
-        from runner import slurm
+        from runner.host import slurm
 
         info = slurm.query(job)
         state = combine(state, info)
@@ -169,7 +169,7 @@ def ended(run: RunDir) -> bool | None:
         return True
     job = run.job_id()
     if job and (read_json(run.manifest, {}) or {}).get("scheduler") == "slurm":
-        from runner import slurm
+        from runner.host import slurm
 
         info = slurm.query(job)
         return None if info is None else info.terminal
@@ -241,7 +241,7 @@ def cancel(run: RunDir, wait_s: float = 30) -> int:
     atomic_write(run.cancelled, json.dumps({"job_id": job, "time": time.time()}) + "\n")
     run.record("cancelled", job_id=job)
     if job and manifest.get("scheduler") == "slurm":
-        from runner import slurm
+        from runner.host import slurm
 
         complaint = slurm.cancel(job)
         deadline = time.monotonic() + wait_s

@@ -36,8 +36,8 @@ class Decision:
 
 
 def decide(run: RunDir, cfg: dict[str, Any], now: float | None = None) -> Decision:
-    from runner import slurm
-    from runner.jobhook import restarts_used
+    from runner.host import slurm
+    from runner.host.jobhook import restarts_used
 
     now = time.time() if now is None else now
     events = run.events()
@@ -80,8 +80,9 @@ def decide(run: RunDir, cfg: dict[str, Any], now: float | None = None) -> Decisi
 
 
 def handle(run: RunDir) -> Decision:
-    from runner import alerts, submit
-    from runner.jobhook import restarts_used
+    from runner import alerts
+    from runner.host import submit
+    from runner.host.jobhook import restarts_used
 
     cfg = yaml.safe_load(run.config.read_text())
     alerts.flush_queue(run.root, cfg["alerts"])

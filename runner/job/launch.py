@@ -1,4 +1,4 @@
-"""The launcher: ``python -m runner.launch RUN_DIR`` runs one rank of the training.
+"""The launcher: ``python -m runner.job.launch RUN_DIR`` runs one rank of the training.
 
 It runs inside the allocation (one process per device, started by srun or by ``runner submit`` locally),
 reads the run's resolved config, seeds the rank, resumes from the newest complete checkpoint and trains.
@@ -24,7 +24,8 @@ from typing import Any
 
 import yaml
 
-from runner import __version__, checkpoint
+from runner import __version__
+from runner.job import checkpoint
 from runner.rundir import EXIT_REQUEUE, EXIT_TERMINATED, RunDir, atomic_write, read_json
 
 
@@ -242,7 +243,7 @@ def train(rd: RunDir) -> int:
     _redirect_output(rd.rank_log(rank))
     print(f"runner {__version__}: rank {rank}/{world} local {local} node {node} on {socket.gethostname()}",
           flush=True)
-    from runner import rendezvous
+    from runner.job import ifname as rendezvous
 
     rendezvous.setup_env()  # GLOO/NCCL_SOCKET_IFNAME: detected on this node unless the config set them
     _write_rank_info(rd, rank, local, node, world)
@@ -259,7 +260,7 @@ def train(rd: RunDir) -> int:
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     # The NCCL/gloo environment, then the preflight checks in their own short-lived process group (on their own
     # port), before Lightning builds its process group: a bad node or interface stops the job here (exit 77).
-    from runner import preflight
+    from runner.job import preflight
 
     code = preflight.in_job(rd, cfg, rank, local, node, world)
     if code is not None:
@@ -307,7 +308,7 @@ def train(rd: RunDir) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m runner.launch", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m runner.job.launch", description=__doc__)
     parser.add_argument("run_dir", nargs="?", type=Path)
     parser.add_argument("--version", action="store_true")
     args = parser.parse_args(argv)

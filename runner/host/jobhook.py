@@ -119,7 +119,7 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m runner.jobhook")
+    parser = argparse.ArgumentParser(prog="python -m runner.host.jobhook")
     parser.add_argument("what", choices=("start", "exit"))
     parser.add_argument("--rc", type=int, default=0)
     parser.add_argument("--signal", default="none")

@@ -41,8 +41,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from runner import netenv
 from runner.errors import PreflightError
+from runner.job import netenv
 from runner.rundir import EXIT_PREFLIGHT, RunDir, atomic_write, read_json
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
@@ -510,7 +510,7 @@ def _local_facts(job: _Job) -> dict[str, Any]:
 
     cfg, pf, host = job.cfg, job.pf, job.host
     ifaces = interfaces()
-    from runner.rendezvous import detect_ifname
+    from runner.job.ifname import detect_ifname
 
     master = job.master[0]
     checks = [check_gpus(cfg["trainer"]["accelerator"], int(cfg["trainer"]["devices"]),
@@ -834,9 +834,10 @@ def in_job(rd: RunDir, cfg: dict[str, Any], rank: int, local: int, node: int, wo
 
 def cli(path: Path, overrides: list[str], wait_s: float = 600) -> int:
     """`runner preflight conf.yaml`: the same checks as a short job (Slurm) or local processes; print the table."""
-    from runner import config, submit
+    from runner import spec
+    from runner.host import submit
 
-    name = config.load(path, overrides).name
+    name = spec.load(path, overrides).name
     extra = [f"name={name}-preflight", f"env.{ONLY_ENV}=1", "preflight.enabled=true", "alerts.enabled=false",
              "slurm.requeue=false", "resume.enabled=false"]
     p = submit.plan(path, [*overrides, *extra])

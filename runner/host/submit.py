@@ -20,8 +20,9 @@ from typing import Any
 
 import yaml
 
-from runner import __version__, config, render
+from runner import __version__, spec
 from runner.errors import SubmitError
+from runner.host import render
 from runner.rundir import RunDir, atomic_write
 
 
@@ -61,29 +62,29 @@ def git_provenance(path: Path) -> dict[str, object]:
     return {"commit": commit.strip(), "dirty": bool(diff.strip()), "diff": diff}
 
 
-def image_path(cfg: config.Config) -> str:
+def image_path(cfg: spec.Config) -> str:
     c = cfg["container"]
     if c["image"]:
         return str(Path(c["image"]).resolve())
-    from runner.build import code_files
+    from runner.host.build import code_files
 
     return str(Path(c["image_dir"]).resolve() / f"{cfg.name}-{render.spec_hash(cfg, code_files(cfg))}.sif")
 
 
-def new_run_dir(cfg: config.Config) -> RunDir:
+def new_run_dir(cfg: spec.Config) -> RunDir:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     root = Path(cfg["run_root"]).resolve() / f"{cfg.name}-{stamp}"
     n = 1
     while root.exists():
         n += 1
         root = root.with_name(f"{cfg.name}-{stamp}-{n}")
-    if not config.SBATCH_SAFE.match(str(root)):
+    if not spec.SBATCH_SAFE.match(str(root)):
         raise SubmitError(f"run directory {root}: found characters sbatch cannot read in #SBATCH lines; expected a "
                           "path of letters, digits and _.-/ hint: set run_root to such a path")
     return RunDir(root)
 
 
-def check_image(cfg: config.Config, image: str, allow_missing: bool = False) -> str | None:
+def check_image(cfg: spec.Config, image: str, allow_missing: bool = False) -> str | None:
     """Why this config's image cannot be used (missing, or built from a different spec), or None.
 
     Only a Slurm run uses the image (a local run starts the launcher here). ``execute`` refuses to submit
@@ -93,7 +94,7 @@ def check_image(cfg: config.Config, image: str, allow_missing: bool = False) -> 
     c = cfg["container"]
     if c["runtime"] == "none" or cfg["scheduler"] != "slurm" or allow_missing or c["allow_missing_image"]:
         return None
-    from runner.build import image_problem
+    from runner.host.build import image_problem
 
     problem = image_problem(cfg, Path(image))
     if problem is None:
@@ -105,10 +106,10 @@ def check_image(cfg: config.Config, image: str, allow_missing: bool = False) -> 
 def plan(path: Path, overrides: list[str], allow_missing_image: bool = False) -> Plan:
     """Validate and render everything for a submission, without touching the system."""
     rd_path = None
-    cfg = config.load(path, overrides)
+    cfg = spec.load(path, overrides)
     run = new_run_dir(cfg)
     rd_path = run.root
-    cfg = config.load(path, overrides, run_dir=str(rd_path))
+    cfg = spec.load(path, overrides, run_dir=str(rd_path))
     image = image_path(cfg) if cfg["container"]["runtime"] != "none" else "none"
     image_problem = check_image(cfg, image, allow_missing_image)
     manifest = {"runner_version": __version__, "config_hash": cfg.hash(), "config_file": str(path.resolve()),
@@ -122,7 +123,7 @@ def plan(path: Path, overrides: list[str], allow_missing_image: bool = False) ->
     if cfg["scheduler"] == "slurm":
         argv = ["sbatch", "--parsable", str(RunDir(rd_path).script)]
     else:
-        argv = [sys.executable, "-m", "runner.launch", str(rd_path)]
+        argv = [sys.executable, "-m", "runner.job.launch", str(rd_path)]
     notes = [f"global batch:  {cfg.global_batch} = {cfg.local_batch} x {cfg.world_size} ranks x "
              f"{cfg.accumulate} accumulation"]
     if image_problem:
@@ -156,7 +157,7 @@ def submit_slurm(p: Plan) -> int:
     The directory exists before sbatch runs (the job may start within a second and writes into it); when
     sbatch refuses, it is removed again, so no run directory without a job id ever looks submitted.
     """
-    from runner import slurm
+    from runner.host import slurm
 
     write(p)
     try:
@@ -191,7 +192,7 @@ def run_local(run: RunDir, world_size: int, num_device: int | None = None) -> in
             del env[key]
         env.update({k: str(v) for k, v in cfg.get("env", {}).items()})
         # Own session: a Ctrl-C at the terminal reaches only this process, which turns it into a checkpoint.
-        procs.append(subprocess.Popen([sys.executable, "-m", "runner.launch", str(run.root)], env=env,
+        procs.append(subprocess.Popen([sys.executable, "-m", "runner.job.launch", str(run.root)], env=env,
                                       start_new_session=True))
     print(f"run {run.root}: {world_size} local processes, logs in {run.logs}/", flush=True)
     requeue_signal = getattr(signal, f"SIG{cfg['slurm']['signal']}")
@@ -236,8 +237,9 @@ RESIZABLE = ("num_nodes", "num_device")
 
 def resubmit(run: RunDir, cfg: dict[str, Any], reason: str) -> str:
     """sbatch the run's script again, make the new job the run's owner, record it and alert; returns the id."""
-    from runner import alerts, slurm
-    from runner.jobhook import restarts_used
+    from runner import alerts
+    from runner.host import slurm
+    from runner.host.jobhook import restarts_used
 
     attempt = restarts_used(run) + 2
     try:
@@ -263,8 +265,8 @@ def resize(run: RunDir, overrides: list[str]) -> str:
         raise SubmitError(f"resume {run.name}: found an override of {', '.join(bad)}; expected only num_nodes or "
                           "num_device. hint: another config is another run: runner submit")
     data = yaml.safe_load(run.config.read_text())
-    before = config.from_dict(copy.deepcopy(data), run.config)
-    config.apply_overrides(data, overrides)
+    before = spec.from_dict(copy.deepcopy(data), run.config)
+    spec.apply_overrides(data, overrides)
     data["trainer"].update(devices=data["num_device"], num_nodes=data["num_nodes"])
     for split in data["dataloader"].values():
         split["dist_world_size"] = data["num_nodes"] * data["num_device"]
@@ -273,7 +275,7 @@ def resize(run: RunDir, overrides: list[str]) -> str:
     staged = run.root / ".config.resize.yaml"
     atomic_write(staged, yaml.safe_dump(data, sort_keys=False))
     try:
-        after = config.load(staged)
+        after = spec.load(staged)
     finally:
         staged.unlink(missing_ok=True)
     manifest = json.loads(run.manifest.read_text())

@@ -42,10 +42,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from runner import __version__, config, render
-from runner.config import Config
+from runner import __version__, spec
 from runner.errors import BuildError
+from runner.host import render
 from runner.rundir import atomic_write, read_json
+from runner.spec import Config
 
 LABEL_PREFIX = "runner."
 # Filled in from the output of earlier steps; everything else in a plan is literal.
@@ -213,7 +214,7 @@ class BuildPlan:
 
 def provenance(cfg: Config, spec_hash: str, base: str) -> dict[str, Any]:
     """What is known about an image before it is built: where it comes from and which code and config."""
-    from runner.submit import git_provenance
+    from runner.host.submit import git_provenance
 
     git = git_provenance(Path(cfg.path).resolve().parent)
     return {"spec_hash": spec_hash, "base_image": base, "git_commit": git["commit"], "git_dirty": git["dirty"],
@@ -287,7 +288,7 @@ def _builder_has(builder: str, tag: str) -> bool:
 
 def plan(path: str | Path, overrides: list[str] | None = None, force: bool = False) -> BuildPlan:
     """Render the build directory in memory and decide what has to run; changes nothing."""
-    cfg = config.load(path, overrides or [])
+    cfg = spec.load(path, overrides or [])
     c = cfg["container"]
     code = code_files(cfg)
     h = render.spec_hash(cfg, code)

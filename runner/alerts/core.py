@@ -32,18 +32,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from runner.errors import RunnerError
-
-EVENTS: tuple[str, ...] = (
-    "failed",
-    "preempted",
-    "requeued",
-    "timeout",
-    "resubmitted",
-    "gave_up",
-    "completed",
-    "cancelled",
-    "preflight_failed",
-)
+from runner.spec.schema import EVENTS
 
 KINDS: tuple[str, ...] = ("slack", "json")
 

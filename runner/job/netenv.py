@@ -106,7 +106,7 @@ def plan(cfg: Mapping[str, Any], log_dir: Path, environ: Mapping[str, str],
     detected = None
     if environ.get("MASTER_ADDR"):
         if detect is None:
-            from runner.rendezvous import detect_ifname
+            from runner.job.ifname import detect_ifname
 
             detect = detect_ifname
         detected = detect(environ["MASTER_ADDR"])

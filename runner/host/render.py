@@ -17,7 +17,7 @@ from typing import Any
 import jinja2
 
 from runner import __version__
-from runner.config import Config
+from runner.spec import Config
 
 LIGHTNING_PIN = "lightning==2.6.*"
 NCCL_TESTS_REF = "v2.17.1"  # a release tag, so the image is reproducible
@@ -25,11 +25,11 @@ NCCL_TESTS_REF = "v2.17.1"  # a release tag, so the image is reproducible
 
 def templates_dir() -> Path:
     """The templates live in the repo's top-level templates/; a wheel carries them inside the package."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "templates", here.parent / "templates"):
+    package = Path(__file__).resolve().parent.parent
+    for candidate in (package / "templates", package.parent / "templates"):
         if (candidate / "sbatch.sh.j2").is_file():
             return candidate
-    raise FileNotFoundError(f"runner templates not found next to {here}")
+    raise FileNotFoundError(f"runner templates not found next to {package}")
 
 
 def q(value: Any) -> str:

@@ -1,0 +1,150 @@
+"""The config schema: every key, its type, default and constraints, as data.
+
+Validation (``runner.spec.validate``) walks it; the typed view (``runner.spec.typed``) mirrors it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+# The run events an alert can be sent for (alerts.events picks; runner.alerts renders them).
+EVENTS: tuple[str, ...] = ("failed", "preempted", "requeued", "timeout", "resubmitted", "gave_up", "completed",
+                           "cancelled", "preflight_failed")
+
+REQUIRED = object()
+# Characters allowed in values that land in ``#SBATCH`` lines (sbatch parses those lines itself, so shell
+# quoting cannot protect them): reject anything else instead of guessing how sbatch would read it.
+SBATCH_SAFE = re.compile(r"^[A-Za-z0-9_.:,=@/+%\-\[\]]*$")
+NGC_TAG = re.compile(r"^\d{2}\.(0[1-9]|1[0-2])$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$")
+STRATEGIES = ("ddp", "ddp_find_unused_parameters_true", "fsdp")
+TRAINER_KEYS = (
+    "accelerator", "strategy", "devices", "num_nodes", "precision", "max_epochs", "min_epochs", "max_steps",
+    "min_steps", "max_time", "limit_train_batches", "limit_val_batches", "val_check_interval",
+    "check_val_every_n_epoch", "num_sanity_val_steps", "log_every_n_steps", "enable_progress_bar",
+    "enable_model_summary", "accumulate_grad_batches", "gradient_clip_val", "gradient_clip_algorithm",
+    "deterministic", "benchmark", "inference_mode", "detect_anomaly", "sync_batchnorm",
+)
+
+
+@dataclass(frozen=True)
+class F:
+    """One leaf of the schema: its type(s), default and constraints."""
+
+    types: tuple[type, ...]
+    default: Any = REQUIRED
+    choices: tuple[Any, ...] | None = None
+    min: float | None = None
+    pattern: re.Pattern[str] | None = None
+    expect: str = ""
+
+
+def _f(types: type | tuple[type, ...], default: Any = REQUIRED, **kw: Any) -> F:
+    return F(types if isinstance(types, tuple) else (types,), default, **kw)
+
+
+NONE = type(None)
+POS_INT = {"min": 1}
+_LOADER = {
+    "total_shards": _f(int, 1, **POS_INT),
+    "dist_world_size": _f(int, 1, **POS_INT),
+    "batch_size": _f(int, 8, **POS_INT),
+    "num_workers": _f(int, 0, min=0),
+}
+
+# The schema: dicts are sections, F are leaves, "*" means free-form (kwargs passed through).
+SCHEMA: dict[str, Any] = {
+    "name": _f((str, NONE), None, pattern=re.compile(r"^[A-Za-z0-9_.\-]+$"), expect="letters, digits, _ . -"),
+    "num_nodes": _f(int, 1, **POS_INT),
+    "num_device": _f(int, 1, **POS_INT),
+    "seed": _f(int, 0, min=0),
+    "scheduler": _f(str, "local", choices=("local", "slurm")),
+    "run_root": _f(str, "runs", pattern=SBATCH_SAFE, expect="a path without spaces or shell characters"),
+    "global_batch_size": _f((int, NONE), None, **POS_INT),
+    "trainer": {
+        "accelerator": _f(str, "cpu", choices=("cpu", "gpu", "cuda", "auto")),
+        "devices": _f(int, REQUIRED, **POS_INT),
+        "num_nodes": _f(int, REQUIRED, **POS_INT),
+        "strategy": _f(str, "ddp", choices=STRATEGIES),
+        "precision": _f((str, int), "32-true"),
+        "max_steps": _f(int, -1, min=-1),
+        "max_epochs": _f((int, NONE), None, min=-1),
+        "accumulate_grad_batches": _f((int, NONE), None, **POS_INT),
+        "*": TRAINER_KEYS,
+    },
+    "model": {"_target_": _f(str), "*": True},
+    "data": {"_target_": _f(str), "*": True},
+    "dataloader": {"train": dict(_LOADER), "valid": dict(_LOADER)},
+    "container": {
+        "ngc_tag": _f(str, "24.10", pattern=NGC_TAG, expect="an NGC release tag like 24.10 (YY.MM)"),
+        "base_image": _f((str, NONE), None),
+        "apt": _f(list, []),
+        "pip": _f(list, []),
+        "nccl_tests": _f(bool, False),
+        "perftest": _f(bool, False),
+        "install_lightning": _f(bool, True),
+        "runtime": _f(str, "apptainer", choices=("apptainer", "singularity", "none")),
+        "builder": _f(str, "auto", choices=("auto", "docker", "podman")),
+        "image_dir": _f(str, "images"),
+        "image": _f((str, NONE), None),
+        "allow_missing_image": _f(bool, False),
+        "binds": _f(list, []),
+        "python": _f(str, "python"),
+        "workdir": _f(str, "/workspace"),
+        "code": _f(list, ["runner"]),
+    },
+    "slurm": {
+        "partition": _f((str, NONE), None, pattern=SBATCH_SAFE),
+        "account": _f((str, NONE), None, pattern=SBATCH_SAFE),
+        "qos": _f((str, NONE), None, pattern=SBATCH_SAFE),
+        "constraint": _f((str, NONE), None, pattern=SBATCH_SAFE),
+        "time": _f((str, int), "01:00:00", pattern=TIME, expect="Slurm time like 01:00:00, 2-00:00:00 or minutes"),
+        "cpus_per_task": _f(int, 4, **POS_INT),
+        "mem": _f((str, int, NONE), None, pattern=SBATCH_SAFE),
+        "gpus_per_node": _f((int, NONE), None, min=0),
+        "extra_flags": _f(list, []),
+        "signal": _f(str, "USR2", choices=("USR1", "USR2", "TERM", "INT", "HUP", "URG")),
+        "signal_lead_s": _f(int, 120, min=10),
+        "requeue": _f(bool, True),
+    },
+    "env": {"*": True},
+    "network": {
+        "ifname": _f((str, NONE), None, pattern=ENV_NAME, expect="an interface name like ib0 or eth0"),
+        "ib_hca": _f((str, NONE), None, pattern=SBATCH_SAFE),
+        "debug": _f(bool, False),
+        "pg_timeout_s": _f(int, 300, min=10),
+    },
+    "checkpoint": {
+        "every_n_steps": _f(int, 100, **POS_INT),
+        "keep_last": _f(int, 3, **POS_INT),
+        "exact_resume": _f(bool, True),
+    },
+    "resume": {
+        "enabled": _f(bool, True),
+        "max_restarts": _f(int, 3, min=0),
+        "backoff_s": _f((int, float), 60, min=0),
+        "force": _f(bool, False),
+    },
+    "alerts": {
+        "enabled": _f(bool, True),
+        "kind": _f(str, "slack", choices=("slack", "json")),
+        "url_env": _f(str, "RUNNER_WEBHOOK_URL", pattern=ENV_NAME),
+        "url_file": _f((str, NONE), None),
+        "events": _f(list, list(EVENTS)),
+        "timeout_s": _f((int, float), 5, min=0.1),
+        "retries": _f(int, 3, min=0),
+        "backoff_s": _f((int, float), 1.0, min=0),
+    },
+    "preflight": {
+        "enabled": _f(bool, True),
+        "min_busbw_gbps": _f((int, float, NONE), None, min=0),
+        "probe_mib": _f(int, 16, **POS_INT),
+        "timeout_s": _f(int, 10, **POS_INT),
+        "min_free_gb": _f((int, float), 1, min=0),
+        "paths": _f(list, []),
+        "fail_on_warn": _f(bool, False),
+    },
+}
