@@ -11,4 +11,5 @@ fi
 export OMP_NUM_THREADS=1
 .venv/bin/ruff check runner tests bench
 .venv/bin/mypy runner
+.venv/bin/lint-imports
 .venv/bin/pytest "$@"

@@ -347,6 +347,6 @@ def test_sbatch_gets_a_clean_environment(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("SLURM_JOB_ID", "41")
     monkeypatch.setenv("SBATCH_PARTITION", "other")
     monkeypatch.setenv("SLURM_CONF", "/etc/slurm/slurm.conf")
-    env = slurm.clean_env()
+    env = proc.clean_env()
     assert "SLURM_JOB_ID" not in env and "SBATCH_PARTITION" not in env
     assert env["SLURM_CONF"] == "/etc/slurm/slurm.conf" and env["PATH"] == os.environ["PATH"]

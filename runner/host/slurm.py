@@ -156,32 +156,15 @@ def parse_scontrol(text: str, job_id: str) -> JobInfo | None:
 # Commands
 
 
-def clean_env() -> dict[str, str]:
-    """This environment without the caller's job variables: sbatch run inside an allocation or a scrontab job
-    would otherwise pass SLURM_* of that job into the new one. SLURM_CONF names the cluster and stays."""
-    import os
-
-    return {k: v for k, v in os.environ.items()
-            if k == "SLURM_CONF" or not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
-
-
 def submit(script: str, env: dict[str, str] | None = None) -> str:
     """``sbatch --parsable SCRIPT`` in a clean environment; returns the job id or raises SubmitError with
     sbatch's own reason."""
-    import subprocess
-
-    env = clean_env() if env is None else env
-
     argv = ["sbatch", "--parsable", script]
-    if proc.VERBOSE:
-        print("+ " + " ".join(argv))
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
-    except FileNotFoundError:
-        raise SubmitError("sbatch: command not found. hint: run on a Slurm login node, or set scheduler: local") \
-            from None
-    except subprocess.TimeoutExpired:
-        raise SubmitError("sbatch: no answer within 60 s. hint: is slurmctld up? try `sinfo`") from None
+    out = proc.run(argv, timeout=60, check=False, env=env, clean=env is None)
+    if out.returncode == proc.NOT_FOUND:
+        raise SubmitError("sbatch: command not found. hint: run on a Slurm login node, or set scheduler: local")
+    if out.returncode == proc.TIMED_OUT:
+        raise SubmitError("sbatch: no answer within 60 s. hint: is slurmctld up? try `sinfo`")
     if out.returncode != 0:
         raise SubmitError(error_line(out.stderr or out.stdout, f"exit code {out.returncode}"))
     return parse_sbatch(out.stdout)
@@ -189,7 +172,7 @@ def submit(script: str, env: dict[str, str] | None = None) -> str:
 
 def _try(argv: list[str]) -> str | None:
     try:
-        return proc.run(argv, timeout=15)
+        return proc.run(argv, timeout=15).stdout
     except SubmitError:
         return None
 

@@ -25,10 +25,6 @@ IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 _SIOCGIFADDR = 0x8915
 
 
-class _NotFound(Exception):
-    pass
-
-
 def parse_route_get(text: str) -> tuple[str | None, str | None, bool]:
     """``ip -o route get ADDR`` -> (device, source address, whether ADDR is one of this host's own)."""
     dev = re.search(r"\bdev (\S+)", text)
@@ -43,10 +39,8 @@ def parse_addr_show(text: str) -> str | None:
 
 
 def _ip(*args: str) -> str | None:
-    try:
-        return proc.run(["ip", "-o", *args], timeout=5, error=_NotFound)
-    except _NotFound:
-        return None
+    out = proc.run(["ip", "-o", *args], timeout=5, check=False)
+    return out.stdout if out.returncode == 0 else None
 
 
 def _ifname_by_address(addr: str) -> str | None:
