@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from runner import proc
 from runner.errors import SubmitError
 from runner.host import slurm, status
 from runner.job import ifname as rendezvous
