@@ -70,8 +70,30 @@ class RunDir:
     env_file = property(lambda self: self.root / "env.json")
     preflight = property(lambda self: self.root / "preflight.json")
 
-    def rank_log(self, rank: int) -> Path:
-        return self.logs / f"rank-{rank:05d}.log"
+    def attempts(self) -> list[int]:
+        """Attempt numbers that have a log folder (``logs/attempt-N``), oldest first."""
+        found = [int(p.name.removeprefix(ATTEMPT_PREFIX)) for p in self.logs.glob(f"{ATTEMPT_PREFIX}*")
+                 if p.name.removeprefix(ATTEMPT_PREFIX).isdigit()] if self.logs.is_dir() else []
+        return sorted(found)
+
+    def attempt_logs(self, attempt: int) -> Path:
+        return self.logs / f"{ATTEMPT_PREFIX}{attempt}"
+
+    def new_attempt(self) -> int:
+        """Claim the next attempt number by creating its log folder (mkdir is atomic: two starters never share)."""
+        n = (self.attempts() or [0])[-1] + 1
+        while True:
+            try:
+                self.attempt_logs(n).mkdir(parents=True)
+                return n
+            except FileExistsError:
+                n += 1
+
+    def rank_log(self, rank: int, attempt: int | None = None) -> Path:
+        """One rank's log of one attempt (default: the latest attempt)."""
+        if attempt is None:
+            attempt = (self.attempts() or [1])[-1]
+        return self.attempt_logs(attempt) / f"rank-{rank:05d}.log"
 
     def job_id(self) -> str | None:
         try:
@@ -110,6 +132,11 @@ class RunDir:
                 continue  # a torn last line after a crash is skipped, never fatal
         return out
 
+
+# Each attempt (a submission, requeue or resubmission) logs into its own folder: logs/attempt-N/rank-XXXXX.log.
+# Whoever starts the ranks of an attempt (the batch script, or `runner submit` locally) claims N and exports it.
+ATTEMPT_PREFIX = "attempt-"
+ATTEMPT_ENV = "RUNNER_ATTEMPT"
 
 # Exit codes of the launcher that the batch script and `runner cron` act on (Lightning exits 0 on SIGTERM,
 # so "0" alone cannot tell a finished run from a stopped one; the `finished` marker can).
