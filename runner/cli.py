@@ -1,6 +1,7 @@
-"""The ``runner`` command. No logic lives here: each subcommand calls one module.
+"""The ``runner`` command. It runs on the login node (or a laptop), never inside a job.
 
-Nothing on this path imports torch or lightning, so ``runner --help`` answers in a fraction of a second.
+No logic lives here: each subcommand calls one module. Nothing on this path imports torch or lightning, so
+``runner --help`` answers in a fraction of a second.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from runner import __version__
+from runner import __version__, log
 from runner.errors import RunnerError
 
 
@@ -55,7 +56,11 @@ def _status(args: argparse.Namespace) -> int:
 def _logs(args: argparse.Namespace) -> int:
     from runner.host import status
 
-    return status.logs(status.find_run(args.run, Path(args.root)), None if args.batch else args.rank, args.follow)
+    run = status.find_run(args.run, Path(args.root))
+    if not args.batch and not run.attempts() and any(run.logs.glob("rank-*.log")):
+        raise RunnerError(f"run {run.name} predates per-attempt logs: found {run.logs}/rank-*.log, expected "
+                          f"{run.logs}/attempt-N/. hint: read those files directly")
+    return status.logs(run, None if args.batch else args.rank, args.follow, attempt=args.attempt)
 
 
 def _cancel(args: argparse.Namespace) -> int:
@@ -78,7 +83,7 @@ def _cron(args: argparse.Namespace) -> int:
 
 
 def _preflight(args: argparse.Namespace) -> int:
-    from runner.job import preflight
+    from runner.host import preflight
 
     return preflight.cli(args.config, args.overrides, args.wait)
 
@@ -98,13 +103,26 @@ def _dev_cluster(args: argparse.Namespace) -> int:
     return 0
 
 
+def _verbosity(default: Any) -> argparse.ArgumentParser:
+    """-v/-q, accepted before the command and after it (``runner -v submit`` and ``runner submit -v``)."""
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("-v", "--verbose", dest="verbosity", action="store_const", const=1, default=default,
+                   help="also show debug messages, among them every command runner runs (as RUNNER_VERBOSE=1)")
+    g.add_argument("-q", "--quiet", dest="verbosity", action="store_const", const=-1, default=default,
+                   help="show only warnings and errors on stderr")
+    return p
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="runner", description="Reproducible multi-node Lightning training on Slurm.")
+    p = argparse.ArgumentParser(prog="runner", description="Reproducible multi-node Lightning training on Slurm.",
+                                parents=[_verbosity(0)])
     p.add_argument("--version", action="version", version=f"runner {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    after_command = _verbosity(argparse.SUPPRESS)  # so a flag after the command overrides one before it
 
     def cmd(name: str, fn: Any, help: str) -> argparse.ArgumentParser:
-        sp = sub.add_parser(name, help=help, description=help)
+        sp = sub.add_parser(name, help=help, description=help, parents=[after_command])
         sp.set_defaults(fn=fn)
         return sp
 
@@ -137,6 +155,7 @@ def parser() -> argparse.ArgumentParser:
                             help="resume on other capacity (num_nodes / num_device); the global batch is kept")
         if name == "logs":
             sp.add_argument("--rank", type=int, default=0, help="which rank's log (default: 0)")
+            sp.add_argument("--attempt", type=int, help="which attempt's log, 1 for the first (default: the latest)")
             sp.add_argument("--batch", action="store_true",
                             help="Slurm's output of the batch script (hooks, srun errors) instead of a rank's log")
             sp.add_argument("--follow", "-f", action="store_true", help="keep printing until the run ends")
@@ -155,6 +174,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    log.setup(args.verbosity)
     try:
         return int(args.fn(args))
     except RunnerError as e:

@@ -1,1 +1,314 @@
-"""Every recovery decision of runner, as pure functions of recorded facts (filled in by the reshape)."""
+"""Every recovery decision of runner, as pure functions of what a run recorded and what Slurm says.
+
+When is a run requeued, resubmitted, left alone or given up, and what state is it in? Each answer is made
+here, once, and tested as one table (tests/test_policy.py), the way Slurm's own job states are one table.
+Nothing here reads a file, runs a command or reads the clock: the callers gather the facts (``Records``: the
+run directory's ledger, exit status, ``finished`` marker and job id; ``JobInfo``: Slurm's answer or None;
+``Limits``: the config's values; ``now``), then act on the ``Decision`` or state they get back:
+
+- the batch script's exit hook (``runner.host.jobhook``): ``classify`` the step's end, then ``after_exit``;
+- ``runner cron``: ``next_action`` (``settled`` says which runs need no Slurm answer at all);
+- ``runner status``: ``run_state`` (``asks_slurm`` says whether Slurm's view can change it);
+- ``runner resume``: ``resume_action``.
+
+One rule runs in the batch script instead (templates/sbatch.sh.j2), because it must hold before any Python
+starts: job ids only grow, so a job older than the run's current ``job_id`` (Slurm requeued it after ``runner
+cron`` had already resubmitted the run) steps aside and exits 0 without training.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from runner.rundir import EXIT_PREFLIGHT, EXIT_REQUEUE
+
+# ---------------------------------------------------------------------------------------------------------------
+# Slurm's vocabulary
+
+# Slurm's job states (squeue/scontrol spelling) -> runner's states.
+SLURM_STATES = {
+    "PENDING": "pending", "CONFIGURING": "running", "RUNNING": "running", "COMPLETING": "running",
+    "STAGE_OUT": "running", "SIGNALING": "running", "RESIZING": "running", "SUSPENDED": "running",
+    "STOPPED": "running", "RESV_DEL_HOLD": "pending", "REQUEUED": "pending", "REQUEUE_HOLD": "pending",
+    "REQUEUE_FED": "pending", "SPECIAL_EXIT": "pending", "REVOKED": "cancelled",
+    "COMPLETED": "completed", "FAILED": "failed", "NODE_FAIL": "failed", "OUT_OF_MEMORY": "failed",
+    "BOOT_FAIL": "failed", "CANCELLED": "cancelled", "TIMEOUT": "timeout", "DEADLINE": "timeout",
+    "PREEMPTED": "preempted",
+}
+TERMINAL = frozenset({"COMPLETED", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "CANCELLED", "TIMEOUT",
+                      "DEADLINE", "PREEMPTED", "REVOKED"})
+# Ended states after which cron resubmits (CANCELLED only when the hook saw a time limit or preemption).
+RESUBMIT_STATES = ("FAILED", "NODE_FAIL", "TIMEOUT", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
+SLURM_REQUEUES = ("NODE_FAIL", "BOOT_FAIL")  # with --requeue, Slurm puts these back in the queue by itself
+REQUEUE_GRACE_S = 180.0  # how long cron leaves such a job to Slurm before resubmitting it itself
+NEAR_LIMIT_S = 60.0  # an exit-75 this close to (signal_lead_s before) the time limit is the time limit's doing
+
+
+def base_state(raw: str) -> str:
+    """'CANCELLED by 0' -> 'CANCELLED'; 'COMPLETING+' -> 'COMPLETING' (sacct's and scontrol's decorations)."""
+    words = raw.strip().split()
+    return words[0].rstrip("+").upper() if words else ""
+
+
+def normalize(raw: str) -> str | None:
+    """Map a Slurm state ('CANCELLED by 0', 'RUNNING') to runner's states; None for an unknown word."""
+    return SLURM_STATES.get(base_state(raw))
+
+
+def exit_code(value: str | None) -> int | None:
+    """Slurm's "75:0" (exit code : signal) -> 75."""
+    head = (value or "").split(":")[0]
+    return int(head) if head.isdigit() else None
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """One job as a Slurm command reported it (``runner.host.slurm`` parses the commands into it)."""
+
+    job_id: str
+    state: str  # Slurm's own word: RUNNING, COMPLETED, CANCELLED, ...
+    source: str  # sacct, squeue or scontrol
+    exit_code: str | None = None  # "3:0" = exit code 3, signal 0
+    reason: str | None = None
+    nodes: str | None = None
+    restarts: int | None = None
+
+    @property
+    def runner_state(self) -> str | None:
+        return normalize(self.state)
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The facts
+
+
+@dataclass(frozen=True)
+class Records:
+    """What a run directory says about itself (the caller reads it; see ``runner.rundir.RunDir``)."""
+
+    events: Sequence[Mapping[str, Any]] = ()  # the ledger, oldest first
+    exit_status: Mapping[str, Any] | None = None  # exit_status.json; None when missing or unreadable
+    finished: bool = False  # the `finished` marker: training reached its end
+    job_id: str | None = None  # the run's current Slurm job
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The config values the decisions depend on."""
+
+    requeue: bool = True  # slurm.requeue
+    signal_lead_s: float = 120  # slurm.signal_lead_s
+    max_restarts: int = 3  # resume.max_restarts
+    backoff_s: float = 60  # resume.backoff_s
+
+    @classmethod
+    def of(cls, cfg: Mapping[str, Any]) -> Limits:
+        return cls(requeue=bool(cfg["slurm"]["requeue"]), signal_lead_s=cfg["slurm"]["signal_lead_s"],
+                   max_restarts=cfg["resume"]["max_restarts"], backoff_s=float(cfg["resume"]["backoff_s"]))
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do with a run next, and why (cron prints it as one line).
+
+    ``action``: requeue (the exit hook asks Slurm), resubmit (sbatch again), wait (ask again later), give_up,
+    refuse (the user asked for something that cannot be done) or skip (nothing to do).
+    """
+
+    action: str
+    reason: str
+
+
+def _names(events: Sequence[Mapping[str, Any]]) -> list[str]:
+    return [e["event"] for e in events]
+
+
+def cancelled_by_user(events: Sequence[Mapping[str, Any]]) -> bool:
+    """`runner cancel` was the last word since the last (re)submission (a later resume lifts it)."""
+    for e in reversed(events):
+        if e["event"] == "cancelled":
+            return True
+        if e["event"] in ("submitted", "resubmitted"):
+            return False
+    return False
+
+
+def restarts_used(events: Sequence[Mapping[str, Any]]) -> int:
+    """Requeues and resubmissions so far, from the run's own ledger (survives Slurm forgetting the job)."""
+    ours = sum(1 for e in events if e["event"] in ("requeued", "resubmitted"))
+    # Slurm may requeue a job on its own (after a node failure): every attempt's batch script records a start.
+    return max(ours, sum(1 for e in events if e["event"] == "start") - 1)
+
+
+def attempt(events: Sequence[Mapping[str, Any]]) -> int:
+    """The number of the attempt now running (or the last one), counting from 1."""
+    return restarts_used(events) + 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The exit hook: what the step's end means, and whether to requeue
+
+
+def classify(rec: Records, rc: int, seconds_left: float | None, limits: Limits) -> str:
+    """What the step's end means: completed, cancelled, preflight_failed, timeout, preempted or failed.
+
+    ``rc`` is the launcher's exit code; ``seconds_left`` the job's time left as Slurm reports it (None when
+    unknown). The launcher exits 75 after checkpointing on the requeue signal, which comes both
+    ``signal_lead_s`` before the time limit and on a preemption notice: the time left tells them apart.
+    """
+    if rec.finished:
+        return "completed"
+    if cancelled_by_user(rec.events):
+        return "cancelled"
+    if rc == EXIT_PREFLIGHT:
+        return "preflight_failed"
+    if rc == EXIT_REQUEUE:
+        near_limit = seconds_left is not None and seconds_left <= limits.signal_lead_s + NEAR_LIMIT_S
+        return "timeout" if near_limit else "preempted"
+    return "failed"
+
+
+def after_exit(outcome: str, attempt: int, job_id: str | None, limits: Limits) -> Decision:
+    """The exit hook's move after ``classify``: requeue the job itself, give up, or leave it (to cron)."""
+    if outcome == "completed":
+        return Decision("skip", "training finished")
+    if outcome == "cancelled":
+        return Decision("skip", "cancelled by the user")
+    if outcome in ("timeout", "preempted"):
+        if limits.requeue and job_id and attempt <= limits.max_restarts:
+            return Decision("requeue", f"{outcome}; requeued as attempt {attempt + 1}")
+        if attempt > limits.max_restarts:
+            return Decision("give_up", f"{outcome} after {attempt - 1} restarts")
+        return Decision("skip", f"{outcome}; slurm.requeue is off, runner cron resubmits it")
+    if outcome == "preflight_failed":  # a bad node or interface would fail again: a person must look
+        return Decision("skip", "preflight failed: fix the node or interface it names, then `runner resume`")
+    return Decision("skip", "failed: runner cron decides about resubmission (with backoff)")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# runner cron: resubmit, wait, give up or leave alone
+
+
+def settled(rec: Records) -> Decision | None:
+    """Cron's decision from the run's own records alone, or None when it depends on Slurm's answer."""
+    if rec.finished:
+        return Decision("skip", "finished")
+    if cancelled_by_user(rec.events):
+        return Decision("skip", "cancelled by the user")
+    if "gave_up" in _names(rec.events):
+        return Decision("skip", "already gave up")
+    if not rec.job_id:
+        return Decision("skip", "never submitted")
+    outcomes = [e.get("outcome") for e in rec.events if e["event"] == "exit"]
+    if outcomes and outcomes[-1] == "preflight_failed":
+        return Decision("skip", "preflight failed: fix the node or interface it names, then `runner resume`")
+    return None
+
+
+def next_action(rec: Records, job: JobInfo | None, limits: Limits, now: float) -> Decision:
+    """Cron's decision for one run: skip, wait, resubmit (with exponential backoff) or give_up.
+
+    ``job`` is Slurm's answer for ``rec.job_id`` (None when Slurm does not know it any more).
+    """
+    early = settled(rec)
+    if early is not None:
+        return early
+    name = rec.job_id
+    if job is not None and not job.terminal:
+        return Decision("skip", f"job {name} is {job.state}")
+    status = rec.exit_status or {}
+    state = job.state if job is not None else "UNKNOWN"
+    if state == "CANCELLED" and status.get("event") not in ("timeout", "preempted"):
+        return Decision("skip", f"job {name} was cancelled (scancel)")
+    if state not in RESUBMIT_STATES and state not in ("COMPLETED", "CANCELLED", "UNKNOWN"):
+        return Decision("skip", f"job {name} is {state}")
+    reason = f"job {name} ended {state}" + (f" (exit {status['exit_code']})" if "exit_code" in status else "")
+    ended = max((e["time"] for e in rec.events if e["event"] == "exit"), default=0.0)
+    if state in SLURM_REQUEUES and limits.requeue and now < ended + REQUEUE_GRACE_S:
+        # Slurm requeues a --requeue job itself after a node failure; resubmitting too would run it twice.
+        return Decision("wait", f"{reason}; Slurm requeues it itself ({ended + REQUEUE_GRACE_S - now:.0f} s grace)")
+    used = restarts_used(rec.events)
+    if used >= limits.max_restarts:
+        return Decision("give_up", f"{reason}; {used} restarts used of resume.max_restarts={limits.max_restarts}")
+    last = max((e["time"] for e in rec.events if e["event"] in ("resubmitted", "requeued", "exit")), default=0.0)
+    delay = float(limits.backoff_s) * (2 ** max(used - 1, 0)) if used else 0.0
+    if now < last + delay:
+        return Decision("wait", f"{reason}; backoff {delay:.0f} s, {last + delay - now:.0f} s left")
+    return Decision("resubmit", reason)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# runner status: the run's state
+
+
+def local_state(rec: Records) -> str:
+    """State from the run directory alone (the last word for local runs and when the scheduler forgot)."""
+    if rec.finished:
+        return "completed"
+    events, status = rec.events, rec.exit_status
+    if cancelled_by_user(events):
+        return "cancelled"
+    if status is None or (events and events[-1]["event"] in ("submitted", "resubmitted", "start")):
+        return "running" if any(e["event"] in ("start", "train_start") for e in events[-3:]) else "pending"
+    if status.get("exit_code") == EXIT_REQUEUE:
+        return "preempted"
+    return "cancelled" if status.get("cancelled") else "failed"
+
+
+def job_alive(events: Sequence[Mapping[str, Any]]) -> bool:
+    """The batch script started and has not recorded its exit yet (training may be done, the job is not)."""
+    for e in reversed(events):
+        if e["event"] == "exit":
+            return False
+        if e["event"] in ("start", "submitted", "resubmitted"):
+            return True
+    return False
+
+
+def asks_slurm(rec: Records) -> bool:
+    """Whether Slurm's view can change the state of a Slurm run: not once it finished and its job exited."""
+    return bool(rec.job_id) and (local_state(rec) != "completed" or job_alive(rec.events))
+
+
+def combine(local: str, job: JobInfo | None) -> str:
+    """Slurm's view of the job, corrected by the run directory's own records.
+
+    Slurm knows whether a job is pending or running; the run directory knows whether training finished
+    (the ``finished`` marker: a job that exits 0 after SIGTERM is COMPLETED to Slurm but did not finish)
+    and whether it stopped to be requeued (exit code 75). When Slurm has forgotten the job (no accounting,
+    older than MinJobAge), the run directory's exit status is all there is.
+    """
+    if local == "completed" or job is None:
+        return local
+    state = job.runner_state
+    if state is None:
+        return local
+    if not job.terminal:
+        return state
+    if exit_code(job.exit_code) == EXIT_REQUEUE or local == "preempted":
+        return "preempted"
+    if state == "completed":  # the batch script exited 0 but the launcher never wrote `finished`
+        return "failed"
+    return state
+
+
+def run_state(rec: Records, job: JobInfo | None) -> str:
+    """pending, running, completed, failed, cancelled, timeout or preempted."""
+    return combine(local_state(rec), job)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# runner resume
+
+
+def resume_action(rec: Records) -> Decision:
+    """A user's resume starts any run again (it lifts a cancel), except one that finished."""
+    if rec.finished:
+        return Decision("refuse", "already finished; nothing to do")
+    return Decision("resubmit", "runner resume")

@@ -1,8 +1,9 @@
 """The one door to subprocesses: argv lists (never a shell), a timeout always, errors that carry stderr.
 
-Every call site in runner goes through ``run``; the argv is logged at debug level (``runner -v``), so a user
-can see every command runner ran. Only long-lived children with their own lifetime (the local ranks, the dev
-cluster's daemons, a streamed build step) use ``subprocess.Popen`` directly.
+Both sides use it (the login node's commands, the ranks' interface detection). Every call site in runner goes
+through ``run``; the argv is logged at debug level (``runner -v``), so a user can see every command runner ran.
+Only long-lived children with their own lifetime (the local ranks, the dev cluster's daemons, a streamed build
+step) use ``subprocess.Popen`` directly.
 """
 
 from __future__ import annotations
@@ -38,13 +39,14 @@ def run(argv: list[str], *, timeout: float = 60, check: bool = True, input: str 
     With ``check`` (the default) a missing command, a timeout or a non-zero exit raises ``error`` with one
     line: the command and its last stderr line. Without it nothing raises: a missing command returns 127 and a
     timeout 124, as a shell would, so a caller that only tries (``scontrol requeue`` in a hook) stays short.
-    ``clean`` drops the caller's SLURM_* job variables (see ``clean_env``).
+    ``clean`` drops the caller's SLURM_* job variables (see ``clean_env``). Without ``input`` the command reads
+    /dev/null: a command that asks a question must fail, not wait for a terminal that cron does not have.
     """
     log.debug("+ %s", shlex.join(argv))
     full_env = clean_env(env) if clean else (dict(env) if env is not None else None)
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, input=input, env=full_env,
-                             cwd=cwd, errors="replace")
+                             cwd=cwd, errors="replace", stdin=subprocess.DEVNULL if input is None else None)
     except FileNotFoundError:
         if check:
             raise error(f"{argv[0]}: command not found. hint: install it or check PATH") from None

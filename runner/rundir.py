@@ -1,7 +1,8 @@
 """Every path of a run directory, and the only code that writes into one.
 
-Writes are atomic (temp file, fsync, rename, fsync of the directory) so that a crash, a kill or a full
-disk leaves either the old file or the new one, never half of one.
+Both sides use it: the commands on the login node and the ranks inside the allocation share the run directory
+on a shared filesystem. Writes are atomic (temp file, fsync, rename, fsync of the directory) so that a crash,
+a kill or a full disk leaves either the old file or the new one, never half of one.
 """
 
 from __future__ import annotations

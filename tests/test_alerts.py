@@ -2,31 +2,71 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import yaml
 
-from runner import alerts
-from runner.alerts import DEFAULTS, EVENTS, Alert, AlertConfigError, alert_from_run, flush_queue, guess_cause, send
+from runner import alerts, spec
+from runner.alerts import Alert, AlertConfigError, alert_from_run, flush_queue, guess_cause, send
+from runner.errors import ConfigError
+from runner.rundir import RunDir
+from runner.spec import EVENTS
 
 if TYPE_CHECKING:
     from tests.webhook_server import WebhookServer
 
 # Not imported directly: a module that pytest loads as a plugin must not be imported before.
 REPO = Path(__file__).resolve().parents[1]
+QUICKSTART = REPO / "conf" / "quickstart.yaml"
+
+
+@functools.cache
+def _defaults() -> dict[str, Any]:
+    return dict(spec.load(QUICKSTART)["alerts"])
+
+
+def section(**values: Any) -> dict[str, Any]:
+    """An `alerts:` section as validation hands it to alerts: every key, the schema's defaults filled in."""
+    return {**_defaults(), **values}
 
 
 @pytest.fixture
 def cfg(webhook: WebhookServer, monkeypatch: pytest.MonkeyPatch) -> dict:
     """Fast settings, URL from the default environment variable."""
     monkeypatch.setenv("RUNNER_WEBHOOK_URL", webhook.url)
-    return {"timeout_s": 2.0, "retries": 2, "backoff_s": 0.01}
+    return section(timeout_s=2.0, retries=2, backoff_s=0.01)
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.extend(record.getMessage().splitlines() or [""])
+
+
+@pytest.fixture
+def logged(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The lines alerts log (its one warning per failure), whatever logging setup an earlier test left."""
+    handler = _Lines()
+    logger = logging.getLogger("runner.alerts")
+    logger.addHandler(handler)
+    monkeypatch.setattr(logger, "propagate", False)
+    try:
+        yield handler.lines
+    finally:
+        logger.removeHandler(handler)
 
 
 def make_alert(event: str = "failed", **kw: Any) -> Alert:
@@ -57,7 +97,7 @@ def all_text(run_dir: Path) -> str:
 # ---------------------------------------------------------------------------------------- delivery
 
 
-def test_slack_block_kit_delivered(webhook, cfg, tmp_path, capfd):
+def test_slack_block_kit_delivered(webhook, cfg, tmp_path, capfd, logged):
     assert send(make_alert(), cfg, tmp_path) is True
 
     [body] = webhook.wait_for(1)
@@ -82,7 +122,7 @@ def test_slack_block_kit_delivered(webhook, cfg, tmp_path, capfd):
     assert "Fix it." in context["elements"][0]["text"]
     assert webhook.requests[0].headers["Content-Type"].startswith("application/json")
     assert not queued(tmp_path)
-    assert capfd.readouterr().err == ""
+    assert capfd.readouterr().err == "" and logged == []
 
 
 def test_json_kind(webhook, cfg, tmp_path):
@@ -110,21 +150,21 @@ def test_429_retry_after_is_honoured(webhook, cfg, tmp_path):
     assert second.time - first.time >= 1.0
 
 
-def test_retry_after_is_capped_by_the_time_budget(webhook, cfg, tmp_path, capfd):
+def test_retry_after_is_capped_by_the_time_budget(webhook, cfg, tmp_path, logged):
     webhook.set_responses([webhook.Response(429, {"Retry-After": "3600"})])
     started = time.monotonic()
     assert send(make_alert(), cfg, tmp_path, budget_s=2) is False
     assert time.monotonic() - started < 2
     assert len(webhook.requests) == 1 and len(queued(tmp_path)) == 1
-    assert "HTTP 429" in capfd.readouterr().err
+    assert "HTTP 429" in "\n".join(logged)
 
 
-def test_client_error_is_not_retried(webhook, cfg, tmp_path, capfd):
+def test_client_error_is_not_retried(webhook, cfg, tmp_path, logged):
     webhook.set_responses([webhook.Response(404, body="no_service")])
     assert send(make_alert(), cfg, tmp_path) is False
     assert len(webhook.requests) == 1
     assert len(queued(tmp_path)) == 1
-    err = capfd.readouterr().err
+    err = "\n".join(logged)
     assert "HTTP 404 'no_service'" in err and webhook.secret not in err
 
 
@@ -137,8 +177,7 @@ def test_slow_server_times_out_and_queues(webhook, cfg, tmp_path):
     assert len(queued(tmp_path)) == 1
 
 
-def test_urllib_fallback_without_requests(webhook, cfg, tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "requests", None)  # import requests -> ImportError
+def test_503_and_429_with_retry_after_0_are_retried(webhook, cfg, tmp_path):
     webhook.set_responses([503, webhook.Response(429, {"Retry-After": "0"}), 200])
     assert send(make_alert(), cfg, tmp_path) is True
     assert [r.status for r in webhook.requests] == [503, 429, 200]
@@ -148,7 +187,7 @@ def test_urllib_fallback_without_requests(webhook, cfg, tmp_path, monkeypatch):
 # ------------------------------------------------------------------------------------------- queue
 
 
-def test_server_down_queues_then_flush_delivers_in_order(webhook, cfg, tmp_path, capfd):
+def test_server_down_queues_then_flush_delivers_in_order(webhook, cfg, tmp_path, logged):
     webhook.stop()
     for event in ("preempted", "requeued", "failed"):
         assert send(make_alert(event), cfg, tmp_path) is False
@@ -158,8 +197,7 @@ def test_server_down_queues_then_flush_delivers_in_order(webhook, cfg, tmp_path,
     for path in files:
         entry = json.loads(path.read_text())
         assert entry["event"] in EVENTS and entry["kind"] == "slack" and "blocks" in entry["payload"]
-    err = capfd.readouterr().err
-    assert len(err.splitlines()) == 3 and "queued as" in err
+    assert len(logged) == 3 and all("queued as" in line for line in logged)
 
     assert flush_queue(tmp_path, cfg) == (0, 3)  # still down: nothing lost
     assert len(queued(tmp_path)) == 3
@@ -217,12 +255,12 @@ def test_flush_with_json_kind_rerenders_queued_slack_entries(webhook, cfg, tmp_p
 # --------------------------------------------------------------------------------- URL and secrets
 
 
-def test_url_file_readable_by_others_is_rejected_in_one_line(webhook, tmp_path, monkeypatch, capfd):
+def test_url_file_readable_by_others_is_rejected_in_one_line(webhook, tmp_path, monkeypatch, logged):
     monkeypatch.delenv("RUNNER_WEBHOOK_URL", raising=False)
     url_file = tmp_path / "hook.url"
     url_file.write_text(webhook.url + "\n")
     url_file.chmod(0o644)
-    cfg = {"url_file": str(url_file), "backoff_s": 0.01}
+    cfg = section(url_file=str(url_file), backoff_s=0.01)
 
     with pytest.raises(AlertConfigError) as info:
         alerts.resolve_url(cfg)
@@ -232,8 +270,7 @@ def test_url_file_readable_by_others_is_rejected_in_one_line(webhook, tmp_path, 
 
     run_dir = tmp_path / "run"
     assert send(make_alert(), cfg, run_dir) is False
-    err = capfd.readouterr().err
-    assert len(err.splitlines()) == 1 and "chmod 600" in err and webhook.secret not in err
+    assert len(logged) == 1 and "chmod 600" in logged[0] and webhook.secret not in logged[0]
     assert webhook.requests == [] and len(queued(run_dir)) == 1
 
     url_file.chmod(0o600)
@@ -247,7 +284,7 @@ def test_url_file_comments_and_blank_lines(tmp_path, monkeypatch):
     url_file = tmp_path / "hook"
     url_file.write_text("# team channel\n\n  https://example.invalid/x  \n")
     url_file.chmod(0o600)
-    assert alerts.resolve_url({"url_env": "MY_HOOK", "url_file": str(url_file)}) == ("https://example.invalid/x", "")
+    assert alerts.resolve_url(section(url_env="MY_HOOK", url_file=str(url_file))) == ("https://example.invalid/x", "")
 
 
 @pytest.mark.parametrize(
@@ -265,33 +302,33 @@ def test_url_file_problems(tmp_path, monkeypatch, setup, expected):
         url_file.write_text("" if setup == "empty" else "hooks.example/secret-token\n")
         url_file.chmod(0o600)
     with pytest.raises(AlertConfigError, match=expected) as info:
-        alerts.resolve_url({"url_file": str(url_file)})
+        alerts.resolve_url(section(url_file=str(url_file)))
     assert "secret-token" not in str(info.value)
 
 
-def test_no_url_disables_quietly(tmp_path, monkeypatch, capfd):
+def test_no_url_disables_quietly(tmp_path, monkeypatch, capfd, logged):
     monkeypatch.delenv("RUNNER_WEBHOOK_URL", raising=False)
-    url, reason = alerts.resolve_url({})
+    url, reason = alerts.resolve_url(section())
     assert url is None and "RUNNER_WEBHOOK_URL" in reason
-    assert alerts.resolve_url({"enabled": False}) == (None, "alerts are disabled in the config")
-    assert send(make_alert(), {}, tmp_path) is False
-    assert flush_queue(tmp_path, {}) == (0, 0)
-    assert capfd.readouterr() == ("", "")
+    assert alerts.resolve_url(section(enabled=False)) == (None, "alerts are disabled in the config")
+    assert send(make_alert(), section(), tmp_path) is False
+    assert flush_queue(tmp_path, section()) == (0, 0)
+    assert capfd.readouterr() == ("", "") and logged == []
     assert not (tmp_path / "alerts").exists()
 
 
 def test_env_var_wins_over_url_file(webhook, tmp_path, monkeypatch):
     monkeypatch.setenv("HOOK", webhook.url)
-    assert alerts.resolve_url({"url_env": "HOOK", "url_file": str(tmp_path / "absent")}) == (webhook.url, "")
+    assert alerts.resolve_url(section(url_env="HOOK", url_file=str(tmp_path / "absent"))) == (webhook.url, "")
 
 
-def test_events_filter(webhook, cfg, tmp_path, capfd):
+def test_events_filter(webhook, cfg, tmp_path, capfd, logged):
     cfg["events"] = ["failed", "gave_up"]
     assert send(make_alert("completed"), cfg, tmp_path) is False
     assert send(make_alert("requeued"), cfg, tmp_path) is False
     assert send(make_alert("gave_up"), cfg, tmp_path) is True
     assert len(webhook.wait_for(1)) == 1 and len(webhook.requests) == 1
-    assert not queued(tmp_path) and capfd.readouterr().err == ""
+    assert not queued(tmp_path) and capfd.readouterr().err == "" and logged == []
 
 
 def test_disabled_sends_nothing(webhook, cfg, tmp_path):
@@ -299,7 +336,7 @@ def test_disabled_sends_nothing(webhook, cfg, tmp_path):
     assert webhook.requests == []
 
 
-def test_secret_never_in_queue_files_or_stderr(webhook, cfg, tmp_path, capfd):
+def test_secret_never_in_queue_files_or_logs(webhook, cfg, tmp_path, capfd, logged):
     leaky = [
         f"posting to {webhook.url}",
         f"requests.post('{webhook.url.split('://')[1]}') failed",
@@ -310,7 +347,7 @@ def test_secret_never_in_queue_files_or_stderr(webhook, cfg, tmp_path, capfd):
     webhook.stop()
     assert send(alert, cfg, tmp_path) is False
     send(make_alert("gave_up"), cfg, tmp_path)
-    err = capfd.readouterr().err
+    err = capfd.readouterr().err + "\n".join(logged)
     stored = all_text(tmp_path)
     for text in (err, stored):
         assert webhook.secret not in text
@@ -322,7 +359,7 @@ def test_secret_never_in_queue_files_or_stderr(webhook, cfg, tmp_path, capfd):
     assert flush_queue(tmp_path, cfg) == (2, 0)
     delivered = json.dumps(webhook.wait_for(2))
     assert webhook.secret not in delivered and "abcdefSECRET" not in delivered
-    assert webhook.secret not in capfd.readouterr().err
+    assert webhook.secret not in capfd.readouterr().err + "\n".join(logged)
 
 
 def test_delivered_payload_redacts_url_even_when_sent_directly(webhook, cfg, tmp_path):
@@ -331,7 +368,7 @@ def test_delivered_payload_redacts_url_even_when_sent_directly(webhook, cfg, tmp
     assert webhook.secret not in json.dumps(body)
 
 
-def test_send_never_raises(cfg, tmp_path, capfd):
+def test_send_never_raises(cfg, tmp_path, logged):
     blocker = tmp_path / "file"
     blocker.write_text("")
     cfg["retries"] = 0
@@ -341,8 +378,7 @@ def test_send_never_raises(cfg, tmp_path, capfd):
         assert send(make_alert(), cfg, blocker / "run") is False  # cannot even queue under a file
     finally:
         del os.environ["NOPE_URL"]
-    err = capfd.readouterr().err
-    assert len(err.splitlines()) == 1 and "lost" in err and "secret-token-xyz" not in err
+    assert len(logged) == 1 and "lost" in logged[0] and "secret-token-xyz" not in logged[0]
 
 
 # ---------------------------------------------------------------------------------------- payloads
@@ -476,79 +512,96 @@ def write_log(path: Path, lines: list[str]) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+def rank_log(run: Path, rank: int, attempt: int = 1) -> Path:
+    """Where the launcher writes a rank's log: one folder per attempt."""
+    return RunDir(run).rank_log(rank, attempt)
+
+
 def test_alert_from_run_picks_the_failing_rank(tmp_path, monkeypatch):
     monkeypatch.setenv("SLURM_JOB_ID", "77")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
     run = tmp_path / "bert-base"
-    write_log(run / "logs" / "rank-0.log", [f"step {i}" for i in range(100)])
-    write_log(run / "logs" / "rank-1.log", [f"step {i}" for i in range(60)] + TB + ["ValueError: nan loss"])
-    write_log(run / "logs" / "rank-2.log", [f"step {i}" for i in range(100)])
+    write_log(rank_log(run, 0), [f"step {i}" for i in range(100)])
+    write_log(rank_log(run, 1), [f"step {i}" for i in range(60)] + TB + ["ValueError: nan loss"])
+    write_log(rank_log(run, 2), [f"step {i}" for i in range(100)])
 
     a = alert_from_run(run, "failed", exit_code=1, slurm_state="FAILED", attempt=3)
     assert (a.run, a.job_id, a.nodes, a.attempt, a.exit_code) == ("bert-base", "77", "n[1-2]", 3, 1)
     assert len(a.log_tail) == 30 and a.log_tail[-1] == "ValueError: nan loss"
     assert a.cause == "Python exception: ValueError: nan loss"
-    assert a.extra == {"log": "logs/rank-1.log"}
+    assert a.extra == {"log": "logs/attempt-1/rank-00001.log"}
     assert a.next_step == alerts.NEXT_STEPS["failed"] and a.run_dir == str(run)
 
 
 def test_alert_from_run_prefers_the_root_cause_rank(tmp_path):
     run = tmp_path / "r"
-    write_log(run / "logs" / "rank-0.log", [*TB, "RuntimeError: NCCL error: remote process exited"])
-    write_log(run / "logs" / "rank-3.log", [*TB, "torch.OutOfMemoryError: CUDA out of memory."])
+    write_log(rank_log(run, 0), [*TB, "RuntimeError: NCCL error: remote process exited"])
+    write_log(rank_log(run, 3), [*TB, "torch.OutOfMemoryError: CUDA out of memory."])
     a = alert_from_run(run, "failed", exit_code=1)
-    assert a.extra["log"] == "logs/rank-3.log" and (a.cause or "").startswith("OOM")
+    assert a.extra["log"] == "logs/attempt-1/rank-00003.log" and (a.cause or "").startswith("OOM")
 
 
-def test_alert_from_run_defaults_to_rank_0_and_newest_attempt_dir(tmp_path):
+def test_alert_from_run_defaults_to_rank_0_and_the_latest_attempt(tmp_path):
     run = tmp_path / "r"
-    write_log(run / "logs" / "attempt-1" / "rank-1.log", [*TB, "RuntimeError: old"])
-    time.sleep(0.01)
-    write_log(run / "logs" / "attempt-2" / "rank-10.log", ["fine"])
-    write_log(run / "logs" / "attempt-2" / "rank-2.log", ["fine too"])
-    os.utime(run / "logs" / "attempt-1" / "rank-1.log", (1, 1))
+    write_log(rank_log(run, 1, attempt=1), [*TB, "RuntimeError: old"])
+    write_log(rank_log(run, 10, attempt=2), ["fine"])
+    write_log(rank_log(run, 2, attempt=2), ["fine too"])
+    future = time.time() + 3600
+    os.utime(rank_log(run, 1, attempt=1), (future, future))  # the attempt number decides, not the mtime
     a = alert_from_run(run, "completed")
-    assert a.extra["log"] == "logs/attempt-2/rank-2.log" and a.log_tail == ["fine too"] and a.cause is None
+    assert a.extra["log"] == "logs/attempt-2/rank-00002.log" and a.log_tail == ["fine too"] and a.cause is None
 
 
 def test_alert_from_run_cleans_progress_bars_and_big_logs(tmp_path):
     run = tmp_path / "r"
-    (run / "logs").mkdir(parents=True)
     big = ("filler " * 20 + "\n") * 5000
     bar = "\r".join(f"Epoch 0: {i}%|" for i in range(0, 101, 10))
-    (run / "logs" / "rank-0.log").write_text(big + bar + "\n\x1b[31mRuntimeError: red\x1b[0m\n")
+    log = rank_log(run, 0)
+    log.parent.mkdir(parents=True)
+    log.write_text(big + bar + "\n\x1b[31mRuntimeError: red\x1b[0m\n")
     a = alert_from_run(run, "failed", job_id="1", nodes="n1")
     assert a.log_tail[-2:] == ["Epoch 0: 100%|", "RuntimeError: red"]
     assert a.cause == "Python exception: RuntimeError: red"
 
 
-def test_alert_from_run_does_not_blame_an_earlier_attempt_in_an_appended_log(tmp_path):
+def test_alert_from_run_does_not_blame_an_earlier_attempt(tmp_path):
     run = tmp_path / "r"
-    old = [*TB, "torch.OutOfMemoryError: CUDA out of memory."]
-    write_log(run / "logs" / "rank-0.log", old + [f"step {i}" for i in range(300)] + ["ValueError: new"])
+    write_log(rank_log(run, 0, attempt=1), [*TB, "torch.OutOfMemoryError: CUDA out of memory."])
+    write_log(rank_log(run, 0, attempt=2), [f"step {i}" for i in range(300)] + ["ValueError: new"])
     assert alert_from_run(run, "failed").cause == "Python exception: ValueError: new"
 
 
 def test_alert_from_run_without_logs(tmp_path):
     a = alert_from_run(tmp_path, "timeout", slurm_state="TIMEOUT", job_id="5", nodes="")
     assert a.log_tail == [] and a.cause == "time limit: Slurm state TIMEOUT" and a.extra == {}
+    (tmp_path / "logs" / "attempt-1").mkdir(parents=True)  # an attempt that died before any rank wrote
+    assert alert_from_run(tmp_path, "failed", job_id="5", nodes="").extra == {}
     with pytest.raises(TypeError, match="bogus"):
         alert_from_run(tmp_path, "failed", bogus=1)
 
 
 def test_alert_from_run_end_to_end(webhook, cfg, tmp_path):
     run = tmp_path / "r"
-    write_log(run / "logs" / "rank-0.log", [*TB, "RuntimeError: end to end"])
+    write_log(rank_log(run, 0), [*TB, "RuntimeError: end to end"])
     assert send(alert_from_run(run, "failed", job_id="9", nodes="n1", exit_code=1), cfg, run)
     [body] = webhook.wait_for(1)
     assert "RuntimeError: end to end" in body["blocks"][-2]["text"]["text"]
-    assert "*log*: logs/rank-0.log" in body["blocks"][2]["text"]["text"]
+    assert "*log*: logs/attempt-1/rank-00000.log" in body["blocks"][2]["text"]["text"]
 
 
 # ------------------------------------------------------------------------------------------ config
+# The alerts: section is validated by runner.spec with the rest of the config; alerts get it with every key.
 
 
-def test_defaults_and_events():
+def write_config(tmp_path: Path, alerts_block: Any) -> Path:
+    data = yaml.safe_load(QUICKSTART.read_text())
+    data["alerts"] = alerts_block
+    path = tmp_path / "conf.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_defaults_and_events(tmp_path):
     assert EVENTS == (
         "failed",
         "preempted",
@@ -560,7 +613,7 @@ def test_defaults_and_events():
         "cancelled",
         "preflight_failed",
     )
-    assert {
+    defaults = {
         "enabled": True,
         "kind": "slack",
         "url_env": "RUNNER_WEBHOOK_URL",
@@ -569,24 +622,43 @@ def test_defaults_and_events():
         "timeout_s": 5.0,
         "retries": 3,
         "backoff_s": 1.0,
-    } == DEFAULTS
+    }
+    assert defaults == section()
     assert set(alerts.NEXT_STEPS) == set(EVENTS)
-    assert alerts.validate_config(DEFAULTS) == [] and alerts.validate_config(None) == []
+    assert spec.load(write_config(tmp_path, defaults))["alerts"] == defaults  # the defaults are valid
+    assert spec.load(write_config(tmp_path, None))["alerts"] == defaults  # YAML `alerts:` with nothing under it
 
 
-def test_validate_config_reports_every_problem():
-    problems = alerts.validate_config(
-        {"kind": "teams", "events": ["failed", "exploded"], "retries": -1, "timeout_s": 0, "url": "x", "enabled": "yes"}
-    )
-    assert len(problems) == 6
-    assert any(p.startswith("alerts.url: unknown key") for p in problems)
-    assert any(p.startswith("alerts.kind: expected 'slack' or 'json'") for p in problems)
+BAD_ALERTS = [
+    ({"kind": "teams"}, "alerts.kind: found 'teams'; expected one of slack, json"),
+    ({"events": ["failed", "exploded"]}, "alerts.events[1]: found 'exploded'"),
+    ({"events": None}, "alerts.events: found None; expected a list"),
+    ({"retries": -1}, "alerts.retries: found -1; expected a value >= 0"),
+    ({"retries": True}, "alerts.retries: found True; expected an integer"),
+    ({"timeout_s": 0}, "alerts.timeout_s: found 0; expected a value >= 0.1"),
+    ({"backoff_s": -1}, "alerts.backoff_s: found -1"),
+    ({"url": "x"}, "alerts.url: found 'url'; expected a known key"),
+    ({"enabled": "yes"}, "alerts.enabled: found 'yes'; expected true/false"),
+    ({"url_env": ""}, "alerts.url_env: found ''"),
+    ({"url_file": 3}, "alerts.url_file: found 3; expected a string or null"),
+]
 
 
-def test_whole_config_with_alerts_key_is_accepted(webhook, cfg, tmp_path):
-    assert send(make_alert(), {"alerts": cfg}, tmp_path) is True
-    assert send(make_alert(), {"alerts": None}, tmp_path) is True  # YAML `alerts:` with nothing under it
-    assert send(make_alert(), {**cfg, "events": None, "url_file": None}, tmp_path) is True  # null = default
+@pytest.mark.parametrize(("block", "expected"), BAD_ALERTS)
+def test_a_bad_alerts_section_is_rejected_by_validation(tmp_path, block, expected):
+    with pytest.raises(ConfigError) as err:
+        spec.load(write_config(tmp_path, block))
+    assert len(err.value.problems) == 1 and expected in err.value.problems[0], err.value.problems
+
+
+def test_validation_reports_every_problem_of_the_alerts_section(tmp_path):
+    block = {"kind": "teams", "retries": -1, "timeout_s": 0, "url": "x", "enabled": "yes"}
+    with pytest.raises(ConfigError) as err:
+        spec.load(write_config(tmp_path, block))
+    problems = err.value.problems
+    assert len(problems) == 5
+    assert any("alerts.url: found 'url'; expected a known key" in p for p in problems)
+    assert any("alerts.kind: found 'teams'; expected one of slack, json" in p for p in problems)
 
 
 def test_import_is_light():

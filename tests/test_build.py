@@ -386,8 +386,8 @@ def test_image_problem(tmp_path: Path, fake_bin: Path) -> None:
     install(fake_bin, "podman")
     cfg_path = write_config(tmp_path, scheduler="slurm")
     cfg = submit.spec.load(cfg_path)
-    h = render.spec_hash(cfg, build.code_files(cfg))
-    sif = Path(submit.image_path(cfg))
+    h = render.spec_hash(cfg, build.image_code_files(cfg))
+    sif = Path(build.image_path(cfg))
     assert sif == build.plan(cfg_path).paths.sif
     assert build.image_problem(cfg, sif) == f"image {sif} not found"
     sif.parent.mkdir()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -10,6 +11,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
+from runner import cli, proc
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "conf" / "quickstart.yaml"
@@ -74,3 +77,41 @@ def test_wheel_carries_templates_and_renders_elsewhere(tmp_path: Path) -> None:
     freeze = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "list", "--format=json"],
                             capture_output=True, text=True, timeout=60).stdout
     assert not {"torch", "lightning"} & {p["name"] for p in json.loads(freeze)}
+
+
+@pytest.fixture
+def runner_logger() -> logging.Logger:
+    """The ``runner`` logger, put back as it was after a test that configured it through the CLI."""
+    logger = logging.getLogger("runner")
+    saved = (logger.handlers[:], logger.level, logger.propagate)
+    yield logger
+    logger.handlers[:], logger.level, logger.propagate = saved
+
+
+@pytest.mark.parametrize(("argv", "env", "level"), [
+    ([], None, logging.INFO), (["-v"], None, logging.DEBUG), (["--quiet"], None, logging.WARNING),
+    (["-q", "validate", "-v"], None, logging.DEBUG), ([], "1", logging.DEBUG)])
+def test_verbosity_flags(argv: list[str], env: str | None, level: int, runner_logger: logging.Logger,
+                         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("RUNNER_VERBOSE", raising=False)
+    if env:
+        monkeypatch.setenv("RUNNER_VERBOSE", env)
+    args = argv if "validate" in argv else [*argv, "validate"]
+    assert cli.main([*args, str(QUICKSTART)]) == 0
+    assert runner_logger.level == level
+    capsys.readouterr()
+    proc.run([sys.executable, "-c", "pass"])
+    err = capsys.readouterr().err
+    assert (f"+ {sys.executable} -c pass" in err) == (level == logging.DEBUG), err
+
+
+def test_logs_of_a_run_from_before_attempt_folders(tmp_path: Path) -> None:
+    run = tmp_path / "old-run"
+    (run / "logs").mkdir(parents=True)
+    (run / "config.yaml").write_text("name: old\n")
+    (run / "logs" / "rank-00000.log").write_text("trained\n")
+    out = subprocess.run([sys.executable, "-m", "runner", "logs", str(run)], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr == (f"runner: error: run old-run predates per-attempt logs: found {run}/logs/rank-*.log, "
+                          f"expected {run}/logs/attempt-N/. hint: read those files directly\n")

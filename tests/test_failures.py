@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from runner.dev import devcluster
+from runner.rundir import RunDir
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -68,7 +69,7 @@ def wait_for(what: str, pred: Any, timeout: float, run: Path | None = None) -> N
             logs = ""
             if run is not None:
                 logs = "".join(f"\n--- {p.name}\n{p.read_text(errors='replace')[-2500:]}"
-                               for p in sorted((run / "logs").glob("*.*")))
+                               for p in sorted((run / "logs").rglob("*.*")))
                 logs += "\n--- ledger\n" + (run / "ledger.jsonl").read_text()
             raise AssertionError(f"timed out after {timeout} s waiting for {what}{logs}")
         time.sleep(0.1)
@@ -184,7 +185,7 @@ def test_killed_rank_fails_job_and_cron_resumes_once(slurm_cluster: devcluster.C
     assert sum(o.count("resubmit:") for o in outs) == 1, outs  # two crons at once: exactly one resubmission
     wait_for("the resubmitted job to finish", lambda: (run / "finished").exists(), 180, run)
     assert [e["event"] for e in events(run)].count("resubmitted") == 1
-    log = (run / "logs" / "rank-00000.log").read_text()
+    log = RunDir(run).rank_log(0).read_text()
     assert f"resuming from {ckpts / f'step-{newest:07d}'}" in log
     assert_recovered(run, reference, hook, ["failed", "resubmitted", "completed"])
     runner(env, "cron", "--root", str(tmp_path))  # finished: nothing more happens

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,6 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from runner.rundir import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "conf" / "quickstart.yaml"
@@ -77,7 +80,9 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, torch.
     assert status[0]["state"] == "completed" and status[0]["last_checkpoint_step"] == STEPS
     ranks = sorted(json.loads(p.read_text())["rank"] for p in (run / "ranks").glob("*.json"))
     assert ranks == [0, 1]
-    assert [p.name for p in sorted((run / "logs").glob("rank-*.log"))] == ["rank-00000.log", "rank-00001.log"]
+    assert RunDir(run).attempts() == [1]
+    assert [p.name for p in sorted(RunDir(run).rank_log(0).parent.glob("rank-*.log"))] == ["rank-00000.log",
+                                                                                           "rank-00001.log"]
     return w
 
 
@@ -93,7 +98,7 @@ def test_signal_checkpoint_then_resume_is_bitwise_identical(tmp_path: Path, refe
     runner("resume", str(run))
     assert (run / "finished").exists()
     assert_bitwise(weights(run), reference)
-    assert "resuming from" in (run / "logs" / "rank-00001.log").read_text()
+    assert "resuming from" in RunDir(run).rank_log(1).read_text()
 
 
 def test_kill_and_torn_checkpoints_are_never_used(tmp_path: Path, reference: list) -> None:
@@ -120,7 +125,7 @@ def test_kill_and_torn_checkpoints_are_never_used(tmp_path: Path, reference: lis
     (alien / "manifest.json").write_text(json.dumps({"config_hash": "another-config"}))
     (alien / "COMPLETE").write_text("x")
     out = runner("resume", str(run))
-    log = (run / "logs" / "rank-00000.log").read_text()
+    log = RunDir(run).rank_log(0).read_text()
     assert f"resuming from {ckpts / f'step-{previous:07d}'}" in log
     assert f"skipping {torn}: no COMPLETE marker" in log and "another-config" in log
     assert f"skipping {damaged}: model.ckpt does not match its manifest" in log
@@ -141,4 +146,30 @@ def test_resume_on_other_capacity_keeps_the_global_batch(tmp_path: Path) -> None
     assert (run / "finished").exists()
     resized = [json.loads(x) for x in (run / "ledger.jsonl").read_text().splitlines() if '"resized"' in x]
     assert resized[0]["world_size"] == 1 and resized[0]["accumulate"] == 4
-    assert "resuming from" in (run / "logs" / "rank-00000.log").read_text()
+    assert "resuming from" in RunDir(run).rank_log(0).read_text()
+
+
+def test_each_attempt_logs_into_its_own_folder(tmp_path: Path) -> None:
+    """Stopped and resumed: two attempts, two log folders; `runner logs` shows the latest unless asked."""
+    proc, run = start(tmp_path)
+    wait_for(run / "checkpoints" / "step-0000010" / "COMPLETE")
+    proc.send_signal(signal.SIGUSR2)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 75 and f"logs in {run}/logs/attempt-1/" in out, out
+    runner("resume", str(run))
+    rd = RunDir(run)
+    assert rd.attempts() == [1, 2]
+    for attempt in (1, 2):
+        assert sorted(p.name for p in rd.attempt_logs(attempt).iterdir()) == ["rank-00000.log", "rank-00001.log"]
+    first, second = rd.rank_log(0, 1).read_text(), rd.rank_log(0, 2).read_text()
+    assert "received SIGUSR2" in first and "resuming from" not in first
+    assert "resuming from" in second and "received" not in second
+    assert runner("logs", str(run), "--attempt", "1").stdout == first
+    assert runner("logs", str(run)).stdout == second
+    assert runner("logs", str(run), "--rank", "1", "--attempt", "1").stdout == rd.rank_log(1, 1).read_text()
+    assert [e["attempt"] for e in rd.events() if e["event"] == "train_start"] == [1, 2]
+    assert json.loads((run / "ranks" / "rank-00001.json").read_text())["attempt"] == 2
+    # the launcher's lines in a rank log carry their time and module
+    for what in ("rank 0/2", "received SIGUSR2", "checkpoint step-0000010 complete", "stopped on signal at step"):
+        [line] = [line for line in first.splitlines() if what in line]
+        assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d INFO runner\.job\.launch: ", line), line

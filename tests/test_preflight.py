@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from runner.errors import PreflightError
-from runner.job import netenv, preflight
-from runner.job.preflight import FAIL, PASS, WARN
+from runner.job import checks, ifname, netenv, preflight
+from runner.job.checks import FAIL, PASS, WARN
+from runner.rundir import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "conf" / "quickstart.yaml"
@@ -37,25 +38,25 @@ def nccl_tests_allreduce_busbw(algbw: float, nranks: int) -> float:
 
 @pytest.mark.parametrize("n, factor", [(2, 1.0), (8, 1.75), (16, 1.875)])
 def test_busbw_matches_nccl_tests_definition(n: int, factor: float) -> None:
-    assert preflight.busbw_factor(n) == pytest.approx(factor)
+    assert checks.busbw_factor(n) == pytest.approx(factor)
     for alg in (0.5, 24.37, 180.71):
-        assert preflight.busbw(alg, n) == pytest.approx(nccl_tests_allreduce_busbw(alg, n))
+        assert checks.busbw(alg, n) == pytest.approx(nccl_tests_allreduce_busbw(alg, n))
     # A public 16-rank H100 run printed algbw 180.71 and busbw 338.82 for 8 GiB (both rounded to 0.01).
-    assert preflight.busbw(180.71, 16) == pytest.approx(338.82, abs=0.02)
+    assert checks.busbw(180.71, 16) == pytest.approx(338.82, abs=0.02)
 
 
 def test_algbw_is_size_over_time_in_gb() -> None:
-    assert preflight.algbw(256 << 20, 0.011017) == pytest.approx(24.37, abs=0.01)
+    assert checks.algbw(256 << 20, 0.011017) == pytest.approx(24.37, abs=0.01)
 
 
 @pytest.mark.parametrize("n", [2, 8, 16])
 def test_all_reduce_perf_sample_busbw_is_algbw_times_factor(n: int) -> None:
-    r = preflight.parse_all_reduce_perf((SAMPLES / f"all_reduce_perf_n{n}.txt").read_text())
+    r = checks.parse_all_reduce_perf((SAMPLES / f"all_reduce_perf_n{n}.txt").read_text())
     assert r["ranks"] == n
     assert [row["size_bytes"] for row in r["rows"]] == [1 << k for k in range(20, 29)]
     for row in r["rows"]:
         # both columns are printed rounded to 0.01
-        assert row["busbw_gbps"] == pytest.approx(preflight.busbw(row["algbw_gbps"], n), abs=0.01 * 2 + 0.005)
+        assert row["busbw_gbps"] == pytest.approx(checks.busbw(row["algbw_gbps"], n), abs=0.01 * 2 + 0.005)
         assert row["wrong"] == 0
     assert r["largest"]["size_bytes"] == 256 << 20
     assert r["avg_busbw_gbps"] is not None
@@ -63,7 +64,7 @@ def test_all_reduce_perf_sample_busbw_is_algbw_times_factor(n: int) -> None:
 
 def test_all_reduce_perf_garbage_raises_one_line() -> None:
     with pytest.raises(PreflightError, match="no result rows") as e:
-        preflight.parse_all_reduce_perf("Failed: NCCL error init.cc:1234 'unhandled system error'\n")
+        checks.parse_all_reduce_perf("Failed: NCCL error init.cc:1234 'unhandled system error'\n")
     assert "\n" not in str(e.value)
 
 
@@ -71,20 +72,20 @@ def test_nccl_tests_check_fails_on_wrong_results() -> None:
     text = (SAMPLES / "all_reduce_perf_n8.txt").read_text()
     last = [ln for ln in text.splitlines() if ln.strip().startswith("268435456")][0]
     bad = text.replace(last, last[: last.index("      0  ")] + "     12  " + last[last.index("      0  ") + 9:])
-    assert preflight._nccl_tests_check(text, "a01").status == PASS
-    check = preflight._nccl_tests_check(bad, "a01")
+    assert checks.nccl_tests_check(text, "a01").status == PASS
+    check = checks.nccl_tests_check(bad, "a01")
     assert check.status == FAIL and "8 GPUs" in check.value
 
 
 def test_ib_write_bw_parser_gbits_and_mbytes() -> None:
-    g = preflight.parse_ib_write_bw((SAMPLES / "ib_write_bw_gbits.txt").read_text())
+    g = checks.parse_ib_write_bw((SAMPLES / "ib_write_bw_gbits.txt").read_text())
     assert g == {"device": "mlx5_0", "link_type": "IB", "size_bytes": 65536, "iterations": 41250,
                  "peak_gbits": 392.14, "avg_gbits": 391.87, "msg_rate_mpps": 0.747433}
-    m = preflight.parse_ib_write_bw((SAMPLES / "ib_write_bw_mbytes.txt").read_text())
+    m = checks.parse_ib_write_bw((SAMPLES / "ib_write_bw_mbytes.txt").read_text())
     assert m["device"] == "mlx5_2" and m["link_type"] == "Ethernet"
     assert m["avg_gbits"] == pytest.approx(11198.62 * 8 * 2**20 / 1e9)  # ~93.9 Gb/s: a 100G RoCE port
     with pytest.raises(PreflightError, match="no result table"):
-        preflight.parse_ib_write_bw(" Couldn't connect to 10.0.0.2:18515\n")
+        checks.parse_ib_write_bw(" Couldn't connect to 10.0.0.2:18515\n")
 
 
 # ------------------------------------------------------------------------------------------ bandwidth verdicts
@@ -95,15 +96,15 @@ def pair(a: str, b: str, bw: float) -> dict[str, object]:
 
 
 def test_ring_pairs_put_every_node_in_two_pairs() -> None:
-    assert preflight.ring_pairs(1) == []
-    assert preflight.ring_pairs(2) == [(0, 1)]
-    assert preflight.ring_pairs(4) == [(0, 1), (1, 2), (2, 3), (3, 0)]
+    assert checks.ring_pairs(1) == []
+    assert checks.ring_pairs(2) == [(0, 1)]
+    assert checks.ring_pairs(4) == [(0, 1), (1, 2), (2, 3), (3, 0)]
 
 
 def test_slow_node_is_named_with_its_bandwidth() -> None:
     pairs = [pair("n1", "n2", 1.2), pair("n2", "n3", 0.05), pair("n3", "n1", 0.051)]
-    checks = preflight.evaluate_bandwidth(None, pairs, min_busbw=0.5)
-    bad = [c for c in checks if c.status == FAIL]
+    results = checks.evaluate_bandwidth(None, pairs, min_busbw=0.5)
+    bad = [c for c in results if c.status == FAIL]
     assert [c.node for c in bad] == ["n3"]
     assert bad[0].value == "0.051 GB/s" and bad[0].threshold == ">= 0.5 GB/s"
     assert "n2-n3 0.050" in bad[0].note
@@ -111,18 +112,18 @@ def test_slow_node_is_named_with_its_bandwidth() -> None:
 
 def test_without_threshold_a_node_far_below_the_median_warns() -> None:
     pairs = [pair("n1", "n2", 1.2), pair("n2", "n3", 1.1), pair("n3", "n4", 0.1), pair("n4", "n1", 0.1)]
-    checks = preflight.evaluate_bandwidth(None, pairs, min_busbw=None)
-    assert {c.node: c.status for c in checks} == {"n1": PASS, "n2": PASS, "n3": PASS, "n4": WARN}
-    assert preflight.report_status(checks, fail_on_warn=True) == FAIL
-    assert preflight.report_status(checks, fail_on_warn=False) == WARN
+    results = checks.evaluate_bandwidth(None, pairs, min_busbw=None)
+    assert {c.node: c.status for c in results} == {"n1": PASS, "n2": PASS, "n3": PASS, "n4": WARN}
+    assert checks.report_status(results, fail_on_warn=True) == FAIL
+    assert checks.report_status(results, fail_on_warn=False) == WARN
 
 
 def test_two_nodes_name_both_ends_of_the_link() -> None:
     job = {"busbw_gbps": 0.04, "algbw_gbps": 0.027, "size_bytes": 16 << 20, "ranks": 4}
-    checks = preflight.evaluate_bandwidth(job, [pair("n1", "n2", 0.05)], min_busbw=0.5)
-    assert [(c.name, c.node, c.status) for c in checks] == [
+    results = checks.evaluate_bandwidth(job, [pair("n1", "n2", 0.05)], min_busbw=0.5)
+    assert [(c.name, c.node, c.status) for c in results] == [
         ("busbw", "job", FAIL), ("busbw node", "n1", FAIL), ("busbw node", "n2", FAIL)]
-    assert "cannot be pinned on one end" in checks[1].note
+    assert "cannot be pinned on one end" in results[1].note
 
 
 # ------------------------------------------------------------------------------------------ node checks
@@ -132,68 +133,68 @@ IFACES = {"lo": {"addr": "127.0.0.1", "up": True}, "eth0": {"addr": "10.77.0.2",
 
 
 def test_wrong_interface_fails_naming_it_and_the_existing_ones() -> None:
-    c = preflight.check_interface("eth9", "n2", IFACES, "eth0", "n1")
+    c = checks.check_interface("eth9", "n2", IFACES, "eth0", "n1")
     assert c.status == FAIL and c.value == "eth9 not found"
     assert "lo (127.0.0.1)" in c.hint and "eth0 (10.77.0.2)" in c.hint and "network.ifname: eth0" in c.hint
 
 
 def test_interface_down_or_without_address_fails() -> None:
-    c = preflight.check_interface("ib0", "n2", IFACES, "eth0", "n1")
+    c = checks.check_interface("ib0", "n2", IFACES, "eth0", "n1")
     assert c.status == FAIL and "not up or without an address" in c.value
 
 
 def test_interface_checks_follow_nccl_syntax() -> None:
-    assert preflight.check_interface("eth0", "n2", IFACES, "eth0", "n1").status == PASS
-    assert preflight.check_interface("eth", "n2", IFACES, "eth0", "n1").status == PASS  # NCCL prefix match
-    assert preflight.check_interface("=eth", "n2", IFACES, "eth0", "n1").status == FAIL  # '=' means exact
-    assert preflight.check_interface("^docker,lo", "n2", IFACES, "eth0", "n1").status == PASS
-    off_route = preflight.check_interface("lo", "n2", IFACES, "eth0", "n1")
+    assert checks.check_interface("eth0", "n2", IFACES, "eth0", "n1").status == PASS
+    assert checks.check_interface("eth", "n2", IFACES, "eth0", "n1").status == PASS  # NCCL prefix match
+    assert checks.check_interface("=eth", "n2", IFACES, "eth0", "n1").status == FAIL  # '=' means exact
+    assert checks.check_interface("^docker,lo", "n2", IFACES, "eth0", "n1").status == PASS
+    off_route = checks.check_interface("lo", "n2", IFACES, "eth0", "n1")
     assert off_route.status == WARN and "eth0" in off_route.threshold
 
 
 def test_interfaces_of_this_machine_include_loopback() -> None:
-    found = preflight.interfaces()
+    found = ifname.interfaces()
     assert found["lo"] == {"addr": "127.0.0.1", "up": True}
 
 
 def test_gpu_check() -> None:
-    cpu = preflight.check_gpus("cpu", 2, 0, "n1", "0,1")
+    cpu = checks.check_gpus("cpu", 2, 0, "n1", "0,1")
     assert cpu.status == PASS and "CPU run" in cpu.note
     # CUDA_VISIBLE_DEVICES=0,1 as the dev cluster's fake gres sets it: the devices are fake (/dev/null), and
     # what counts is what the CUDA runtime sees (here 1): the check fails and says so.
-    fake = preflight.check_gpus("gpu", 2, 1, "n1", "0,1")
+    fake = checks.check_gpus("gpu", 2, 1, "n1", "0,1")
     assert fake.status == FAIL and fake.value == "1 visible" and "CUDA_VISIBLE_DEVICES=0,1" in fake.note
-    assert preflight.check_gpus("gpu", 2, 2, "n1", "0,1").status == PASS
+    assert checks.check_gpus("gpu", 2, 2, "n1", "0,1").status == PASS
 
 
 def test_path_checks(tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.mkdir()
     (data / "shard-0").write_bytes(b"x")
-    assert preflight.check_path(str(data), "n1", write=False).status == PASS
-    assert preflight.check_path(str(data / "shard-0"), "n1", write=False).status == PASS
-    missing = preflight.check_path(str(tmp_path / "nope"), "n2", write=False)
+    assert checks.check_path(str(data), "n1", write=False).status == PASS
+    assert checks.check_path(str(data / "shard-0"), "n1", write=False).status == PASS
+    missing = checks.check_path(str(tmp_path / "nope"), "n2", write=False)
     assert missing.status == FAIL and missing.node == "n2" and missing.value.endswith("missing")
-    assert preflight.check_path(str(data), "n1", write=True).status == PASS
+    assert checks.check_path(str(data), "n1", write=True).status == PASS
     assert list(data.iterdir()) == [data / "shard-0"]  # the write probe leaves nothing behind
-    assert preflight.check_free_space(str(tmp_path), "n1", 0).status == PASS
-    assert preflight.check_free_space(str(tmp_path), "n1", 1e9).status == FAIL
+    assert checks.check_free_space(str(tmp_path), "n1", 0).status == PASS
+    assert checks.check_free_space(str(tmp_path), "n1", 1e9).status == FAIL
 
 
 def test_versions_mismatch_names_the_odd_node() -> None:
     same = {"code": "aaa", "python": "3.11.2", "packages": {"torch": "2.13.0", "lightning": "2.6.0"}}
     odd = {"code": "bbb", "python": "3.11.2", "packages": {"torch": "2.12.0", "lightning": "2.6.0"}}
-    checks = preflight.compare_versions({"n1": same, "n2": same, "n3": odd})
-    assert [(c.name, c.node, c.status) for c in checks] == [("code", "n3", FAIL), ("packages", "n3", FAIL)]
-    assert "n3: torch 2.12.0 (others 2.13.0)" in checks[1].value
-    assert all(c.status == PASS for c in preflight.compare_versions({"n1": same, "n2": same}))
+    results = checks.compare_versions({"n1": same, "n2": same, "n3": odd})
+    assert [(c.name, c.node, c.status) for c in results] == [("code", "n3", FAIL), ("packages", "n3", FAIL)]
+    assert "n3: torch 2.12.0 (others 2.13.0)" in results[1].value
+    assert all(c.status == PASS for c in checks.compare_versions({"n1": same, "n2": same}))
 
 
 def test_versions_of_this_process_are_stable() -> None:
     cfg = {"model": {"_target_": "runner.dev.example.TinyRegressor"}}
-    a, b = preflight.versions(cfg), preflight.versions(cfg)
+    a, b = checks.versions(cfg), checks.versions(cfg)
     assert a == b and len(a["code"]) == 16 and a["packages"]["pyyaml"]
-    assert any(p.name == "example.py" for p in preflight.code_files(cfg))
+    assert any(p.name == "example.py" for p in checks.code_to_compare(cfg))
 
 
 # ------------------------------------------------------------------------------------------ reachability
@@ -241,7 +242,7 @@ def cfg(**network: object) -> dict[str, object]:
 
 
 def test_env_defaults_and_detected_interface(tmp_path: Path) -> None:
-    ne = netenv.plan(cfg(), tmp_path / "logs", {"MASTER_ADDR": "n1"}, detect=lambda a: "eth0")
+    ne = netenv.plan(cfg(), tmp_path / "logs", {"MASTER_ADDR": "n1"}, detected="eth0")
     v = {k: (x.value, x.source) for k, x in ne.vars.items()}
     assert v["NCCL_DEBUG"] == ("WARN", netenv.RUNNER)
     assert v["NCCL_DEBUG_SUBSYS"] == ("INIT,NET", netenv.RUNNER)
@@ -253,10 +254,10 @@ def test_env_defaults_and_detected_interface(tmp_path: Path) -> None:
 
 
 def test_env_debug_and_config_interface(tmp_path: Path) -> None:
-    # the launcher's rendezvous step may already have exported the detected name: the config still wins
-    environ = {"MASTER_ADDR": "n1", "GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "eth0"}
+    # the batch script exports network.ifname: the same value, still the config's, and the config beats detection
+    environ = {"MASTER_ADDR": "n1", "GLOO_SOCKET_IFNAME": "ib0", "NCCL_SOCKET_IFNAME": "ib0"}
     ne = netenv.plan(cfg(debug=True, ifname="ib0", ib_hca="mlx5_0,mlx5_1"), tmp_path, environ,
-                     detect=lambda a: "eth0")
+                     detected="eth0")
     assert ne.vars["NCCL_DEBUG"].value == "INFO"
     assert ne.vars["TORCH_DISTRIBUTED_DEBUG"].value == "DETAIL"
     assert (ne.vars["GLOO_SOCKET_IFNAME"].value, ne.vars["GLOO_SOCKET_IFNAME"].source) == ("ib0", netenv.CONFIG)
@@ -267,7 +268,7 @@ def test_user_values_win_and_are_reported(tmp_path: Path) -> None:
     c = cfg()
     c["env"] = {"NCCL_SOCKET_IFNAME": "^docker,lo", "NCCL_IB_GID_INDEX": 3}
     environ = {"MASTER_ADDR": "n1", "NCCL_DEBUG": "TRACE", "GLOO_SOCKET_IFNAME": "eth0", "NCCL_ALGO": "Ring"}
-    ne = netenv.plan(c, tmp_path, environ, detect=lambda a: "eth0")
+    ne = netenv.plan(c, tmp_path, environ, detected="eth0")
     assert ne.vars["NCCL_SOCKET_IFNAME"] == netenv.Var("^docker,lo", netenv.USER, "eth0")
     assert ne.vars["NCCL_DEBUG"] == netenv.Var("TRACE", netenv.INHERITED, "WARN")
     # the batch script or an earlier step exported the same value runner wants: still runner's, no report
@@ -282,7 +283,7 @@ def test_user_values_win_and_are_reported(tmp_path: Path) -> None:
 
 
 def test_apply_and_record(tmp_path: Path) -> None:
-    ne = netenv.plan(cfg(), tmp_path / "logs", {"MASTER_ADDR": "127.0.0.1"})  # real detection
+    ne = netenv.plan(cfg(), tmp_path / "logs", {"MASTER_ADDR": "127.0.0.1"}, ifname.detect_ifname("127.0.0.1"))
     assert ne.ifname == "lo"
     env: dict[str, str] = {}
     netenv.apply(ne, env)
@@ -293,32 +294,62 @@ def test_apply_and_record(tmp_path: Path) -> None:
     assert data["overridden"] == [] and data["pg_timeout_s"] == 60
 
 
+def test_a_user_nccl_pattern_stays_and_gloo_gets_the_detected_name(tmp_path: Path) -> None:
+    """NCCL's value may be a pattern like ``^docker,lo`` that gloo would not understand."""
+    env: dict[str, str] = {}
+    netenv.apply(netenv.plan(cfg(), tmp_path, {"MASTER_ADDR": "10.77.0.2", "NCCL_SOCKET_IFNAME": "^docker,lo"},
+                             detected="eth0"), env)
+    assert env["NCCL_SOCKET_IFNAME"] == "^docker,lo" and env["GLOO_SOCKET_IFNAME"] == "eth0"
+    environ = {"MASTER_ADDR": "10.77.0.2", "GLOO_SOCKET_IFNAME": "ib0", "NCCL_SOCKET_IFNAME": "ib0"}
+    assert netenv.plan(cfg(ifname="ib0"), tmp_path, environ, detected="eth0").ifname == "ib0"  # config wins
+    ne = netenv.plan(cfg(), tmp_path, {}, detected=None)  # no MASTER_ADDR: nothing detected, nothing set
+    assert ne.ifname is None and not set(ifname.IFNAME_VARS) & set(ne.vars)
+
+
+def test_a_value_exported_by_the_user_wins_over_the_config_and_is_reported(tmp_path: Path) -> None:
+    environ = {"MASTER_ADDR": "n1", "GLOO_SOCKET_IFNAME": "eth1"}
+    ne = netenv.plan(cfg(ifname="ib0"), tmp_path, environ, detected="eth0")
+    assert ne.vars["GLOO_SOCKET_IFNAME"] == netenv.Var("eth1", netenv.INHERITED, "ib0")
+    assert ne.overridden() == ["GLOO_SOCKET_IFNAME"]
+
+
+def test_setup_detects_once_exports_and_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    monkeypatch.setattr(netenv, "detect_ifname", lambda addr: calls.append(addr) or "lo")
+    env = {"MASTER_ADDR": "127.0.0.1"}
+    ne = netenv.setup(cfg(), RunDir(tmp_path), 0, env)
+    assert calls == ["127.0.0.1"] and ne.detected == "lo" and env["GLOO_SOCKET_IFNAME"] == "lo"
+    assert json.loads((tmp_path / "env.json").read_text())["detected"] == "lo"
+    netenv.setup(cfg(), RunDir(tmp_path / "other"), 1, {"MASTER_ADDR": "127.0.0.1"})
+    assert not (tmp_path / "other" / "env.json").exists()  # rank 0 records, the others do not
+
+
 # ------------------------------------------------------------------------------------------ the report
 
 
 def test_table_and_summary() -> None:
-    checks = [preflight.Check("interface", "n2", FAIL, "eth9 not found", "an existing interface that is up",
-                              "interfaces here: lo, eth0"),
-              preflight.Check("gpus", "n1", PASS, "cpu run", note="CPU run: no GPUs needed")]
-    text = preflight.summary(checks, FAIL)
+    results = [checks.Check("interface", "n2", FAIL, "eth9 not found", "an existing interface that is up",
+                            "interfaces here: lo, eth0"),
+               checks.Check("gpus", "n1", PASS, "cpu run", note="CPU run: no GPUs needed")]
+    text = checks.summary(results, FAIL)
     assert text == "preflight fail: interface on n2: eth9 not found (expected an existing interface that is up)"
     report = {"status": FAIL, "summary": text, "duration_s": 1.23, "nodes": ["n1", "n2"], "world_size": 4,
-              "backend": None, "master": "n1:12345", "checks": [c.__dict__ for c in checks]}
-    out = preflight.table(report)
+              "backend": None, "master": "n1:12345", "checks": [c.__dict__ for c in results]}
+    out = checks.table(report)
     assert out.startswith("preflight FAIL in 1.2 s: 2 nodes, 4 ranks, no probe, master n1:12345\n")
     assert "interface  n2    fail    eth9 not found" in out and "    note: CPU run: no GPUs needed" in out
 
 
 def test_table_shows_a_check_that_passed_everywhere_once_and_problems_per_node() -> None:
     def gpus(node: str) -> dict[str, str]:
-        return preflight.Check("gpus", node, PASS, "cpu run").__dict__
+        return checks.Check("gpus", node, PASS, "cpu run").__dict__
 
-    checks = [gpus("n1"), gpus("n2"), preflight.Check("path", "n2", FAIL, "/d missing").__dict__, gpus("n3"),
-              preflight.Check("path", "n1", PASS, "/d").__dict__, preflight.Check("path", "n3", PASS, "/d").__dict__]
-    rows = [ln.split() for ln in preflight.table({"status": FAIL, "checks": checks}).splitlines()[2:-1]]
+    results = [gpus("n1"), gpus("n2"), checks.Check("path", "n2", FAIL, "/d missing").__dict__, gpus("n3"),
+               checks.Check("path", "n1", PASS, "/d").__dict__, checks.Check("path", "n3", PASS, "/d").__dict__]
+    rows = [ln.split() for ln in checks.table({"status": FAIL, "checks": results}).splitlines()[2:-1]]
     assert rows == [["gpus", "n1,n2,n3", "pass", "cpu", "run"], ["path", "n2", "fail", "/d", "missing"],
                     ["path", "n1,n3", "pass", "/d"]]
-    assert [c["node"] for c in checks] == ["n1", "n2", "n2", "n3", "n1", "n3"]  # the report itself is untouched
+    assert [c["node"] for c in results] == ["n1", "n2", "n2", "n3", "n1", "n3"]  # the report itself is untouched
 
 
 # ------------------------------------------------------------------------------------------ real local runs

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from runner import spec
 from runner.errors import ConfigError
 from runner.host import render
+from runner.rundir import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).parent / "golden"
@@ -173,3 +174,19 @@ def test_a_superseded_job_steps_aside(owner: str | None, trains: bool, tmp_path:
     assert out.returncode == 0
     assert ("TRAINING" in out.stdout) == trains
     assert ("superseded by job 14" in out.stderr) == (not trains)
+
+
+def test_each_batch_attempt_claims_its_own_log_folder(tmp_path: Path) -> None:
+    """A requeue or resubmission runs the script again: each run claims a new logs/attempt-N, even at once."""
+    text = artifacts()["job.sbatch"]
+    claim = text[text.index("# Each attempt"):text.index("hook start &")]
+    script = f"set -uo pipefail\nRUN_DIR={tmp_path}\n{claim}\nprintenv RUNNER_ATTEMPT\n"
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "attempt-1").mkdir()  # the first attempt
+    starts = [subprocess.Popen(["bash", "-c", script], stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    claimed = sorted(int(p.communicate(timeout=10)[0]) for p in starts)
+    assert claimed == [2, 3, 4, 5]
+    assert RunDir(tmp_path).attempts() == [1, 2, 3, 4, 5]
+    (tmp_path / "logs").rename(tmp_path / "elsewhere")
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=10)
+    assert out.returncode == 1 and out.stderr == f"runner: cannot create {tmp_path}/logs/attempt-1\n"

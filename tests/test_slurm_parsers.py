@@ -8,7 +8,9 @@ the job's state, before slurmdbd caught up: they are why runner asks the control
 from __future__ import annotations
 
 import json
+import logging
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +19,8 @@ import pytest
 from runner import proc
 from runner.errors import SubmitError
 from runner.host import slurm, status
-from runner.job import ifname as rendezvous
-from runner.rundir import EXIT_REQUEUE, RunDir
+from runner.job import ifname
+from runner.rundir import RunDir
 
 FIXTURES = Path(__file__).parent / "fixtures" / "slurm"
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
@@ -191,17 +193,25 @@ def test_sbatch_parsable_refuses_non_ids(stdout: str) -> None:
 
 
 def fake_slurm(monkeypatch: pytest.MonkeyPatch, outputs: dict[str, str | Exception]) -> list[str]:
-    calls: list[str] = []
+    """Slurm's commands replaced by recorded output; returns the commands run (their full argv: ``calls.argv``)."""
+    calls = Calls()
 
-    def run(argv: list[str], timeout: float = 60, env: Any = None, error: type[Exception] = SubmitError) -> str:
+    def run(argv: list[str], timeout: float = 60, check: bool = True, **kw: Any) -> subprocess.CompletedProcess[str]:
         calls.append(argv[0])
-        out = outputs.get(argv[0], error(f"{argv[0]} failed (exit 1): slurm_load_jobs error: Invalid job id"))
+        calls.argv.append(argv)
+        out = outputs.get(argv[0], SubmitError(f"{argv[0]} failed (exit 1): slurm_load_jobs error: Invalid job id"))
         if isinstance(out, Exception):
             raise out
-        return out
+        return subprocess.CompletedProcess(argv, 0, out, "")
 
     monkeypatch.setattr(slurm.proc, "run", run)
     return calls
+
+
+class Calls(list[str]):
+    def __init__(self) -> None:
+        super().__init__()
+        self.argv: list[list[str]] = []
 
 
 def text(name: str) -> str:
@@ -242,40 +252,87 @@ def test_query_forgotten_job_is_none_and_sacct_fallback(monkeypatch: pytest.Monk
     assert info is not None and info.state == "REQUEUED"
 
 
-@pytest.mark.parametrize("raw, want", [("CANCELLED by 0", "cancelled"), ("COMPLETING", "running"),
-                                       ("RUNNING+", "running"), ("OUT_OF_MEMORY", "failed"),
-                                       ("DEADLINE", "timeout"), ("", None), ("NEW_STATE", None)])
-def test_normalize(raw: str, want: str | None) -> None:
-    assert slurm.normalize(raw) == want
+# Many jobs in one command: the recorded rows of several jobs, concatenated as one sacct or squeue prints them
 
 
-# Slurm's state combined with the run directory's own records
+def rows(*names: str) -> str:
+    return "".join(text(n) for n in names)
 
 
-def info_from(name: str) -> slurm.JobInfo:
-    src = name.split("_", 1)[0]
-    parse = {"sacct": slurm.parse_sacct, "squeue": slurm.parse_squeue, "scontrol": slurm.parse_scontrol}[src]
-    got = parse(*recorded(name))
-    assert got is not None
-    return got
+MANY_SACCT = rows("sacct_TIMEOUT.txt", "sacct_NODE_FAIL.txt", "sacct_COMPLETED.txt", "sacct_FAILED.txt",
+                  "sacct_RUNNING_lag.txt", "sacct_PENDING_lag.txt", "sacct_PENDING_held.txt",
+                  "sacct_duplicates_REQUEUED_PENDING.txt")
+MANY_SQUEUE = rows("squeue_TIMEOUT.txt", "squeue_NODE_FAIL.txt", "squeue_COMPLETED.txt", "squeue_FAILED.txt",
+                   "squeue_RUNNING.txt", "squeue_PENDING.txt", "squeue_PENDING_held.txt", "squeue_REQUEUED_PENDING.txt")
 
 
-def test_combine() -> None:
-    # live states come from Slurm, whatever the run directory guessed
-    assert status.combine("pending", info_from("squeue_RUNNING.txt")) == "running"
-    assert status.combine("running", info_from("squeue_REQUEUED_PENDING.txt")) == "pending"
-    # final states: Slurm's, unless the run directory knows better
-    assert status.combine("failed", info_from("sacct_TIMEOUT.txt")) == "timeout"
-    assert status.combine("failed", info_from("sacct_CANCELLED.txt")) == "cancelled"
-    assert status.combine("failed", info_from("sacct_NODE_FAIL.txt")) == "failed"
-    assert status.combine("completed", info_from("sacct_FAILED.txt")) == "completed"  # `finished` marker wins
-    assert status.combine("failed", info_from("sacct_COMPLETED.txt")) == "failed"  # exit 0 without `finished`
-    assert status.combine("preempted", info_from("sacct_FAILED.txt")) == "preempted"  # exit 75: requeue me
-    requeue = slurm.JobInfo("9", "FAILED", "sacct", exit_code=f"{EXIT_REQUEUE}:0")
-    assert status.combine("running", requeue) == "preempted"
-    # Slurm forgot the job: the run directory is all there is
-    assert status.combine("failed", None) == "failed"
-    assert status.combine("failed", slurm.JobInfo("9", "WEIRD", "squeue")) == "failed"
+def test_sacct_many_jobs_parse_as_each_alone() -> None:
+    got = slurm.parse_sacct_many(MANY_SACCT)
+    assert sorted(got) == ["1", "2", "3", "4", "5", "7", "8"]  # 6 was not in accounting yet (the _lag recording)
+    for name in ("TIMEOUT", "NODE_FAIL", "COMPLETED", "FAILED", "RUNNING_lag", "PENDING_held",
+                 "duplicates_REQUEUED_PENDING"):
+        alone, job = recorded(f"sacct_{name}.txt")
+        assert got[job] == slurm.parse_sacct(alone, job), name
+    assert got["8"].restarts == 1
+
+
+def test_sacct_many_keeps_each_jobs_attempts_in_order() -> None:
+    """-D prints one row per attempt; another job's rows in between change nothing."""
+    got = slurm.parse_sacct_many(rows("sacct_REQUEUED_PENDING.txt", "sacct_FAILED.txt", "sacct_REQUEUED_COMPLETED.txt"))
+    assert (got["8"].state, got["8"].restarts) == ("COMPLETED", 1)
+    assert got["4"].state == "FAILED"
+
+
+def test_squeue_many_jobs_parse_as_each_alone() -> None:
+    got = slurm.parse_squeue_many(MANY_SQUEUE)
+    assert sorted(got) == [str(i) for i in range(1, 9)]
+    for name in ("TIMEOUT", "NODE_FAIL", "COMPLETED", "FAILED", "RUNNING", "PENDING", "PENDING_held",
+                 "REQUEUED_PENDING"):
+        alone, job = recorded(f"squeue_{name}.txt")
+        assert got[job] == slurm.parse_squeue(alone, job), name
+
+
+def test_query_many_asks_each_command_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    live = rows("squeue_RUNNING.txt", "squeue_PENDING.txt", "squeue_PENDING_held.txt", "squeue_REQUEUED_PENDING.txt")
+    calls = fake_slurm(monkeypatch, {"sacct": MANY_SACCT, "squeue": live})
+    got = slurm.query_many(["1", "2", "3", "4", "5", "6", "7", "8", "99", "4", ""])
+    assert calls == ["sacct", "squeue", "scontrol"]
+    assert calls.argv[0][calls.argv[0].index("-j") + 1] == "1,2,3,4,5,6,7,8,99"
+    assert calls.argv[1][calls.argv[1].index("-j") + 1] == "5,6,7,8,99"  # only those sacct did not see end
+    assert calls.argv[2] == ["scontrol", "show", "job", "99"]  # only the one neither knew
+    assert {j: (i.state, i.source) for j, i in got.items()} == {
+        "1": ("TIMEOUT", "sacct"), "2": ("NODE_FAIL", "sacct"), "3": ("COMPLETED", "sacct"), "4": ("FAILED", "sacct"),
+        "5": ("RUNNING", "squeue"), "6": ("PENDING", "squeue"), "7": ("PENDING", "squeue"),
+        "8": ("PENDING", "squeue")}
+    assert (got["6"].reason, got["7"].reason, got["8"].reason) == ("Resources", "JobHeldUser", "BeginTime")
+
+
+def test_query_many_without_accounting_and_controller(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Jobs nobody knows: scontrol is the last resort, for a bounded number of them."""
+    no_acct = SubmitError("sacct failed (exit 1): sacct: error: Slurm accounting storage is disabled")
+    calls = fake_slurm(monkeypatch, {"sacct": no_acct, "squeue": ""})
+    assert slurm.query_many(str(i) for i in range(100, 130)) == {}
+    assert calls.count("sacct") == 1 and calls.count("squeue") == 1
+    assert calls.count("scontrol") == slurm.MAX_SCONTROL
+    # the controller forgot it but accounting has a (non-final) row: better than nothing
+    fake_slurm(monkeypatch, {"sacct": MANY_SACCT, "squeue": "", "scontrol": text("scontrol_PENDING.txt")})
+    got = slurm.query_many(["6", "8"])
+    assert (got["6"].state, got["6"].source) == ("PENDING", "scontrol")
+    assert (got["8"].state, got["8"].source) == ("REQUEUED", "sacct")
+
+
+def test_query_many_splits_long_lists(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(slurm, "CHUNK", 3)
+    calls = fake_slurm(monkeypatch, {"sacct": MANY_SACCT, "squeue": MANY_SQUEUE})
+    got = slurm.query_many(str(i) for i in range(1, 9))
+    assert calls == ["sacct"] * 3 + ["squeue"] * 2  # 8 ids; then 5, 6, 7, 8 for the controller
+    assert sorted(got) == [str(i) for i in range(1, 9)]
+    calls = fake_slurm(monkeypatch, {})
+    assert slurm.query_many([]) == {} and calls == []
+
+
+# Slurm's words -> runner's states, and Slurm's state combined with the run directory's own records: the
+# decision tables in tests/test_policy.py.
 
 
 def test_row_reads_slurm_for_slurm_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -306,6 +363,76 @@ def test_row_reads_slurm_for_slurm_runs(tmp_path: Path, monkeypatch: pytest.Monk
     assert status.row(run)["state"] == "completed" and calls == []  # finished and exited: no need to ask
 
 
+CONFIG = ("scheduler: slurm\nslurm: {requeue: true, signal_lead_s: 120}\nresume: {max_restarts: 3, backoff_s: 0}\n"
+          "alerts: {enabled: false}\n")
+
+
+def make_run(root: Path, name: str, job: str | None, *events: str, scheduler: str = "slurm",
+             finished: bool = False) -> RunDir:
+    """A run directory as submit and the hooks leave it: config, manifest, job id, ledger."""
+    run = RunDir(root / name)
+    run.root.mkdir(parents=True)
+    run.config.write_text(CONFIG.replace("slurm\n", f"{scheduler}\n", 1))
+    run.manifest.write_text(json.dumps({"scheduler": scheduler, "config_hash": "x", "created": 0}))
+    if job:
+        run.job_id_file.write_text(job + "\n")
+    run.record("submitted", job_id=job)
+    for event in events:
+        fields: dict[str, Any] = {"job_id": job}
+        if event == "exit":
+            fields.update(exit_code=1, outcome="failed")
+            run.exit_status.write_text(json.dumps({"exit_code": 1, "job_id": job, "event": "failed"}))
+        run.record(event, **fields)
+    if finished:
+        run.finished.write_text("{}")
+    return run
+
+
+def test_status_asks_slurm_once_for_all_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    make_run(tmp_path, "a-timeout", "1", "start", "exit")
+    make_run(tmp_path, "b-running", "5", "start")
+    make_run(tmp_path, "c-pending", "6")
+    make_run(tmp_path, "d-done", "3", "start", "finished", "exit", finished=True)  # nothing Slurm can change
+    make_run(tmp_path, "e-local", None, "start", scheduler="local")
+    broken = make_run(tmp_path, "f-broken", "4", "start")
+    broken.manifest.write_text("[]")
+    calls = fake_slurm(monkeypatch, {"sacct": MANY_SACCT, "squeue": MANY_SQUEUE})
+    rows = status.collect(None, tmp_path)
+    assert calls == ["sacct", "squeue"]
+    assert calls.argv[0][calls.argv[0].index("-j") + 1] == "1,5,6"
+    assert [(r["run"], r["state"]) for r in rows] == [
+        ("a-timeout", "timeout"), ("b-running", "running"), ("c-pending", "pending"), ("d-done", "completed"),
+        ("e-local", "running"), ("f-broken", "unreadable")]
+    assert "manifest.json" in rows[-1]["error"]
+    table = status.table(rows)
+    assert len(table.splitlines()) == 1 + len(rows) and "error: RunnerError" in table
+    assert "pending (Resources)" in table
+
+
+def test_cron_asks_slurm_once_and_a_broken_run_stops_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str],
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    from runner.host import cron, submit
+
+    monkeypatch.setattr(logging.getLogger("runner"), "propagate", True)  # runner.log.setup may have run before
+    make_run(tmp_path, "a-done", "3", "start", "finished", "exit", finished=True)
+    make_run(tmp_path, "b-cancelled", "5", "start", "cancelled")
+    make_run(tmp_path, "c-failed", "4", "start", "exit")
+    make_run(tmp_path, "d-pending", "6")
+    make_run(tmp_path, "e-local", None, scheduler="local")
+    make_run(tmp_path, "f-broken", "2", "start").config.write_text("slurm: [")  # NODE_FAIL, no exit recorded
+    resubmitted: list[str] = []
+    monkeypatch.setattr(submit, "resubmit", lambda run, cfg, reason: resubmitted.append(f"{run.name}: {reason}"))
+    calls = fake_slurm(monkeypatch, {"sacct": MANY_SACCT, "squeue": MANY_SQUEUE})
+    assert cron.run_once([tmp_path]) == 0
+    # one sacct for c, d, f; squeue for d (not in accounting yet); c's resubmission is confirmed with a fresh sacct
+    assert calls == ["sacct", "squeue", "sacct"]
+    assert calls.argv[0][calls.argv[0].index("-j") + 1] == "4,6,2"
+    assert resubmitted == ["c-failed: job 4 ended FAILED (exit 1)"]
+    assert capsys.readouterr().out == "c-failed: resubmit: job 4 ended FAILED (exit 1)\n"
+    assert [r.getMessage().split(":")[0] for r in caplog.records if r.levelname == "ERROR"] == ["f-broken"]
+
+
 # The interface detection's parsers (outputs recorded inside the dev cluster's node namespaces)
 
 ROUTE_REMOTE = "10.77.0.2 dev eth0 src 10.77.0.1 uid 0 \\    cache \n"
@@ -315,32 +442,27 @@ ADDR_SHOW = "2: eth0    inet 10.77.0.1/24 scope global eth0\\       valid_lft fo
 
 
 def test_route_and_addr_parsers() -> None:
-    assert rendezvous.parse_route_get(ROUTE_REMOTE) == ("eth0", "10.77.0.1", False)
-    assert rendezvous.parse_route_get(ROUTE_LOCAL) == ("lo", "10.77.0.1", True)
-    assert rendezvous.parse_route_get(ROUTE_VIA) == ("eth0", "192.0.2.2", False)
-    assert rendezvous.parse_addr_show(ADDR_SHOW) == "eth0"
-    assert rendezvous.parse_addr_show("7: ib0@if12    inet 10.0.0.5/16 scope global ib0\n") == "ib0"
-    assert rendezvous.parse_addr_show("") is None
+    assert ifname.parse_route_get(ROUTE_REMOTE) == ("eth0", "10.77.0.1", False)
+    assert ifname.parse_route_get(ROUTE_LOCAL) == ("lo", "10.77.0.1", True)
+    assert ifname.parse_route_get(ROUTE_VIA) == ("eth0", "192.0.2.2", False)
+    assert ifname.parse_addr_show(ADDR_SHOW) == "eth0"
+    assert ifname.parse_addr_show("7: ib0@if12    inet 10.0.0.5/16 scope global ib0\n") == "ib0"
+    assert ifname.parse_addr_show("") is None
 
 
 def test_detect_uses_the_owner_of_a_local_address(monkeypatch: pytest.MonkeyPatch) -> None:
     """On the master node the route to MASTER_ADDR is `lo`; gloo must get the NIC the peers reach."""
     answers = {("route", "get", "10.77.0.1"): ROUTE_LOCAL, ("addr", "show", "to", "10.77.0.1/32"): ADDR_SHOW,
                ("route", "get", "10.77.0.2"): ROUTE_REMOTE}
-    monkeypatch.setattr(rendezvous, "_ip", lambda *a: answers.get(a))
-    assert rendezvous.detect_ifname("10.77.0.1") == "eth0"
-    assert rendezvous.detect_ifname("10.77.0.2") == "eth0"
-    env = {"MASTER_ADDR": "10.77.0.2", "NCCL_SOCKET_IFNAME": "^docker,lo"}
-    assert rendezvous.setup_env(env) == "eth0"
-    assert env == {"MASTER_ADDR": "10.77.0.2", "NCCL_SOCKET_IFNAME": "^docker,lo", "GLOO_SOCKET_IFNAME": "eth0"}
-    env = {"MASTER_ADDR": "10.77.0.2", "GLOO_SOCKET_IFNAME": "ib0", "NCCL_SOCKET_IFNAME": "ib0"}
-    assert rendezvous.setup_env(env) is None and env["GLOO_SOCKET_IFNAME"] == "ib0"  # config wins
-    assert rendezvous.setup_env({}) is None
+    monkeypatch.setattr(ifname, "_ip", lambda *a: answers.get(a))
+    assert ifname.detect_ifname("10.77.0.1") == "eth0"
+    assert ifname.detect_ifname("10.77.0.2") == "eth0"
+    # What the launcher does with the detected name (user patterns kept, the config wins): test_preflight.py
 
 
 def test_detect_on_this_machine() -> None:
-    assert rendezvous.detect_ifname("127.0.0.1") == "lo"
-    assert rendezvous.detect_ifname("no-such-host.invalid") is None
+    assert ifname.detect_ifname("127.0.0.1") == "lo"
+    assert ifname.detect_ifname("no-such-host.invalid") is None
 
 
 def test_sbatch_gets_a_clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -41,7 +41,8 @@ def wait_state(run: Path, env: dict[str, str], want: set[str], timeout: float = 
         if row["state"] in want:
             return row
         if time.monotonic() > deadline:
-            logs = "".join(f"\n--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in (run / "logs").glob("*"))
+            logs = "".join(f"\n--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
+                           for p in (run / "logs").rglob("*.*"))
             raise AssertionError(f"state {row} not in {want} after {timeout} s{logs}")
         time.sleep(0.3)
 
@@ -212,7 +213,7 @@ def test_training_finishes_and_status_says_completed(two_node_run: tuple[Path, s
         assert time.monotonic() < deadline, info
         time.sleep(0.2)
     # `runner logs --follow` printed rank 0's log and returned when the run ended
-    assert "rank 0/4" in followed and f"runner: finished at step {STEPS}" in followed
+    assert "rank 0/4" in followed and f"runner.job.launch: finished at step {STEPS}" in followed
     assert "rank 3/4" in runner("logs", str(run), "--rank", "3", env=env).stdout
     assert runner("logs", str(run), "--rank", "7", env=env, check=False).returncode != 0
     runner("logs", str(run), "--batch", env=env)  # Slurm's output of the batch script exists

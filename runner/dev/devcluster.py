@@ -6,7 +6,8 @@ so jobs see distinct hostnames and IPs just like on a real cluster, and links ca
 `slurmctld`, `slurmdbd` (with a private MariaDB, so `sacct` works) and `munged` run on the host side.
 All state, logs, sockets and configs live under one directory (default /tmp/runner-dev-cluster).
 
-Needs root and the Debian Slurm packages (`scripts/install-slurm.sh`). Standard library only.
+It runs on a developer's machine or a CI host, never on a real cluster, and needs root and the Debian
+Slurm packages (`scripts/install-slurm.sh`). Standard library only.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from runner import proc
 from runner.errors import ClusterError
 
 DEFAULT_ROOT = Path("/tmp/runner-dev-cluster")
@@ -109,27 +111,16 @@ class Cluster:
 
 
 # --------------------------------------------------------------------------------------------
-# One door to the outside world
+# Commands go through proc.run; only the daemons, which outlive this process, are started here.
 
-
-def _run(argv: list[str], *, check: bool = True, env: dict[str, str] | None = None,
-         timeout: float = 30, input: str | None = None) -> subprocess.CompletedProcess[str]:
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout,
-                              input=input, stdin=None if input is not None else subprocess.DEVNULL)
-    except FileNotFoundError as exc:
-        raise ClusterError(f"{argv[0]} not found; {INSTALL_HINT}") from exc
-    except subprocess.TimeoutExpired as exc:
-        raise ClusterError(f"`{' '.join(argv)}` timed out after {timeout:g}s") from exc
-    if check and proc.returncode != 0:
-        err = (proc.stderr or proc.stdout).strip().splitlines()
-        raise ClusterError(f"`{' '.join(argv)}` failed ({proc.returncode}): "
-                           f"{err[-1] if err else 'no output'}")
-    return proc
+TIMEOUT_S = 30  # an ip/tc call or a daemon's start; longer means something is wrong
 
 
 def _spawn_detached(argv: list[str], log: Path, env: dict[str, str] | None = None) -> None:
-    """Start a foreground-only daemon so that it is not our child (no zombie, outlives us)."""
+    """Start a foreground-only daemon so that it is not our child (no zombie, outlives us).
+
+    Not proc.run: the daemon's output goes to its log file for its whole life, not into a pipe we read.
+    """
     with open(log, "ab") as out:
         _ = subprocess.run(["setsid", "-f", *argv], stdin=subprocess.DEVNULL, stdout=out,
                            stderr=out, env=env, check=True, close_fds=True)
@@ -395,7 +386,7 @@ def _write(path: Path, text: str, mode: int = 0o644) -> None:
 
 def _ip(*args: str, netns: str | None = None, check: bool = True):
     argv = ["ip", *args] if netns is None else ["ip", "-n", netns, *args]
-    return _run(argv, check=check)
+    return proc.run(argv, timeout=TIMEOUT_S, check=check, error=ClusterError)
 
 
 def _setup_network(cluster: Cluster) -> None:
@@ -447,9 +438,10 @@ def _start_munge(p: _Paths) -> None:
     p.munge_key.chmod(0o400)
     if _pidfile_alive(p.munge_pid) and p.munge_socket.exists():
         return
-    _run(["munged", f"--socket={p.munge_socket}", f"--key-file={p.munge_key}",
-          f"--pid-file={p.munge_pid}", f"--log-file={p.munge / 'munged.log'}",
-          f"--seed-file={p.munge / 'munged.seed'}", "--num-threads=2", "--force"])
+    proc.run(["munged", f"--socket={p.munge_socket}", f"--key-file={p.munge_key}",
+              f"--pid-file={p.munge_pid}", f"--log-file={p.munge / 'munged.log'}",
+              f"--seed-file={p.munge / 'munged.seed'}", "--num-threads=2", "--force"],
+             timeout=TIMEOUT_S, error=ClusterError)
     _wait_for("munged", lambda: p.munge_socket.exists(), 5, p.munge / "munged.log")
 
 
@@ -463,16 +455,17 @@ def _mariadb_argv(p: _Paths) -> list[str]:
 
 
 def _sql(p: _Paths, statements: str) -> None:
-    _run(["mariadb", "--no-defaults", f"--socket={p.db_socket}", "-uroot"], input=statements)
+    proc.run(["mariadb", "--no-defaults", f"--socket={p.db_socket}", "-uroot"], input=statements,
+             timeout=TIMEOUT_S, error=ClusterError)
 
 
 def _start_mariadb(p: _Paths) -> None:
     p.db.mkdir(parents=True, exist_ok=True)
     if not (p.db_data / "mysql").is_dir():
         shutil.rmtree(p.db_data, ignore_errors=True)
-        _run(["mariadb-install-db", "--no-defaults", f"--datadir={p.db_data}", "--user=root",
-              "--auth-root-authentication-method=socket", "--skip-test-db",
-              "--innodb-log-file-size=16M"], timeout=120)
+        proc.run(["mariadb-install-db", "--no-defaults", f"--datadir={p.db_data}", "--user=root",
+                  "--auth-root-authentication-method=socket", "--skip-test-db",
+                  "--innodb-log-file-size=16M"], timeout=120, error=ClusterError)
     if not _pidfile_alive(p.db_pid):
         p.db_socket.unlink(missing_ok=True)
         _spawn_detached(_mariadb_argv(p), p.db / "mariadbd.out")
@@ -488,11 +481,11 @@ def _prepare_db(p: _Paths) -> None:
 
 
 def _start_slurmdbd(p: _Paths) -> None:
-    _run(["slurmdbd"], env={**os.environ, "SLURM_CONF": str(p.conf)})
+    proc.run(["slurmdbd"], env={**os.environ, "SLURM_CONF": str(p.conf)}, timeout=TIMEOUT_S, error=ClusterError)
 
 
 def _start_slurmctld(p: _Paths) -> None:
-    _run(["slurmctld", "-f", str(p.conf), "-c", "-i"])
+    proc.run(["slurmctld", "-f", str(p.conf), "-c", "-i"], timeout=TIMEOUT_S, error=ClusterError)
 
 
 def _node_script(p: _Paths, node: str, use_freezer: bool) -> str:
@@ -513,9 +506,9 @@ def _node_script(p: _Paths, node: str, use_freezer: bool) -> str:
 def _start_slurmd(p: _Paths, cluster: Cluster, node: str, use_freezer: bool) -> None:
     d = p.node(node)
     (d / "spool").mkdir(parents=True, exist_ok=True)
-    _run(["nsenter", f"--net=/run/netns/{cluster.netns[node]}", "unshare", "--uts", "--mount",
-          "sh", "-c", _node_script(p, node, use_freezer)],
-         env={**os.environ, "SLURM_CONF": str(p.conf)})
+    proc.run(["nsenter", f"--net=/run/netns/{cluster.netns[node]}", "unshare", "--uts", "--mount",
+              "sh", "-c", _node_script(p, node, use_freezer)],
+             env={**os.environ, "SLURM_CONF": str(p.conf)}, timeout=TIMEOUT_S, error=ClusterError)
 
 
 def _make_gpu_devices(p: _Paths, cluster: Cluster) -> None:
@@ -533,12 +526,14 @@ def _make_gpu_devices(p: _Paths, cluster: Cluster) -> None:
 
 
 def _sinfo_states(cluster: Cluster) -> dict[str, str] | None:
-    proc = _run(["sinfo", "-h", "-N", "-o", "%N %T"], check=False,
-                env={**os.environ, "SLURM_CONF": str(cluster.conf)}, timeout=10)
-    if proc.returncode != 0:
+    out = proc.run(["sinfo", "-h", "-N", "-o", "%N %T"], check=False,
+                   env={**os.environ, "SLURM_CONF": str(cluster.conf)}, timeout=10)
+    if out.returncode in (proc.NOT_FOUND, proc.TIMED_OUT):  # no answer is an error, not a "not ready yet"
+        raise ClusterError(out.stderr)
+    if out.returncode != 0:
         return None
     states: dict[str, str] = {}
-    for line in proc.stdout.splitlines():
+    for line in out.stdout.splitlines():
         parts = line.split()
         if len(parts) == 2:
             states[parts[0]] = parts[1]
@@ -762,15 +757,17 @@ def limit_link(cluster: Cluster, node: str, rate_mbit: float) -> None:
     # burst must hold at least one timer tick of data; 4 ms worth at the given rate, >= 32 KiB
     burst = max(32 * 1024, int(rate_mbit * 1e6 / 8 / 250))
     tbf = ["root", "tbf", "rate", rate, "burst", str(burst), "latency", "100ms"]
-    _run(["tc", "qdisc", "replace", "dev", cluster.veths[node], *tbf])
-    _run(["tc", "-n", cluster.netns[node], "qdisc", "replace", "dev", "eth0", *tbf])
+    proc.run(["tc", "qdisc", "replace", "dev", cluster.veths[node], *tbf], timeout=TIMEOUT_S, error=ClusterError)
+    proc.run(["tc", "-n", cluster.netns[node], "qdisc", "replace", "dev", "eth0", *tbf], timeout=TIMEOUT_S,
+             error=ClusterError)
 
 
 def unlimit_link(cluster: Cluster, node: str) -> None:
     """Remove a limit set by limit_link (no error when there is none)."""
     _node_check(cluster, node)
-    _run(["tc", "qdisc", "del", "dev", cluster.veths[node], "root"], check=False)
-    _run(["tc", "-n", cluster.netns[node], "qdisc", "del", "dev", "eth0", "root"], check=False)
+    proc.run(["tc", "qdisc", "del", "dev", cluster.veths[node], "root"], timeout=TIMEOUT_S, check=False)
+    proc.run(["tc", "-n", cluster.netns[node], "qdisc", "del", "dev", "eth0", "root"], timeout=TIMEOUT_S,
+             check=False)
 
 
 def kill_node(cluster: Cluster, node: str) -> None:
@@ -806,7 +803,8 @@ def revive_node(cluster: Cluster, node: str, timeout: float = 30) -> None:
         states = _sinfo_states(cluster) or {}
         state = states.get(node, "")
         if state.startswith(("down", "drain")):
-            _run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], env=env, check=False)
+            proc.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], env=env, timeout=TIMEOUT_S,
+                     check=False)
             return False
         return state.rstrip("*~#!%$@^-") in _HEALTHY_STATES
 

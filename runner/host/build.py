@@ -15,13 +15,15 @@
 Values that exist only after a step ran (the pip freeze, the base digest) appear in the plan as
 ``@{pip_freeze}`` and ``@{base_digest}`` and are filled in when the step before has run.
 
-Everything lands next to the SIF named by ``submit.image_path``: the build directory
+Everything lands next to the SIF named by ``image_path`` (which ``runner submit`` uses too): the build directory
 ``IMAGE_DIR/build/<name>-<hash>/`` (Dockerfile, apptainer.def, code/, spec.json, logs/, image.json)
 and ``<name>-<hash>.json``, the provenance record, written last: it marks a complete build.
 
 Without Apptainer (a workstation with docker, a login node without it) the build stops after
 ``save`` with exit 0 and a note: the docker-archive is the deliverable, and the note prints the
 command to run where Apptainer is. A later ``runner build`` where Apptainer exists runs only ``sif``.
+
+Runs on the login node (or a workstation); nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -42,9 +44,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from runner import __version__, spec
+from runner import __version__, proc, spec
 from runner.errors import BuildError
 from runner.host import render
+from runner.host.provenance import git_provenance
 from runner.rundir import atomic_write, read_json
 from runner.spec import Config
 
@@ -63,8 +66,11 @@ BUILD_TIMEOUT_S = 3 * 3600
 SAVE_TIMEOUT_S = 3600
 
 
-def code_files(cfg: Config) -> dict[str, bytes]:
-    """The files copied into the image (relative name -> content), for the content hash and the context."""
+def image_code_files(cfg: Config) -> dict[str, bytes]:
+    """The files copied into the image (relative name -> content), for the spec hash and the build context.
+
+    Not the code the preflight compares between nodes (``runner.job.checks.code_to_compare``).
+    """
     import runner
 
     out: dict[str, bytes] = {}
@@ -95,11 +101,22 @@ class Paths:
     provenance_dockerfile = property(lambda self: self.build_dir / "provenance.Dockerfile")
 
 
-def paths(cfg: Config, spec_hash: str) -> Paths:
+def sif_path(cfg: Config, spec_hash: str) -> Path:
+    """The one place that names a config's SIF: ``container.image``, else ``IMAGE_DIR/<name>-<spec hash>.sif``."""
     c = cfg["container"]
-    image_dir = Path(c["image_dir"]).resolve()
-    sif = Path(c["image"]).resolve() if c["image"] else image_dir / f"{cfg.name}-{spec_hash}.sif"
-    return Paths(build_dir=image_dir / "build" / f"{cfg.name}-{spec_hash}", sif=sif)
+    if c["image"]:
+        return Path(c["image"]).resolve()
+    return Path(c["image_dir"]).resolve() / f"{cfg.name}-{spec_hash}.sif"
+
+
+def image_path(cfg: Config) -> str:
+    """The SIF a run of this config uses (``runner submit``), hashing the spec and the code as a build would."""
+    return str(sif_path(cfg, render.spec_hash(cfg, image_code_files(cfg))))
+
+
+def paths(cfg: Config, spec_hash: str) -> Paths:
+    build_dir = Path(cfg["container"]["image_dir"]).resolve() / "build" / f"{cfg.name}-{spec_hash}"
+    return Paths(build_dir=build_dir, sif=sif_path(cfg, spec_hash))
 
 
 def image_tag(cfg: Config, spec_hash: str) -> str:
@@ -108,12 +125,7 @@ def image_tag(cfg: Config, spec_hash: str) -> str:
 
 
 def _docker_daemon_answers() -> bool:
-    try:
-        out = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True,
-                             timeout=10, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return out.returncode == 0
+    return proc.run(["docker", "version", "--format", "{{.Server.Version}}"], timeout=10, check=False).returncode == 0
 
 
 def detect_builder(choice: str) -> tuple[str, str | None]:
@@ -214,8 +226,6 @@ class BuildPlan:
 
 def provenance(cfg: Config, spec_hash: str, base: str) -> dict[str, Any]:
     """What is known about an image before it is built: where it comes from and which code and config."""
-    from runner.host.submit import git_provenance
-
     git = git_provenance(Path(cfg.path).resolve().parent)
     return {"spec_hash": spec_hash, "base_image": base, "git_commit": git["commit"], "git_dirty": git["dirty"],
             "config_hash": cfg.hash(), "config_file": str(Path(cfg.path).resolve()), "runner_version": __version__}
@@ -279,18 +289,14 @@ def sif_step(tool: str, p: Paths) -> Step:
 
 
 def _builder_has(builder: str, tag: str) -> bool:
-    try:
-        out = subprocess.run([builder, "image", "inspect", tag], capture_output=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return out.returncode == 0
+    return proc.run([builder, "image", "inspect", tag], timeout=30, check=False).returncode == 0
 
 
 def plan(path: str | Path, overrides: list[str] | None = None, force: bool = False) -> BuildPlan:
     """Render the build directory in memory and decide what has to run; changes nothing."""
     cfg = spec.load(path, overrides or [])
     c = cfg["container"]
-    code = code_files(cfg)
+    code = image_code_files(cfg)
     h = render.spec_hash(cfg, code)
     p = paths(cfg, h)
     tag = image_tag(cfg, h)
@@ -385,13 +391,14 @@ def _run_step(argv: list[str], log: Path, capture: bool, progress: Progress, tim
     """Run one step, streaming its output into ``log``; returns (exit code, captured stdout).
 
     A step still running after ``timeout_s`` is terminated and reported as exit 124, like timeout(1).
+    Popen rather than ``proc.run``: a build runs for many minutes and its output is shown while it runs.
     """
     with open(log, "w") as logf:
         logf.write("+ " + shlex.join(argv) + "\n")
         logf.flush()
         try:
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=logf if capture else subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, text=True, errors="replace", bufsize=1)
+            child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=logf if capture else subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, text=True, errors="replace", bufsize=1)
         except FileNotFoundError:
             logf.write(f"{argv[0]}: command not found\n")
             return 127, ""
@@ -400,22 +407,22 @@ def _run_step(argv: list[str], log: Path, capture: bool, progress: Progress, tim
 
         def stop() -> None:
             expired.set()
-            proc.terminate()
+            child.terminate()
 
         watchdog = threading.Timer(timeout_s, stop)
         watchdog.start()
         try:
-            assert proc.stdout is not None
-            for line in proc.stdout:
+            assert child.stdout is not None
+            for line in child.stdout:
                 logf.write(line)
                 logf.flush()
                 progress.line(line)
                 if capture:
                     captured.append(line)
-            rc = proc.wait()
+            rc = child.wait()
         except BaseException:
-            proc.terminate()
-            proc.wait()
+            child.terminate()
+            child.wait()
             raise
         finally:
             watchdog.cancel()
@@ -511,7 +518,7 @@ def execute(bp: BuildPlan, out: TextIO | None = None) -> int:
 
 def image_problem(cfg: Config, sif: Path) -> str | None:
     """Why ``sif`` is not the image of this config's spec (missing, or built from another spec), or None."""
-    h = render.spec_hash(cfg, code_files(cfg))
+    h = render.spec_hash(cfg, image_code_files(cfg))
     record = read_json(sif.with_suffix(".json"), None)
     if sif.is_file():
         if isinstance(record, dict) and record.get("spec_hash") == h:

@@ -1,64 +1,52 @@
 """Host-side hooks the batch script calls: ``start`` when the job starts, ``exit`` when the step has ended.
 
 They run with the login node's runner on the first node of the allocation, never in the container
-(``scontrol`` is usually missing there). ``exit`` decides what the launcher's exit code means: record it,
-alert, and requeue the job while restarts remain. The requeue is the last thing it does, because Slurm ends
-the batch script (and this hook) as soon as the requeue is accepted.
+(``scontrol`` is usually missing there). ``exit`` gathers the facts (the launcher's exit code, the run's
+records, the job's time left), asks ``runner.policy`` what they mean and what to do, then records, alerts and
+requeues the job. The requeue is the last thing it does, because Slurm ends the batch script (and this hook)
+as soon as the requeue is accepted. Its output lands in Slurm's batch log, so log records carry timestamps.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from runner.rundir import EXIT_PREFLIGHT, EXIT_REQUEUE, RunDir, atomic_write, read_json
+from runner import log as runner_log
+from runner import policy, proc
+from runner.host.status import records
+from runner.rundir import EXIT_REQUEUE, RunDir, atomic_write, read_json
 
 ALERT_BUDGET_S = 15.0  # the job may be seconds from its time limit: queue what cannot be sent quickly
+log = logging.getLogger(__name__)
 
 
-def restarts_used(run: RunDir) -> int:
-    """Requeues and resubmissions so far, from the run's own ledger (survives Slurm forgetting the job)."""
-    events = run.events()
-    ours = sum(1 for e in events if e["event"] in ("requeued", "resubmitted"))
-    # Slurm may requeue a job on its own (after a node failure): every attempt's batch script records a start.
-    return max(ours, sum(1 for e in events if e["event"] == "start") - 1)
+def parse_time_left(text: str) -> float | None:
+    """squeue's ``%L`` (``[D-]HH:MM:SS``, ``MM:SS``) in seconds; None for UNLIMITED and the like."""
+    text = text.strip()
+    if not text or text in ("UNLIMITED", "NOT_SET", "INVALID"):
+        return None
+    days, _, clock = text.rpartition("-")
+    try:
+        parts = [int(p) for p in clock.split(":")]
+        whole_days = int(days or 0)
+    except ValueError:
+        return None
+    while len(parts) < 3:
+        parts.insert(0, 0)
+    return (whole_days * 24 + parts[0]) * 3600 + parts[1] * 60 + parts[2]
 
 
 def _seconds_left(job: str) -> float | None:
-    try:
-        out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%L"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    text = out.stdout.strip()
-    if out.returncode != 0 or not text or text in ("UNLIMITED", "NOT_SET", "INVALID"):
-        return None
-    days, _, clock = text.rpartition("-")
-    parts = [int(p) for p in clock.split(":")]
-    while len(parts) < 3:
-        parts.insert(0, 0)
-    return (int(days or 0) * 24 + parts[0]) * 3600 + parts[1] * 60 + parts[2]
-
-
-def classify(run: RunDir, rc: int, cfg: dict[str, Any], job: str | None) -> str:
-    """What the step's end means: completed, cancelled, timeout, preempted, preflight_failed or failed."""
-    if run.finished.exists():
-        return "completed"
-    if run.cancelled_now():
-        return "cancelled"
-    if rc == EXIT_PREFLIGHT:
-        return "preflight_failed"
-    if rc == EXIT_REQUEUE:
-        left = _seconds_left(job) if job else None
-        near_limit = left is not None and left <= cfg["slurm"]["signal_lead_s"] + 60
-        return "timeout" if near_limit else "preempted"
-    return "failed"
+    out = proc.run(["squeue", "-h", "-j", job, "-o", "%L"], timeout=10, check=False)
+    return parse_time_left(out.stdout) if out.returncode == 0 else None
 
 
 def _cause(run: RunDir, rc: int, event: str) -> str | None:
@@ -86,10 +74,13 @@ def launcher_code(run: RunDir, rc: int, job: str | None) -> int:
 
 def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
     cfg = yaml.safe_load(run.config.read_text())
+    limits = policy.Limits.of(cfg)
     job = os.environ.get("SLURM_JOB_ID")
     rc = launcher_code(run, rc, job)
-    attempt = restarts_used(run) + 1
-    event = classify(run, rc, cfg, job)
+    rec = records(run)
+    attempt = policy.attempt(rec.events)
+    left = _seconds_left(job) if job and rc == EXIT_REQUEUE else None  # tells a time limit from a preemption
+    event = policy.classify(rec, rc, left, limits)
     status = {"exit_code": rc, "job_id": job, "attempt": attempt, "signal": signal_name, "event": event,
               "time": time.time()}
     atomic_write(run.exit_status, json.dumps(status) + "\n")
@@ -97,24 +88,26 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
                cause=_cause(run, rc, event))
     nodes = os.environ.get("SLURM_JOB_NODELIST", "")
     common = {"job_id": job or "", "attempt": attempt, "nodes": nodes, "exit_code": rc}
-    if event in ("completed", "cancelled"):
-        if event == "completed":
-            _alert(run, cfg, "completed", **common)
-        return 0
-    if event in ("timeout", "preempted"):
+    decision = policy.after_exit(event, attempt, job, limits)
+    log.info("exit %s: %s: %s", rc, decision.action, decision.reason)
+    if event == "completed":
+        _alert(run, cfg, "completed", **common)
+    elif event in ("timeout", "preempted"):
         _alert(run, cfg, event, **common)
-        if cfg["slurm"]["requeue"] and job and attempt <= cfg["resume"]["max_restarts"]:
-            run.record("requeued", job_id=job, reason=event, attempt=attempt + 1)
-            _alert(run, cfg, "requeued", **common, next_step=f"requeued as attempt {attempt + 1}; it resumes from "
-                   "the newest complete checkpoint")
-            subprocess.run(["scontrol", "requeue", job], capture_output=True, timeout=30)
-        elif attempt > cfg["resume"]["max_restarts"]:
-            run.record("gave_up", job_id=job, reason=f"{event} after {attempt - 1} restarts")
-            _alert(run, cfg, "gave_up", **common)
-        return 0
-    # failed: `runner cron` decides about resubmission (with backoff), the alert says so. preflight_failed: a
-    # person must look (a bad node or interface would fail again), so cron leaves it alone.
-    _alert(run, cfg, event, **common, cause=_cause(run, rc, event))
+    elif event != "cancelled":
+        # failed: `runner cron` decides about resubmission (with backoff), the alert says so. preflight_failed:
+        # a person must look (a bad node or interface would fail again), so cron leaves it alone.
+        _alert(run, cfg, event, **common, cause=_cause(run, rc, event))
+    if decision.action == "requeue" and job:
+        run.record("requeued", job_id=job, reason=event, attempt=attempt + 1)
+        _alert(run, cfg, "requeued", **common, next_step=f"requeued as attempt {attempt + 1}; it resumes from "
+               "the newest complete checkpoint")
+        out = proc.run(["scontrol", "requeue", job], timeout=30, check=False)
+        if out.returncode != 0:  # Slurm refused; an accepted requeue ends the job, and this hook with it
+            log.warning("scontrol requeue %s: %s; runner cron will resubmit the run", job, proc.last_line(out))
+    elif decision.action == "give_up":
+        run.record("gave_up", job_id=job, reason=decision.reason)
+        _alert(run, cfg, "gave_up", **common)
     return 0
 
 
@@ -125,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--signal", default="none")
     parser.add_argument("run_dir", type=Path)
     args = parser.parse_args(argv)
+    runner_log.setup(stamped=True)
     run = RunDir(args.run_dir)
     if args.what == "start":
         run.record("start", job_id=os.environ.get("SLURM_JOB_ID"), nodes=os.environ.get("SLURM_JOB_NODELIST"),

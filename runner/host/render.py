@@ -1,7 +1,8 @@
 """Render the Dockerfile, the Apptainer definition and the sbatch script from one validated config.
 
-Templates stay dumb: Python prepares every value, templates only ``if`` and ``for``. Every value that lands
-in a shell line passes through the one quoting filter ``q``.
+It runs on the login node (``runner submit``, ``build``, ``resume``). Templates stay dumb: Python prepares
+every value, templates only ``if`` and ``for``. Every value that lands in a shell line passes through the one
+quoting filter ``q``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import jinja2
 
 from runner import __version__
+from runner.rundir import ATTEMPT_ENV
 from runner.spec import Config
 
 LIGHTNING_PIN = "lightning==2.6.*"
@@ -115,7 +117,8 @@ def exec_prefix(cfg: Config, image: str, binds: list[str], env_names: list[str])
 
 # Variables the launcher needs inside the container. Apptainer passes the host environment through by
 # default, but sites that set --cleanenv (or APPTAINER_CLEANENV) drop them, so they are passed explicitly.
-CONTAINER_ENV = ("MASTER_ADDR", "MASTER_PORT", "RUNNER_PREFLIGHT_PORT", "OMP_NUM_THREADS", "RUNNER_RUN_DIR")
+CONTAINER_ENV = ("MASTER_ADDR", "MASTER_PORT", "RUNNER_PREFLIGHT_PORT", "OMP_NUM_THREADS", "RUNNER_RUN_DIR",
+                 ATTEMPT_ENV)
 IFNAME_ENV = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")  # passed only when network.ifname sets them
 
 

@@ -2,70 +2,35 @@
 
 Every parser takes the text a command printed and returns plain values, so that it is unit-tested against
 output recorded from a real Slurm (tests/fixtures/slurm/). The query functions are thin: run one command
-through ``proc.run``, hand its stdout to a parser.
+through ``proc.run``, hand its stdout to a parser. Slurm's state words and what they mean to runner are part of
+the recovery decisions and live in ``runner.policy``.
 
 Which source to believe (measured on 22.05 with slurmdbd): ``sacct`` survives ``MinJobAge`` but lags the
 controller by up to a second or two (a RUNNING job can still read PENDING, a new job can be missing), while
 ``squeue``/``scontrol`` are the controller's live view but forget a job after ``MinJobAge``. So a terminal
-state from sacct is final; anything else is checked against the controller.
+state from sacct is final; anything else is checked against the controller; and a non-final sacct row is
+still better than nothing when the controller forgot the job.
+
+Many runs are asked about at once (``query_many``): one sacct for all of them, one squeue for those sacct did
+not report ended, and ``scontrol show job`` (one command per job) only for a few that neither knew.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Iterable
 
 from runner import proc
 from runner.errors import SubmitError
+from runner.policy import TERMINAL as TERMINAL  # Slurm's vocabulary is part of the decisions: see runner.policy
+from runner.policy import JobInfo as JobInfo
+from runner.policy import base_state as base_state
+from runner.policy import normalize as normalize
 
 SACCT_FIELDS = ("JobID", "State", "ExitCode", "NodeList", "Start", "End", "Elapsed")
 SQUEUE_FORMAT = "%i|%T|%r|%N"
 
-# Slurm's job states (squeue/scontrol spelling) -> runner's states.
-_STATE_MAP = {
-    "PENDING": "pending", "CONFIGURING": "running", "RUNNING": "running", "COMPLETING": "running",
-    "STAGE_OUT": "running", "SIGNALING": "running", "RESIZING": "running", "SUSPENDED": "running",
-    "STOPPED": "running", "RESV_DEL_HOLD": "pending", "REQUEUED": "pending", "REQUEUE_HOLD": "pending",
-    "REQUEUE_FED": "pending", "SPECIAL_EXIT": "pending", "REVOKED": "cancelled",
-    "COMPLETED": "completed", "FAILED": "failed", "NODE_FAIL": "failed", "OUT_OF_MEMORY": "failed",
-    "BOOT_FAIL": "failed", "CANCELLED": "cancelled", "TIMEOUT": "timeout", "DEADLINE": "timeout",
-    "PREEMPTED": "preempted",
-}
-TERMINAL = frozenset({"COMPLETED", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "CANCELLED", "TIMEOUT",
-                      "DEADLINE", "PREEMPTED", "REVOKED"})
 _ERROR_PREFIX = re.compile(r"^(sbatch|sacct|squeue|scontrol|scancel|srun|salloc): error: ")
-
-
-@dataclass(frozen=True)
-class JobInfo:
-    """One job as a Slurm command reported it."""
-
-    job_id: str
-    state: str  # Slurm's own word: RUNNING, COMPLETED, CANCELLED, ...
-    source: str  # sacct, squeue or scontrol
-    exit_code: str | None = None  # "3:0" = exit code 3, signal 0
-    reason: str | None = None
-    nodes: str | None = None
-    restarts: int | None = None
-
-    @property
-    def runner_state(self) -> str | None:
-        return normalize(self.state)
-
-    @property
-    def terminal(self) -> bool:
-        return self.state in TERMINAL
-
-
-def base_state(raw: str) -> str:
-    """'CANCELLED by 0' -> 'CANCELLED'; 'COMPLETING+' -> 'COMPLETING' (sacct's and scontrol's decorations)."""
-    words = raw.strip().split()
-    return words[0].rstrip("+").upper() if words else ""
-
-
-def normalize(raw: str) -> str | None:
-    """Map a Slurm state ('CANCELLED by 0', 'RUNNING') to runner's states; None for an unknown word."""
-    return _STATE_MAP.get(base_state(raw))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -95,9 +60,9 @@ def error_line(stderr: str, fallback: str = "") -> str:
     return lines[-1] if lines else fallback
 
 
-def parse_sacct(text: str, job_id: str, fields: tuple[str, ...] = SACCT_FIELDS) -> JobInfo | None:
-    """``sacct -X -n -P --format=<fields>``: the job's current row (with ``-D`` the last of its attempts)."""
-    rows = []
+def parse_sacct_many(text: str, fields: tuple[str, ...] = SACCT_FIELDS) -> dict[str, JobInfo]:
+    """``sacct -X -n -P -D --format=<fields> -j ID,ID,...``: each job's current row (the last of its attempts)."""
+    rows: dict[str, list[dict[str, str]]] = {}
     for line in text.splitlines():
         if not line.strip():
             continue
@@ -105,26 +70,39 @@ def parse_sacct(text: str, job_id: str, fields: tuple[str, ...] = SACCT_FIELDS) 
         if len(values) != len(fields):
             continue
         row = dict(zip(fields, values, strict=True))
-        if row.get("JobID") == job_id:
-            rows.append(row)
-    if not rows:
-        return None
-    row = rows[-1]
-    requeues = sum(1 for r in rows if base_state(r["State"]) == "REQUEUED")  # one row per attempt with -D
-    nodes = row.get("NodeList")
-    return JobInfo(job_id=job_id, state=base_state(row["State"]), source="sacct", exit_code=row.get("ExitCode"),
-                   nodes=None if nodes in (None, "", "None assigned") else nodes, restarts=requeues)
+        rows.setdefault(row.get("JobID", ""), []).append(row)
+    out = {}
+    for job_id, attempts in rows.items():
+        row = attempts[-1]
+        requeues = sum(1 for r in attempts if base_state(r["State"]) == "REQUEUED")  # one row per attempt with -D
+        nodes = row.get("NodeList")
+        out[job_id] = JobInfo(job_id=job_id, state=base_state(row["State"]), source="sacct",
+                              exit_code=row.get("ExitCode"), nodes=None if nodes in (None, "", "None assigned")
+                              else nodes, restarts=requeues)
+    return out
+
+
+def parse_sacct(text: str, job_id: str, fields: tuple[str, ...] = SACCT_FIELDS) -> JobInfo | None:
+    """``sacct -X -n -P --format=<fields>``: the job's current row (with ``-D`` the last of its attempts)."""
+    return parse_sacct_many(text, fields).get(job_id)
+
+
+def parse_squeue_many(text: str) -> dict[str, JobInfo]:
+    """``squeue -h -t all -j ID,ID,... -o '%i|%T|%r|%N'``: every job it listed."""
+    out = {}
+    for line in text.splitlines():
+        values = line.strip().split("|")
+        if len(values) >= 2 and values[0] and values[0] not in out:
+            reason = values[2] if len(values) > 2 and values[2] not in ("", "None") else None
+            nodes = values[3] if len(values) > 3 and values[3] else None
+            out[values[0]] = JobInfo(job_id=values[0], state=base_state(values[1]), source="squeue", reason=reason,
+                                     nodes=nodes)
+    return out
 
 
 def parse_squeue(text: str, job_id: str) -> JobInfo | None:
     """``squeue -h -t all -j ID -o '%i|%T|%r|%N'``."""
-    for line in text.splitlines():
-        values = line.strip().split("|")
-        if len(values) >= 2 and values[0] == job_id:
-            reason = values[2] if len(values) > 2 and values[2] not in ("", "None") else None
-            nodes = values[3] if len(values) > 3 and values[3] else None
-            return JobInfo(job_id=job_id, state=base_state(values[1]), source="squeue", reason=reason, nodes=nodes)
-    return None
+    return parse_squeue_many(text).get(job_id)
 
 
 _KEY = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=")
@@ -170,23 +148,48 @@ def submit(script: str, env: dict[str, str] | None = None) -> str:
     return parse_sbatch(out.stdout)
 
 
+QUERY_TIMEOUT_S = 15
+MAX_SCONTROL = 8  # per query_many: a job that sacct and squeue both forgot is usually long gone
+CHUNK = 1000  # job ids per sacct/squeue command (a command line has a length limit)
+
+
 def _try(argv: list[str]) -> str | None:
     try:
-        return proc.run(argv, timeout=15).stdout
+        return proc.run(argv, timeout=QUERY_TIMEOUT_S).stdout
     except SubmitError:
         return None
 
 
+def _chunks(ids: list[str]) -> list[list[str]]:
+    return [ids[i:i + CHUNK] for i in range(0, len(ids), CHUNK)]
+
+
+def sacct_many(job_ids: list[str]) -> dict[str, JobInfo]:
+    """From accounting; empty without accounting (no sacct, or "accounting storage is disabled")."""
+    out: dict[str, JobInfo] = {}
+    for chunk in _chunks(job_ids):
+        text = _try(["sacct", "-X", "-n", "-P", "-D", "-j", ",".join(chunk), f"--format={','.join(SACCT_FIELDS)}"])
+        found = parse_sacct_many(text) if text is not None else {}
+        out.update((job, found[job]) for job in chunk if job in found)
+    return out
+
+
+def squeue_many(job_ids: list[str]) -> dict[str, JobInfo]:
+    """From the controller; without the jobs older than MinJobAge (alone: "Invalid job id specified")."""
+    out: dict[str, JobInfo] = {}
+    for chunk in _chunks(job_ids):
+        text = _try(["squeue", "-h", "-t", "all", "-j", ",".join(chunk), "-o", SQUEUE_FORMAT])
+        found = parse_squeue_many(text) if text is not None else {}
+        out.update((job, found[job]) for job in chunk if job in found)
+    return out
+
+
 def sacct(job_id: str) -> JobInfo | None:
-    """From accounting; None without accounting (no sacct, or "accounting storage is disabled")."""
-    out = _try(["sacct", "-X", "-n", "-P", "-D", "-j", job_id, f"--format={','.join(SACCT_FIELDS)}"])
-    return parse_sacct(out, job_id) if out is not None else None
+    return sacct_many([job_id]).get(job_id)
 
 
 def squeue(job_id: str) -> JobInfo | None:
-    """From the controller; None once the job is older than MinJobAge ("Invalid job id specified")."""
-    out = _try(["squeue", "-h", "-t", "all", "-j", job_id, "-o", SQUEUE_FORMAT])
-    return parse_squeue(out, job_id) if out is not None else None
+    return squeue_many([job_id]).get(job_id)
 
 
 def scontrol(job_id: str) -> JobInfo | None:
@@ -194,13 +197,29 @@ def scontrol(job_id: str) -> JobInfo | None:
     return parse_scontrol(out, job_id) if out is not None else None
 
 
+def query_many(job_ids: Iterable[str]) -> dict[str, JobInfo]:
+    """Each job's best-known state (see the module docstring); a job Slurm does not know is left out."""
+    ids = list(dict.fromkeys(j for j in job_ids if j))
+    if not ids:
+        return {}
+    acct = sacct_many(ids)
+    best = {job: info for job, info in acct.items() if info.terminal}
+    rest = [job for job in ids if job not in best]
+    live = squeue_many(rest) if rest else {}
+    for job in [j for j in rest if j not in live][:MAX_SCONTROL]:
+        info = scontrol(job)
+        if info is not None:
+            live[job] = info
+    for job in rest:
+        info = live.get(job) or acct.get(job)
+        if info is not None:
+            best[job] = info
+    return best
+
+
 def query(job_id: str) -> JobInfo | None:
     """The job's best-known state: sacct's if final, else the controller's live one, else whatever sacct had."""
-    acct = sacct(job_id)
-    if acct is not None and acct.terminal:
-        return acct
-    live = squeue(job_id) or scontrol(job_id)
-    return live or acct
+    return query_many([job_id]).get(job_id)
 
 
 def job_state(job_id: str) -> str | None:

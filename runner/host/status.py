@@ -1,17 +1,26 @@
-"""Read the state of runs: the run directory's own records first, the scheduler second."""
+"""Read the state of runs: the run directory's own records first, the scheduler second.
+
+What a run's state is follows from those facts by ``runner.policy``; this module only reads them. Slurm is
+asked once for all the runs listed (``slurm.query_many``), and a run whose files cannot be read becomes one
+row that says what is wrong, never an error that hides the other runs.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from runner import policy
 from runner.errors import RunnerError
-from runner.host.jobhook import restarts_used
 from runner.job import checkpoint
-from runner.rundir import EXIT_REQUEUE, RunDir, read_json
+from runner.rundir import RunDir, read_json
+
+log = logging.getLogger(__name__)
 
 
 def find_run(name: str, root: Path) -> RunDir:
@@ -26,76 +35,40 @@ def find_run(name: str, root: Path) -> RunDir:
     return RunDir(matches[-1].resolve())
 
 
-def local_state(run: RunDir) -> str:
-    """State from the run directory alone (the last word for local runs and when the scheduler forgot)."""
-    if run.finished.exists():
-        return "completed"
-    status = read_json(run.exit_status)
-    events = run.events()
-    if run.cancelled_now():
-        return "cancelled"
-    if status is None or (events and events[-1]["event"] in ("submitted", "resubmitted", "start")):
-        return "running" if any(e["event"] in ("start", "train_start") for e in events[-3:]) else "pending"
-    code = status.get("exit_code")
-    if code == EXIT_REQUEUE:
-        return "preempted"
-    return "cancelled" if status.get("cancelled") else "failed"
+def records(run: RunDir) -> policy.Records:
+    """The run directory's facts, as ``runner.policy`` takes them."""
+    return policy.Records(events=run.events(), exit_status=read_json(run.exit_status), finished=run.finished.exists(),
+                          job_id=run.job_id())
 
 
-def _job_alive(events: list[dict[str, Any]]) -> bool:
-    """The batch script started and has not recorded its exit yet (training may be done, the job is not)."""
-    for e in reversed(events):
-        if e["event"] == "exit":
-            return False
-        if e["event"] in ("start", "submitted", "resubmitted"):
-            return True
-    return False
-
-
-def _exit_code(value: str | None) -> int | None:
-    """Slurm's "75:0" (exit code : signal) -> 75."""
-    head = (value or "").split(":")[0]
-    return int(head) if head.isdigit() else None
-
-
-def combine(local: str, job: Any) -> str:
-    """Slurm's view of the job, corrected by the run directory's own records.
-
-    Slurm knows whether a job is pending or running; the run directory knows whether training finished
-    (the ``finished`` marker: a job that exits 0 after SIGTERM is COMPLETED to Slurm but did not finish)
-    and whether it stopped to be requeued (exit code 75). When Slurm has forgotten the job (no accounting,
-    older than MinJobAge), the run directory's exit status is all there is.
-    """
-    if local == "completed" or job is None:
-        return local
-    state: str | None = job.runner_state
-    if state is None:
-        return local
-    if not job.terminal:
-        return state
-    if _exit_code(job.exit_code) == EXIT_REQUEUE or local == "preempted":
-        return "preempted"
-    if state == "completed":  # the batch script exited 0 but the launcher never wrote `finished`
-        return "failed"
-    return state
-
-
-def row(run: RunDir) -> dict[str, Any]:
+def _manifest(run: RunDir) -> dict[str, Any]:
     manifest = read_json(run.manifest, {})
+    if not isinstance(manifest, dict):
+        raise RunnerError(f"{run.manifest}: found {type(manifest).__name__}; expected a JSON object")
+    return manifest
+
+
+def _asks_slurm(manifest: Mapping[str, Any], rec: policy.Records) -> bool:
+    return manifest.get("scheduler") == "slurm" and policy.asks_slurm(rec)
+
+
+def row(run: RunDir, jobs: Mapping[str, policy.JobInfo] | None = None) -> dict[str, Any]:
+    """One run's status; ``jobs`` is Slurm's answer for many runs at once (asked here when not given)."""
+    manifest = _manifest(run)
+    rec = records(run)
+    info = None
+    if _asks_slurm(manifest, rec) and rec.job_id:
+        if jobs is None:
+            from runner.host import slurm
+
+            jobs = slurm.query_many([rec.job_id])
+        info = jobs.get(rec.job_id)
     cfg_hash = manifest.get("config_hash")
     last = checkpoint.latest(run.checkpoints, cfg_hash) if run.checkpoints.is_dir() else None
-    events = run.events()
-    state = local_state(run)
-    job = run.job_id()
-    info = None
-    if job and manifest.get("scheduler") == "slurm" and (state != "completed" or _job_alive(events)):
-        from runner.host import slurm
-
-        info = slurm.query(job)
-        state = combine(state, info)
-    return {"run": run.name, "path": str(run.root), "state": state, "job_id": job,
+    events = list(rec.events)
+    return {"run": run.name, "path": str(run.root), "state": policy.run_state(rec, info), "job_id": rec.job_id,
             "last_checkpoint_step": last[0] if last else None,
-            "restarts": restarts_used(run),
+            "restarts": policy.restarts_used(events),
             "age_s": round(time.time() - manifest.get("created", time.time()), 1),
             "last_event": events[-1]["event"] if events else None,
             **history(run, events, manifest, last),
@@ -103,7 +76,14 @@ def row(run: RunDir) -> dict[str, Any]:
                 "reason": info.reason, "nodes": info.nodes} if info else {})}
 
 
-def history(run: RunDir, events: list[dict[str, Any]], manifest: dict[str, Any],
+def broken_row(run: RunDir, problem: str) -> dict[str, Any]:
+    """The row of a run whose files cannot be read: what is wrong, in place of its state."""
+    return {"run": run.name, "path": str(run.root), "state": "unreadable", "job_id": None,
+            "last_checkpoint_step": None, "restarts": None, "age_s": None, "last_event": None,
+            "last_outcome": None, "last_cause": None, "lost_steps": [], "goodput": None, "error": problem}
+
+
+def history(run: RunDir, events: Sequence[Mapping[str, Any]], manifest: dict[str, Any],
             last: tuple[int, Path] | None) -> dict[str, Any]:
     """What the failures cost: the last outcome and its cause, steps lost per restart, and goodput.
 
@@ -122,11 +102,40 @@ def history(run: RunDir, events: list[dict[str, Any]], manifest: dict[str, Any],
             "goodput": round(kept / wall, 3) if kept is not None and wall > 0 else None}
 
 
+def _looks_like_run(path: Path) -> bool:
+    try:
+        return (path / "config.yaml").is_file()
+    except OSError:  # cannot look inside: show it, with what is wrong
+        return path.is_dir()
+
+
 def collect(name: str | None, root: Path) -> list[dict[str, Any]]:
+    """Status rows of one run (by name) or of every run under root, Slurm asked once for all of them."""
     if name:
-        return [row(find_run(name, root))]
-    runs = sorted(p for p in root.glob("*") if (p / "config.yaml").is_file()) if root.is_dir() else []
-    return [row(RunDir(p.resolve())) for p in runs]
+        runs = [find_run(name, root)]
+    else:
+        runs = [RunDir(p.resolve()) for p in sorted(root.glob("*")) if _looks_like_run(p)] if root.is_dir() else []
+    ids = []
+    for run in runs:
+        try:
+            manifest, rec = _manifest(run), records(run)
+        except Exception:  # row() says what is wrong below
+            continue
+        if rec.job_id and _asks_slurm(manifest, rec):
+            ids.append(rec.job_id)
+    jobs: dict[str, policy.JobInfo] = {}
+    if ids:
+        from runner.host import slurm
+
+        jobs = slurm.query_many(ids)
+    rows = []
+    for run in runs:
+        try:
+            rows.append(row(run, jobs))
+        except Exception as e:  # one unreadable run must not hide the others
+            log.debug("%s: cannot read", run.root, exc_info=True)
+            rows.append(broken_row(run, f"{type(e).__name__}: {e}"))
+    return rows
 
 
 def _age(seconds: float) -> str:
@@ -136,13 +145,19 @@ def _age(seconds: float) -> str:
     return f"{seconds:.0f}s"
 
 
+def _cell(r: dict[str, Any], col: str) -> str:
+    value = r.get("age_s" if col == "age" else col)
+    if value is None:
+        return "-"
+    return _age(value) if col == "age" else str(value)
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "no runs"
     cols = ("run", "state", "job_id", "last_checkpoint_step", "restarts", "lost_steps", "goodput", "last_outcome",
             "age")
-    data = [[str(r.get(c) if c != "age" else _age(r["age_s"])) if r.get(c, "") is not None else "-" for c in cols]
-            for r in rows]
+    data = [[_cell(r, c) for c in cols] for r in rows]
     for r, d in zip(rows, data, strict=True):
         if r["state"] == "pending" and r.get("reason"):  # Slurm's reason: Resources, Priority, BeginTime, ...
             d[1] = f"pending ({r['reason']})"
@@ -150,6 +165,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         d[6] = f"{r['goodput']:.0%}" if r.get("goodput") is not None else "-"
         if r.get("last_cause"):
             d[7] = f"{d[7]}: {r['last_cause'][:60]}"
+        if r.get("error"):
+            d[7] = f"error: {r['error'][:80]}"
     heads = ("RUN", "STATE", "JOB", "CKPT", "RESTARTS", "LOST", "GOODPUT", "LAST", "AGE")
     widths = [max(len(h), *(len(d[i]) for d in data)) for i, h in enumerate(heads)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
@@ -176,10 +193,10 @@ def ended(run: RunDir) -> bool | None:
     return False
 
 
-def log_path(run: RunDir, rank: int | None) -> Path:
+def log_path(run: RunDir, rank: int | None, attempt: int | None = None) -> Path:
     """A rank's log, or with ``rank=None`` Slurm's batch output (``slurm-JOB.out``: the batch shell, hooks)."""
     if rank is not None:
-        return run.rank_log(rank)
+        return run.rank_log(rank, attempt)
     job = run.job_id()
     if job:
         return run.logs / f"slurm-{job}.out"
@@ -187,9 +204,9 @@ def log_path(run: RunDir, rank: int | None) -> Path:
     return outs[-1] if outs else run.logs / "slurm-JOB.out"
 
 
-def logs(run: RunDir, rank: int | None, follow: bool, poll_s: float = 0.2) -> int:
+def logs(run: RunDir, rank: int | None, follow: bool, poll_s: float = 0.2, attempt: int | None = None) -> int:
     """Print a log; with ``follow``, keep printing until the run ends (waiting for the log to appear)."""
-    path = log_path(run, rank)
+    path = log_path(run, rank, attempt)
     what = f"rank {rank}" if rank is not None else "the batch script"
     if not path.exists():
         if not follow:

@@ -1,12 +1,14 @@
 """Plan a submission as a value, then execute it (TorchX's ``schedule(submit_dryrun(...))``).
 
-``plan()`` touches nothing: ``runner submit --dry-run`` prints exactly what ``execute()`` would write and run.
+It runs on the login node. ``plan()`` touches nothing: ``runner submit --dry-run`` prints exactly what
+``execute()`` would write and run. A local run starts its ranks here and waits for them.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import logging
 import os
 import shutil
 import signal
@@ -22,8 +24,11 @@ import yaml
 
 from runner import __version__, spec
 from runner.errors import SubmitError
-from runner.host import render
-from runner.rundir import RunDir, atomic_write
+from runner.host import build, render
+from runner.host.provenance import git_provenance
+from runner.rundir import ATTEMPT_ENV, RunDir, atomic_write
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -44,31 +49,6 @@ class Plan:
         for name, text in self.files.items():
             lines += ["", f"--- {name} ---", text.rstrip("\n")]
         return "\n".join(lines)
-
-
-def git_provenance(path: Path) -> dict[str, object]:
-    """Commit, dirty flag and diff of the user's code, so a run says exactly what it ran."""
-    def git(*args: str) -> str | None:
-        try:
-            out = subprocess.run(["git", "-C", str(path), *args], capture_output=True, text=True, timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return out.stdout if out.returncode == 0 else None
-
-    commit = git("rev-parse", "HEAD")
-    if commit is None:
-        return {"commit": None, "dirty": None, "diff": None}
-    diff = git("diff", "HEAD") or ""
-    return {"commit": commit.strip(), "dirty": bool(diff.strip()), "diff": diff}
-
-
-def image_path(cfg: spec.Config) -> str:
-    c = cfg["container"]
-    if c["image"]:
-        return str(Path(c["image"]).resolve())
-    from runner.host.build import code_files
-
-    return str(Path(c["image_dir"]).resolve() / f"{cfg.name}-{render.spec_hash(cfg, code_files(cfg))}.sif")
 
 
 def new_run_dir(cfg: spec.Config) -> RunDir:
@@ -94,9 +74,7 @@ def check_image(cfg: spec.Config, image: str, allow_missing: bool = False) -> st
     c = cfg["container"]
     if c["runtime"] == "none" or cfg["scheduler"] != "slurm" or allow_missing or c["allow_missing_image"]:
         return None
-    from runner.host.build import image_problem
-
-    problem = image_problem(cfg, Path(image))
+    problem = build.image_problem(cfg, Path(image))
     if problem is None:
         return None
     return (f"{problem}. hint: run `runner build {cfg.path}` first, or pass --allow-missing-image "
@@ -110,7 +88,7 @@ def plan(path: Path, overrides: list[str], allow_missing_image: bool = False) ->
     run = new_run_dir(cfg)
     rd_path = run.root
     cfg = spec.load(path, overrides, run_dir=str(rd_path))
-    image = image_path(cfg) if cfg["container"]["runtime"] != "none" else "none"
+    image = build.image_path(cfg) if cfg["container"]["runtime"] != "none" else "none"
     image_problem = check_image(cfg, image, allow_missing_image)
     manifest = {"runner_version": __version__, "config_hash": cfg.hash(), "config_file": str(path.resolve()),
                 "overrides": overrides, "scheduler": cfg["scheduler"], "image": image,
@@ -175,8 +153,12 @@ def submit_slurm(p: Plan) -> int:
 
 
 def run_local(run: RunDir, world_size: int, num_device: int | None = None) -> int:
-    """Start one launcher process per rank on this machine and wait; Ctrl-C stops them gracefully."""
+    """Start one launcher process per rank on this machine and wait; Ctrl-C stops them gracefully.
+
+    Each call is a new attempt with its own log folder, claimed here and handed to the ranks.
+    """
     cfg = yaml.safe_load(run.config.read_text())
+    attempt = run.new_attempt()
     per_node = num_device or cfg["num_device"]
     with socket.socket() as s, socket.socket() as s2:  # two free ports: Lightning's and preflight's
         s.bind(("127.0.0.1", 0))
@@ -187,14 +169,15 @@ def run_local(run: RunDir, world_size: int, num_device: int | None = None) -> in
         env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world_size),
                "RANK": str(rank), "LOCAL_RANK": str(rank % per_node), "NODE_RANK": str(rank // per_node),
                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "RUNNER_RUN_DIR": str(run.root),
-               "RUNNER_PREFLIGHT_PORT": str(preflight_port)}
+               "RUNNER_PREFLIGHT_PORT": str(preflight_port), ATTEMPT_ENV: str(attempt)}
         for key in [k for k in env if k.startswith("SLURM_")]:
             del env[key]
         env.update({k: str(v) for k, v in cfg.get("env", {}).items()})
         # Own session: a Ctrl-C at the terminal reaches only this process, which turns it into a checkpoint.
+        # Popen, not proc.run: the ranks live as long as the training and this process forwards signals to them.
         procs.append(subprocess.Popen([sys.executable, "-m", "runner.job.launch", str(run.root)], env=env,
                                       start_new_session=True))
-    print(f"run {run.root}: {world_size} local processes, logs in {run.logs}/", flush=True)
+    print(f"run {run.root}: {world_size} local processes, logs in {run.attempt_logs(attempt)}/", flush=True)
     requeue_signal = getattr(signal, f"SIG{cfg['slurm']['signal']}")
     stops = []
 
@@ -203,7 +186,7 @@ def run_local(run: RunDir, world_size: int, num_device: int | None = None) -> in
         stops.append(signum)
         if signum == signal.SIGUSR2 or len(stops) == 1:
             signum = requeue_signal
-            print("runner: stopping: ranks checkpoint at the next step (Ctrl-C again to terminate)", flush=True)
+            log.info("stopping: ranks checkpoint at the next step (Ctrl-C again to terminate)")
         for p in procs:
             p.send_signal(signum)
 
@@ -218,7 +201,7 @@ def run_local(run: RunDir, world_size: int, num_device: int | None = None) -> in
     rc = next((c for c in codes if c != 0), 0)
     atomic_write(run.exit_status, json.dumps({"exit_code": rc, "codes": codes, "time": time.time()}) + "\n")
     run.record("exit", exit_code=rc)
-    _print_tail(run.rank_log(0))
+    _print_tail(run.rank_log(0, attempt))
     print(f"run {run.root}: {'finished' if run.finished.exists() else f'stopped (exit {rc})'}")
     return rc
 
@@ -237,11 +220,10 @@ RESIZABLE = ("num_nodes", "num_device")
 
 def resubmit(run: RunDir, cfg: dict[str, Any], reason: str) -> str:
     """sbatch the run's script again, make the new job the run's owner, record it and alert; returns the id."""
-    from runner import alerts
+    from runner import alerts, policy
     from runner.host import slurm
-    from runner.host.jobhook import restarts_used
 
-    attempt = restarts_used(run) + 2
+    attempt = policy.attempt(run.events()) + 1
     try:
         job_id = slurm.submit(str(run.script))
     except SubmitError as e:
@@ -298,14 +280,18 @@ def resume(run: RunDir, overrides: list[str] | None = None) -> int:
     """Start a stopped run again in its own directory; the launcher picks the newest complete checkpoint."""
     if not run.config.is_file():
         raise SubmitError(f"{run.root}: found no config.yaml; expected a run directory. hint: see `runner status`")
-    if run.finished.exists():
-        print(f"run {run.root} already finished; nothing to do")
+    from runner import policy
+    from runner.host.status import records
+
+    decision = policy.resume_action(records(run))
+    if decision.action == "refuse":
+        print(f"run {run.root} {decision.reason}")
         return 0
     change = resize(run, overrides) if overrides else None
     cfg = yaml.safe_load(run.config.read_text())
     run.cancelled.unlink(missing_ok=True)  # resuming is the user's word: a cancel before it no longer holds
     if cfg["scheduler"] == "slurm":
-        job_id = resubmit(run, cfg, change or "runner resume")
+        job_id = resubmit(run, cfg, change or decision.reason)
         print(f"resubmitted job {job_id}: {run.root}")
         return 0
     run.record("resubmitted", scheduler="local")

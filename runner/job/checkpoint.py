@@ -1,16 +1,17 @@
 """Checkpoint directories on disk: ``step-XXXXXXX/`` with a manifest and a ``COMPLETE`` marker written last.
 
-This module is filesystem-only (no torch) so that ``runner status`` and ``runner cron`` can find the newest
-complete checkpoint quickly. A directory without ``COMPLETE`` is a write that never finished: it is never used.
+The launcher writes them inside the allocation; ``runner status`` and ``runner cron`` read them on the login
+node, so this module is filesystem-only (no torch) and quick. A directory without ``COMPLETE`` is a write that
+never finished: it is never used.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from runner.rundir import atomic_write, read_json
 
 _STEP = re.compile(r"^step-(\d{7,})$")
 MARKER = "COMPLETE"
+log = logging.getLogger(__name__)
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -37,12 +39,12 @@ def complete(root: Path, config_hash: str | None = None, force: bool = False) ->
         if not m:
             continue
         if not (path / MARKER).is_file():
-            print(f"runner: skipping {path}: no {MARKER} marker (a write that never finished)", file=sys.stderr)
+            log.warning("skipping %s: no %s marker (a write that never finished)", path, MARKER)
             continue
         manifest = read_json(path / "manifest.json", {})
         if config_hash and manifest.get("config_hash") != config_hash and not force:
-            print(f"runner: skipping {path}: written by config {manifest.get('config_hash')}, this run is "
-                  f"{config_hash} (resume.force=true overrides)", file=sys.stderr)
+            log.warning("skipping %s: written by config %s, this run is %s (resume.force=true overrides)", path,
+                        manifest.get("config_hash"), config_hash)
             continue
         found.append((int(m.group(1)), path))
     return sorted(found, reverse=True)
@@ -69,7 +71,7 @@ def latest(root: Path, config_hash: str | None = None, force: bool = False,
         problem = verify(path) if check else None
         if problem is None:
             return step, path
-        print(f"runner: skipping {path}: {problem}; trying the previous checkpoint", file=sys.stderr)
+        log.warning("skipping %s: %s; trying the previous checkpoint", path, problem)
     return None
 
 

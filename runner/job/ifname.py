@@ -7,22 +7,25 @@ name lets gloo pick the address the hostname resolves to, which is often a manag
 
 On the master node the route to its own address goes through ``lo`` ("local 10.0.0.1 dev lo"); the interface
 that owns that address is the one the other ranks reach, so it is looked up by address instead.
+
+Runs in each rank (``runner.job.netenv.setup`` detects once per rank; the preflight checks what it found).
+Standard library and ``ip`` only: no torch.
 """
 
 from __future__ import annotations
 
 import fcntl
 import ipaddress
-import os
 import re
 import socket
 import struct
-from collections.abc import MutableMapping
+from typing import Any
 
 from runner import proc
 
+# The variables that name the interface for gloo and NCCL (NCCL's may be a pattern such as ``^docker,lo``).
 IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
-_SIOCGIFADDR = 0x8915
+_SIOCGIFADDR, _SIOCGIFFLAGS, _IFF_UP = 0x8915, 0x8913, 0x1
 
 
 def parse_route_get(text: str) -> tuple[str | None, str | None, bool]:
@@ -43,17 +46,27 @@ def _ip(*args: str) -> str | None:
     return out.stdout if out.returncode == 0 else None
 
 
-def _ifname_by_address(addr: str) -> str | None:
-    """The interface that holds ``addr``, via ioctl (works in containers without iproute2)."""
+def interfaces() -> dict[str, dict[str, Any]]:
+    """This node's interfaces: name -> IPv4 address (or None) and whether it is up (ioctl, no iproute2)."""
+    out: dict[str, dict[str, Any]] = {}
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         for _, name in socket.if_nameindex():
+            req = struct.pack("256s", name.encode()[:15])
             try:
-                raw = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+                addr: str | None = socket.inet_ntoa(fcntl.ioctl(s.fileno(), _SIOCGIFADDR, req)[20:24])
             except OSError:
-                continue
-            if socket.inet_ntoa(raw[20:24]) == addr:
-                return name
-    return None
+                addr = None
+            try:
+                flags = struct.unpack("H", fcntl.ioctl(s.fileno(), _SIOCGIFFLAGS, req)[16:18])[0]
+            except OSError:
+                flags = 0
+            out[name] = {"addr": addr, "up": bool(flags & _IFF_UP)}
+    return out
+
+
+def _ifname_by_address(addr: str) -> str | None:
+    """The interface that holds ``addr`` (works in containers without iproute2)."""
+    return next((name for name, i in interfaces().items() if i["addr"] == addr), None)
 
 
 def _source_address(ip: str) -> str | None:
@@ -84,20 +97,3 @@ def detect_ifname(master_addr: str) -> str | None:
             return "lo" if ipaddress.ip_address(ip).is_loopback else _ifname_by_address(src or ip)
     src = _source_address(ip)
     return _ifname_by_address(src) if src else None
-
-
-def setup_env(env: MutableMapping[str, str] | None = None) -> str | None:
-    """Detect and set the interface variables that are not set yet; returns the detected name (or None).
-
-    Variables already set (from ``network.ifname`` or the user's ``env:``) are left alone: NCCL's value may be
-    a pattern like ``^docker,lo`` that gloo would not understand.
-    """
-    env = os.environ if env is None else env
-    missing = [v for v in IFNAME_VARS if not env.get(v)]
-    if not missing or not env.get("MASTER_ADDR"):
-        return None
-    name = detect_ifname(env["MASTER_ADDR"])
-    if name:
-        for var in missing:
-            env[var] = name
-    return name

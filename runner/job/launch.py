@@ -1,8 +1,9 @@
 """The launcher: ``python -m runner.job.launch RUN_DIR`` runs one rank of the training.
 
-It runs inside the allocation (one process per device, started by srun or by ``runner submit`` locally),
-reads the run's resolved config, seeds the rank, resumes from the newest complete checkpoint and trains.
-Exit codes tell the batch script what happened, because Lightning itself exits 0 on SIGTERM.
+It runs inside the allocation, in the container: one process per device, started by srun (or by
+``runner submit`` on this machine for a local run). It reads the run's resolved config, seeds the rank, resumes
+from the newest complete checkpoint and trains, logging into its attempt's rank log. Exit codes tell the batch
+script what happened, because Lightning itself exits 0 on SIGTERM.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import importlib
 import inspect
 import io
 import json
+import logging
 import os
 import random
 import signal
@@ -26,7 +28,10 @@ import yaml
 
 from runner import __version__
 from runner.job import checkpoint
-from runner.rundir import EXIT_REQUEUE, EXIT_TERMINATED, RunDir, atomic_write, read_json
+from runner.log import setup as setup_logging
+from runner.rundir import ATTEMPT_ENV, EXIT_REQUEUE, EXIT_TERMINATED, RunDir, atomic_write, read_json
+
+log = logging.getLogger("runner.job.launch")  # not __name__: run with -m, this module is __main__
 
 
 class StopFlag:
@@ -41,7 +46,7 @@ class StopFlag:
 
         def handler(signum: int, frame: Any) -> None:
             self.signum = signum
-            print(f"runner: received {signal.Signals(signum).name}; checkpointing at the next step", flush=True)
+            log.info("received %s; checkpointing at the next step", signal.Signals(signum).name)
             if callable(previous):
                 previous(signum, frame)
 
@@ -74,8 +79,18 @@ def instantiate(spec: dict[str, Any], **offered: Any) -> Any:
     return target(**kwargs)
 
 
+def current_attempt(rd: RunDir) -> int:
+    """The attempt whose ranks these are, as claimed by whoever started them (``RUNNER_ATTEMPT``).
+
+    A rank never claims one itself: every rank would claim its own. Started by hand without the variable, a
+    rank joins the latest attempt (or the first).
+    """
+    value = os.environ.get(ATTEMPT_ENV, "")
+    return int(value) if value.isdigit() else (rd.attempts() or [1])[-1]
+
+
 def _redirect_output(path: Path) -> None:
-    """One log file per rank: everything this process and its children print goes there."""
+    """One log file per rank and attempt: everything this process and its children print goes there."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     sys.stdout.flush()
@@ -116,7 +131,8 @@ def _save_bytes(obj: Any, path: Path) -> None:
     atomic_write(path, buf.getvalue())
 
 
-def make_callback(rd: RunDir, cfg: dict[str, Any], cfg_hash: str, flag: StopFlag, resume_from: Path | None) -> Any:
+def make_callback(rd: RunDir, cfg: dict[str, Any], cfg_hash: str, flag: StopFlag, resume_from: Path | None,
+                  attempt: int) -> Any:
     """The Lightning callback that owns checkpoints: periodic, on signal, RNG per rank, COMPLETE last."""
     import lightning as L
     import torch
@@ -139,14 +155,14 @@ def make_callback(rd: RunDir, cfg: dict[str, Any], cfg_hash: str, flag: StopFlag
             if trainer.global_rank == 0:
                 before = read_json(rd.root / "progress.json", {}) or {}
                 lost = max(int(before.get("step", 0)) - trainer.global_step, 0)
-                rd.record("train_start", step=trainer.global_step, lost_steps=lost,
+                rd.record("train_start", step=trainer.global_step, lost_steps=lost, attempt=attempt,
                           resumed_from=str(resume_from) if resume_from else None)
             if resume_from is not None:
                 rng = resume_from / f"rng-rank{trainer.global_rank:05d}.pt"
                 if rng.is_file():
                     _set_rng_state(torch.load(rng, weights_only=False))
                 else:
-                    print(f"runner: warning: {rng} missing (world size changed?); RNG not restored", flush=True)
+                    log.warning("%s missing (world size changed?); RNG not restored", rng)
 
         def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                                batch_idx: int) -> None:
@@ -183,7 +199,7 @@ def make_callback(rd: RunDir, cfg: dict[str, Any], cfg_hash: str, flag: StopFlag
                             "productive_s": self.productive()}
                 checkpoint.publish(root, step, manifest)
                 checkpoint.prune(root, keep)
-                print(f"runner: checkpoint step-{step:07d} complete", flush=True)
+                log.info("checkpoint step-%07d complete", step)
             trainer.strategy.barrier("runner-ckpt-published")
             self.last_saved = step
 
@@ -223,8 +239,8 @@ def _reached_end(trainer: Any, tcfg: dict[str, Any]) -> bool:
     return max_epochs is not None and max_epochs > 0 and trainer.current_epoch >= max_epochs
 
 
-def _write_rank_info(rd: RunDir, rank: int, local: int, node: int, world: int) -> None:
-    info = {"rank": rank, "local_rank": local, "node_rank": node, "world_size": world,
+def _write_rank_info(rd: RunDir, rank: int, local: int, node: int, world: int, attempt: int) -> None:
+    info = {"rank": rank, "local_rank": local, "node_rank": node, "world_size": world, "attempt": attempt,
             "hostname": socket.gethostname(), "pid": os.getpid(),
             "slurm": {k: v for k, v in os.environ.items() if k in (
                 "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_JOB_ID", "SLURM_NTASKS",
@@ -240,13 +256,17 @@ def train(rd: RunDir) -> int:
     cfg = yaml.safe_load(rd.config.read_text())
     manifest = json.loads(rd.manifest.read_text())
     rank, local, node, world = ranks()
-    _redirect_output(rd.rank_log(rank))
-    print(f"runner {__version__}: rank {rank}/{world} local {local} node {node} on {socket.gethostname()}",
-          flush=True)
-    from runner.job import ifname as rendezvous
+    attempt = current_attempt(rd)
+    _redirect_output(rd.rank_log(rank, attempt))
+    setup_logging(stamped=True)  # a rank log is read later, next to other ranks' logs: every line has its time
+    log.info("runner %s: rank %d/%d local %d node %d on %s, attempt %d", __version__, rank, world, local, node,
+             socket.gethostname(), attempt)
+    from runner.job import netenv, preflight
 
-    rendezvous.setup_env()  # GLOO/NCCL_SOCKET_IFNAME: detected on this node unless the config set them
-    _write_rank_info(rd, rank, local, node, world)
+    # The NCCL/gloo environment before anything else: the interface is detected once on this node (names differ
+    # between nodes) unless the config names it; rank 0 records every value in env.json.
+    ne = netenv.setup(cfg, rd, rank)
+    _write_rank_info(rd, rank, local, node, world, attempt)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     flag = StopFlag()
     flag.install(cfg["slurm"]["signal"])
@@ -258,11 +278,9 @@ def train(rd: RunDir) -> int:
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    # The NCCL/gloo environment, then the preflight checks in their own short-lived process group (on their own
-    # port), before Lightning builds its process group: a bad node or interface stops the job here (exit 77).
-    from runner.job import preflight
-
-    code = preflight.in_job(rd, cfg, rank, local, node, world)
+    # The preflight checks in their own short-lived process group (on their own port), before Lightning builds
+    # its process group: a bad node or interface stops the job here (exit 77).
+    code = preflight.in_job(rd, cfg, rank, local, node, world, ne)
     if code is not None:
         return code
     L.seed_everything(cfg["seed"] + rank, workers=True, verbose=False)
@@ -271,7 +289,7 @@ def train(rd: RunDir) -> int:
         if cfg["resume"]["enabled"] else None
     model = instantiate(cfg["model"])
     data = instantiate(cfg["data"], dataloader=cfg["dataloader"], seed=cfg["seed"])
-    callback = make_callback(rd, cfg, cfg_hash, flag, last[1] if last else None)
+    callback = make_callback(rd, cfg, cfg_hash, flag, last[1] if last else None, attempt)
     plugins: list[Any] = []
     if under_slurm():
         from lightning.pytorch.plugins.environments import SLURMEnvironment
@@ -282,20 +300,20 @@ def train(rd: RunDir) -> int:
                         enable_checkpointing=False, logger=False, default_root_dir=str(rd.root),
                         use_distributed_sampler=False)
     if last:
-        print(f"runner: resuming from {last[1]} (step {last[0]})", flush=True)
+        log.info("resuming from %s (step %d)", last[1], last[0])
     try:
         trainer.fit(model, datamodule=data, ckpt_path=str(last[1] / "model.ckpt") if last else None)
     except SIGTERMException:
         if callback.stopped_by_signal:  # our callback checkpointed before Lightning's SIGTERM exit
-            print(f"runner: checkpointed at step {trainer.global_step} on SIGTERM; exit {EXIT_REQUEUE}", flush=True)
+            log.info("checkpointed at step %d on SIGTERM; exit %d", trainer.global_step, EXIT_REQUEUE)
             return EXIT_REQUEUE
-        print("runner: terminated (SIGTERM) before the end of training", flush=True)
+        log.warning("terminated (SIGTERM) before the end of training")
         return EXIT_TERMINATED
     if callback.stopped_by_signal:
-        print(f"runner: stopped on signal at step {trainer.global_step}; exit {EXIT_REQUEUE} (requeue)", flush=True)
+        log.info("stopped on signal at step %d; exit %d (requeue)", trainer.global_step, EXIT_REQUEUE)
         return EXIT_REQUEUE
     if not _reached_end(trainer, cfg["trainer"]):
-        print(f"runner: training stopped at step {trainer.global_step} before its end", flush=True)
+        log.warning("training stopped at step %d before its end", trainer.global_step)
         return EXIT_TERMINATED
     _save_bytes({k: v.detach().cpu() for k, v in model.state_dict().items()}, rd.final / f"rank-{rank:05d}.pt")
     trainer.strategy.barrier("runner-final")
@@ -303,7 +321,7 @@ def train(rd: RunDir) -> int:
         atomic_write(rd.finished, json.dumps({"step": trainer.global_step, "time": time.time(),
                                               "productive_s": callback.productive()}) + "\n")
         rd.record("finished", step=trainer.global_step)
-    print(f"runner: finished at step {trainer.global_step}", flush=True)
+    log.info("finished at step %d", trainer.global_step)
     return 0
 
 

@@ -6,7 +6,8 @@ surfaces only after Lightning's 30-minute default). Every rank sets the same var
 came from in ``RUN_DIR/env.json``. A value the user set (the config's ``env:`` block, or one already in the
 environment, e.g. from a site module) wins over runner's and is reported, so nothing is overridden silently.
 
-Standard library only: the CLI may import this module.
+Runs in each rank, first thing in the launcher (``setup``); the interface is detected there once per rank and
+the preflight checks that same result. Standard library only.
 """
 
 from __future__ import annotations
@@ -14,10 +15,13 @@ from __future__ import annotations
 import json
 import os
 import socket
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from runner.job.ifname import IFNAME_VARS, detect_ifname
+from runner.rundir import RunDir, atomic_write
 
 RUNNER = "runner"
 DETECTED = "detected from the route to MASTER_ADDR"
@@ -26,7 +30,6 @@ USER = "config env:"
 INHERITED = "environment"
 
 # Variables a user may set that matter to the interconnect; recorded when present even if runner sets none.
-IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
 RECORDED_PREFIXES = ("NCCL_", "GLOO_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "UCX_", "FI_", "MASTER_")
 
 
@@ -46,6 +49,7 @@ class NetEnv:
     vars: dict[str, Var]
     pg_timeout_s: int
     host: str = ""
+    detected: str | None = None  # the interface of the route to MASTER_ADDR on this node, whatever is in effect
 
     @property
     def ifname(self) -> str | None:
@@ -63,7 +67,7 @@ class NetEnv:
                 f"{self.vars[k].runner_value!r}" for k in self.overridden()]
 
     def to_json(self) -> dict[str, Any]:
-        return {"host": self.host, "pg_timeout_s": self.pg_timeout_s,
+        return {"host": self.host, "pg_timeout_s": self.pg_timeout_s, "detected": self.detected,
                 "vars": {k: asdict(v) for k, v in sorted(self.vars.items())}, "overridden": self.overridden()}
 
 
@@ -84,8 +88,7 @@ def wanted(net: Mapping[str, Any], log_dir: Path, detected: str | None) -> dict[
     }
     ifname, source = (net.get("ifname"), CONFIG) if net.get("ifname") else (detected, DETECTED)
     if ifname:
-        out["NCCL_SOCKET_IFNAME"] = (str(ifname), source)
-        out["GLOO_SOCKET_IFNAME"] = (str(ifname), source)
+        out.update({name: (str(ifname), source) for name in IFNAME_VARS})
     if net.get("ib_hca"):
         out["NCCL_IB_HCA"] = (str(net["ib_hca"]), CONFIG)
     if debug:
@@ -93,31 +96,20 @@ def wanted(net: Mapping[str, Any], log_dir: Path, detected: str | None) -> dict[
     return out
 
 
-def plan(cfg: Mapping[str, Any], log_dir: Path, environ: Mapping[str, str],
-         detect: Callable[[str], str | None] | None = None) -> NetEnv:
+def plan(cfg: Mapping[str, Any], log_dir: Path, environ: Mapping[str, str], detected: str | None) -> NetEnv:
     """Decide every variable; touches nothing (the env is read from `environ`, not changed).
 
-    Precedence: the config's ``env:`` block, then a value already in the environment (a site module, the
-    user's shell), then runner's value. The batch script exports ``network.ifname`` and an earlier step may
-    have exported the detected interface: such a value equal to runner's keeps runner's source.
+    ``detected`` is the interface of the route to MASTER_ADDR (``ifname.detect_ifname``), used when the config
+    names none. Precedence: the config's ``env:`` block, then a value already in the environment (a site
+    module, the user's shell, the batch script's export of ``network.ifname``), then runner's value.
     """
     net = cfg.get("network") or {}
     user = {k: str(v) for k, v in (cfg.get("env") or {}).items()}
-    detected = None
-    if environ.get("MASTER_ADDR"):
-        if detect is None:
-            from runner.job.ifname import detect_ifname
-
-            detect = detect_ifname
-        detected = detect(environ["MASTER_ADDR"])
     result: dict[str, Var] = {}
     for name, (value, source) in wanted(net, log_dir, detected).items():
-        # An interface variable equal to the detected one was exported by runner's own detection (the
-        # rendezvous step runs first): network.ifname still wins over it.
-        runners_own = name in IFNAME_VARS and environ.get(name) == detected
         if name in user:
             result[name] = Var(user[name], USER, value)
-        elif name in environ and environ[name] != value and not runners_own:
+        elif name in environ and environ[name] != value:
             result[name] = Var(environ[name], INHERITED, value)
         else:
             result[name] = Var(value, source)
@@ -127,7 +119,7 @@ def plan(cfg: Mapping[str, Any], log_dir: Path, environ: Mapping[str, str],
     for name, value in environ.items():
         if name not in result and name.startswith(RECORDED_PREFIXES):
             result[name] = Var(value, INHERITED)
-    return NetEnv(result, int(net.get("pg_timeout_s") or 300), socket.gethostname())
+    return NetEnv(result, int(net.get("pg_timeout_s") or 300), socket.gethostname(), detected)
 
 
 def apply(ne: NetEnv, environ: MutableMapping[str, str] | None = None) -> None:
@@ -142,6 +134,20 @@ def apply(ne: NetEnv, environ: MutableMapping[str, str] | None = None) -> None:
 
 def record(ne: NetEnv, path: Path) -> None:
     """Write env.json (rank 0): what the job ran with, and which user values won."""
-    from runner.rundir import atomic_write
-
     atomic_write(path, json.dumps(ne.to_json(), indent=2) + "\n")
+
+
+def setup(cfg: Mapping[str, Any], rd: RunDir, rank: int, environ: MutableMapping[str, str] | None = None) -> NetEnv:
+    """The launcher's first step in every rank: detect the interface once, decide, export, report, record.
+
+    ``environ`` is read and exported into (this process's environment by default).
+    """
+    env = os.environ if environ is None else environ
+    master = env.get("MASTER_ADDR")
+    ne = plan(cfg, rd.logs, env, detect_ifname(master) if master else None)
+    apply(ne, env)
+    for line in ne.report():
+        print(line, flush=True)
+    if rank == 0:
+        record(ne, rd.env_file)
+    return ne

@@ -1,0 +1,180 @@
+"""Why a run stopped, read from its rank logs: the most likely root cause and the lines that show it.
+
+Runs wherever an alert is made (the batch script's exit hook, ``runner cron``, a local run). Only the latest
+attempt's logs (``logs/attempt-N/``, see ``runner.rundir``) are read, so an earlier attempt is never blamed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from runner.alerts.payload import NEXT_STEPS, Alert, clip
+from runner.rundir import RunDir
+
+TAIL_LINES = 30  # log lines shown in an alert
+_SCAN_BYTES = 256 * 1024  # of the end of each rank log: enough for a long traceback
+_LINE_LIMIT = 500
+_DETAIL_LIMIT = 300
+
+_OOM_RE = re.compile(r"CUDA out of memory|CUDA error: out of memory|OutOfMemoryError|OUT_OF_MEMORY|oom[-_ ]kill", re.I)
+_NCCL_RE = re.compile(
+    r"Watchdog caught collective operation timeout|NCCL error|NCCL communicator was aborted"
+    r"|nccl(?:Unhandled\w*|System|Internal|Invalid\w*|Remote)Error"
+)
+_NODE_FAIL_RE = re.compile(r"NODE_FAIL|DUE TO NODE FAIL")
+_TIME_LIMIT_RE = re.compile(r"DUE TO TIME LIMIT")
+_PREEMPTED_RE = re.compile(r"DUE TO PREEMPTION|\bPREEMPTED\b")
+# Output prefixes added by `srun --label` ("3: ") and torchrun ("[rank3]: ").
+_PREFIX_RE = re.compile(r"^(?:\[(?:default)?rank\s*\d+\]:\s?|\d+:\s?)")
+_EXC_RE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Interrupt|Exit)(?::\s|:$|$)")
+_EXC_NAME_RE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?::\s|:$|$)")
+_ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+
+# Lower is a stronger sign that this rank's log shows the root cause.
+_CAUSE_RANK = {
+    "OOM": 0,
+    "node failure": 1,
+    "time limit": 2,
+    "preemption": 3,
+    "NCCL timeout": 4,
+    "Python exception": 5,
+}
+
+
+def _first_match(pattern: re.Pattern[str], lines: list[str]) -> str | None:
+    for line in lines:
+        if pattern.search(line):
+            return clip(line.strip(), _DETAIL_LIMIT)
+    return None
+
+
+def _exception_line(lines: list[str]) -> str | None:
+    """The exception line of the last traceback, else the last `XxxError: msg` line."""
+    stripped = [_PREFIX_RE.sub("", line.rstrip()) for line in lines]
+    tb = max((i for i, s in enumerate(stripped) if "Traceback (most recent call last)" in s), default=-1)
+    if tb >= 0:
+        # Frames are indented; the exception is the first unindented `Name: message` after the
+        # header, preferably one named like an exception (other ranks' output may be interleaved).
+        after = [s for s in stripped[tb + 1 :] if s and not s[0].isspace()]
+        for pattern in (_EXC_RE, _EXC_NAME_RE):
+            for s in after:
+                if pattern.match(s):
+                    return clip(s, _DETAIL_LIMIT)
+    for s in reversed(stripped):
+        if _EXC_RE.match(s.strip()):
+            return clip(s.strip(), _DETAIL_LIMIT)
+    return None
+
+
+def guess_cause(log_lines: list[str], exit_code: int | None, slurm_state: str | None) -> str:
+    """Name the most likely root cause, as `"<kind>: <evidence>"` or `"unknown"`.
+
+    Kinds: OOM, node failure, time limit, preemption, NCCL timeout, Python exception.
+
+    Why this order: an OOM on one rank makes the other ranks fail in NCCL, and a dead node or a
+    Slurm kill (time limit, preemption) does the same, so those beat NCCL errors in the logs; a
+    Slurm state or slurmstepd's "DUE TO ..." line is authoritative for how the job ended, and a
+    Python traceback is usually the symptom of any of the above, so it comes last.
+    """
+    lines = [str(line) for line in log_lines]
+    state = (slurm_state or "").strip().split(" ")[0].upper()
+
+    oom = _first_match(_OOM_RE, lines)
+    if oom or state == "OUT_OF_MEMORY":
+        return f"OOM: {oom or 'Slurm state OUT_OF_MEMORY'}"
+    node = _first_match(_NODE_FAIL_RE, lines)
+    if state == "NODE_FAIL" or node:
+        return f"node failure: {node or 'Slurm state NODE_FAIL'}"
+    limit = _first_match(_TIME_LIMIT_RE, lines)
+    if state == "TIMEOUT" or limit:
+        return f"time limit: {limit or 'Slurm state TIMEOUT'}"
+    preempted = _first_match(_PREEMPTED_RE, lines)
+    if state == "PREEMPTED" or preempted:
+        return f"preemption: {preempted or 'Slurm state PREEMPTED'}"
+    nccl = _first_match(_NCCL_RE, lines)
+    if nccl:
+        return f"NCCL timeout: {nccl}"
+    exc = _exception_line(lines)
+    if exc:
+        return f"Python exception: {exc}"
+    return "unknown"
+
+
+def read_tail(path: Path) -> list[str]:
+    """The last lines of a log, as a terminal would show them (progress-bar \\r rewrites collapsed)."""
+    try:
+        with path.open("rb") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, size - _SCAN_BYTES))
+            data = fh.read()
+    except OSError:
+        return []
+    lines = data.decode("utf-8", "replace").split("\n")
+    if size > _SCAN_BYTES:
+        lines = lines[1:]  # the first one is cut in the middle
+    if lines and lines[-1] == "":
+        lines.pop()
+    out = []
+    for line in lines:
+        line = _ANSI_RE.sub("", line.rstrip("\r").rsplit("\r", 1)[-1])
+        out.append(clip(line, _LINE_LIMIT))
+    return out
+
+
+def _trouble(lines: list[str]) -> int:
+    """How strongly a log shows the root cause (lower is stronger); a log without trouble scores last."""
+    kind = guess_cause(lines, None, None).split(":", 1)[0]
+    if kind in _CAUSE_RANK:
+        return _CAUSE_RANK[kind]
+    if any("Traceback" in ln or re.search(r"\berror\b", ln, re.I) for ln in lines):
+        return len(_CAUSE_RANK)
+    return len(_CAUSE_RANK) + 1
+
+
+def pick_rank_log(rd: RunDir) -> tuple[Path | None, list[str]]:
+    """The latest attempt's rank log that best shows what went wrong (lowest rank on ties), and its tail."""
+    attempts = rd.attempts()
+    if not attempts:
+        return None, []
+    logs = sorted(p for p in rd.attempt_logs(attempts[-1]).glob("rank-*.log") if p.is_file())
+    if not logs:
+        return None, []
+    tails = [read_tail(p) for p in logs]
+    best = min(range(len(logs)), key=lambda i: (_trouble(tails[i]), i))
+    return logs[best], tails[best]
+
+
+def alert_from_run(run_dir: str | os.PathLike[str], event: str, **fields: Any) -> Alert:
+    """An Alert for a run directory, its log tail and cause taken from the latest attempt's rank logs.
+
+    The log with the strongest sign of failure (OOM > node failure > time limit > preemption > NCCL >
+    traceback/error) wins, lowest rank on ties, rank 0 when none shows an error. Any Alert field may be
+    given in `fields` and wins over what is found; `job_id` and `nodes` default to $SLURM_JOB_ID and
+    $SLURM_JOB_NODELIST, `run` to the directory name, `cause` to guess_cause() (None for "completed"),
+    `next_step` to NEXT_STEPS[event]. extra["log"] names the log used.
+    """
+    names = {f.name for f in dataclasses.fields(Alert)} - {"event", "run_dir"}
+    unknown = sorted(set(fields) - names)
+    if unknown:
+        raise TypeError(f"alert_from_run() got unknown fields: {', '.join(unknown)}")
+    root = Path(run_dir)
+    log_path, lines = pick_rank_log(RunDir(root))
+    values: dict[str, Any] = {
+        "run": root.resolve().name,
+        "job_id": os.environ.get("SLURM_JOB_ID", ""),
+        "nodes": os.environ.get("SLURM_JOB_NODELIST", ""),
+        "log_tail": lines[-TAIL_LINES:],
+        "next_step": NEXT_STEPS.get(event, ""),
+    }
+    values.update(fields)
+    if "cause" not in fields and event != "completed":
+        values["cause"] = guess_cause(lines, values.get("exit_code"), values.get("slurm_state"))
+    extra = dict(values.get("extra") or {})
+    if log_path is not None:
+        extra.setdefault("log", str(log_path.relative_to(root)))
+    values["extra"] = extra
+    return Alert(event=event, run_dir=os.fspath(run_dir), **values)

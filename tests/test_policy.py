@@ -1,0 +1,417 @@
+"""Every recovery decision of runner (runner.policy) as one table per question, one row per case.
+
+The ledgers are what the hooks, the launcher, cron and submit record (events submitted, start, train_start,
+preflight, exit with its outcome, requeued, resubmitted, cancelled, gave_up, finished); Slurm's answers are
+parsed from the output recorded on a real Slurm 22.05 (tests/fixtures/slurm/, see test_slurm_parsers.py).
+Pure functions only: no cluster, no files, no clock.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runner import policy
+from runner.host import slurm
+from runner.policy import Decision, JobInfo, Limits, Records
+
+FIXTURES = Path(__file__).parent / "fixtures" / "slurm"
+MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
+T0 = 1_790_000_000.0  # the submission; every ledger time below is relative to it
+
+
+def slurm_says(name: str) -> JobInfo:
+    """Slurm's answer about a job, parsed from a real recording (``sacct_TIMEOUT.txt``, ``squeue_RUNNING.txt``)."""
+    parse = {"sacct": slurm.parse_sacct, "squeue": slurm.parse_squeue, "scontrol": slurm.parse_scontrol}
+    got = parse[name.split("_", 1)[0]]((FIXTURES / name).read_text(), MANIFEST["files"][name]["job_id"])
+    assert got is not None, name
+    return got
+
+
+def at(t: float, event: str, **fields: Any) -> dict[str, Any]:
+    return {"time": T0 + t, "event": event, **fields}
+
+
+def exited(t: float, outcome: str, code: int, attempt: int = 1, job: str = "4") -> dict[str, Any]:
+    return at(t, "exit", job_id=job, exit_code=code, signal="USR2" if code == 75 else "none", outcome=outcome,
+              attempt=attempt, cause=None if outcome in ("completed", "cancelled") else "Killed")
+
+
+def status_of(e: dict[str, Any]) -> dict[str, Any]:
+    """exit_status.json as the exit hook writes it next to the ledger's exit event."""
+    return {"exit_code": e["exit_code"], "job_id": e["job_id"], "attempt": e["attempt"], "signal": e["signal"],
+            "event": e["outcome"], "time": e["time"]}
+
+
+def rec(events: list[dict[str, Any]], *, finished: bool = False, job: str | None = "4",
+        status: dict[str, Any] | None = None) -> Records:
+    """A run's records; exit_status.json follows the ledger's last exit unless given."""
+    exits = [e for e in events if e["event"] == "exit"]
+    if status is None and exits:
+        status = status_of(exits[-1])
+    return Records(events=events, exit_status=status, finished=finished, job_id=job)
+
+
+# Ledgers (job 4 unless said otherwise)
+SUBMIT = [at(0, "submitted", scheduler="slurm", job_id="4", world_size=4)]
+STARTED = [*SUBMIT, at(10, "start", job_id="4", nodes="n[1-2]", restart_count=0)]
+TRAINING = [*STARTED, at(14, "preflight", status="ok", duration_s=3.1, summary="ok"),
+            at(15, "train_start", step=0, lost_steps=0, attempt=1, resumed_from=None)]
+FAILED = [*TRAINING, exited(100, "failed", 1)]
+FINISHED = [*TRAINING, at(95, "finished", step=80), exited(100, "completed", 0)]
+TRAINING_DONE = [*TRAINING, at(95, "finished", step=80)]  # the exit hook has not run yet
+CANCELLED = [*TRAINING, at(50, "cancelled", job_id="4"), exited(52, "cancelled", 76)]
+RESUMED_AFTER_CANCEL = [*CANCELLED, at(300, "resubmitted", job_id="9", reason="runner resume", attempt=2)]
+GAVE_UP = [*FAILED, at(160, "gave_up", reason="job 4 ended FAILED (exit 1); 0 restarts used of ...")]
+PREFLIGHT_FAILED = [*STARTED, at(14, "preflight", status="failed", duration_s=3.0, summary="n2: eth0 down"),
+                    exited(15, "preflight_failed", 77)]
+PREFLIGHT_THEN_FAILED = [*PREFLIGHT_FAILED, at(200, "resubmitted", job_id="4", reason="runner resume", attempt=2),
+                         at(210, "start", job_id="4", restart_count=0), exited(300, "failed", 1, attempt=2)]
+TIMEOUT_REQUEUED = [*TRAINING, exited(100, "timeout", 75), at(100.5, "requeued", job_id="4", reason="timeout",
+                                                                attempt=2)]
+REQUEUED_RUNNING = [*TIMEOUT_REQUEUED, at(130, "start", job_id="4", restart_count=1),
+                    at(135, "train_start", step=60, lost_steps=3, attempt=2, resumed_from="step-0000060")]
+PREEMPTED = [*TRAINING, exited(100, "preempted", 75)]
+NODE_FAIL = [*TRAINING, exited(100, "failed", 1)]  # srun lost a rank on the dead node; the hook ran on n1
+NODE_FAIL_NO_HOOK = TRAINING  # the batch host itself died: no exit recorded
+RESUBMITTED_ONCE = [*FAILED, at(200, "resubmitted", job_id="9", reason="job 4 ended FAILED (exit 1)", attempt=2),
+                    at(210, "start", job_id="9", restart_count=0), exited(300, "failed", 1, attempt=2, job="9")]
+RESUBMITTED_TWICE = [*RESUBMITTED_ONCE, at(400, "resubmitted", job_id="12", reason="...", attempt=3),
+                     at(410, "start", job_id="12", restart_count=0), exited(500, "failed", 1, attempt=3, job="12")]
+RESUBMITTED_PENDING = [*FAILED, at(200, "resubmitted", job_id="9", reason="job 4 ended FAILED (exit 1)", attempt=2)]
+# Slurm requeued a --requeue job itself after node failures: only the batch script's start events show it.
+SLURM_REQUEUED_TWICE = [*TRAINING, at(200, "start", job_id="4", restart_count=1),
+                        at(400, "start", job_id="4", restart_count=2), exited(500, "failed", 1, attempt=3)]
+FOUR_ATTEMPTS_ONE_OURS = [*TIMEOUT_REQUEUED, at(130, "start", job_id="4", restart_count=1),
+                          at(300, "start", job_id="4", restart_count=2), at(500, "start", job_id="4", restart_count=3)]
+LOCAL_CANCELLED = [at(0, "submitted", scheduler="local", world_size=2), exited(40, "failed", 76, job="")]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Slurm's words -> runner's states (the vocabulary table)
+
+SLURM_WORDS = [
+    ("CANCELLED by 0", "cancelled", True), ("COMPLETING", "running", False), ("RUNNING+", "running", False),
+    ("OUT_OF_MEMORY", "failed", True), ("DEADLINE", "timeout", True), ("", None, False), ("NEW_STATE", None, False),
+    ("PENDING", "pending", False), ("REQUEUED", "pending", False), ("REQUEUE_HOLD", "pending", False),
+    ("SUSPENDED", "running", False), ("NODE_FAIL", "failed", True), ("BOOT_FAIL", "failed", True),
+    ("PREEMPTED", "preempted", True), ("REVOKED", "cancelled", True), ("TIMEOUT", "timeout", True),
+    ("COMPLETED", "completed", True), ("FAILED", "failed", True),
+]
+
+
+@pytest.mark.parametrize("raw, state, terminal", SLURM_WORDS, ids=[w[0] or "empty" for w in SLURM_WORDS])
+def test_slurm_words(raw: str, state: str | None, terminal: bool) -> None:
+    assert policy.normalize(raw) == state
+    assert (policy.base_state(raw) in policy.TERMINAL) == terminal
+    assert JobInfo("1", policy.base_state(raw), "squeue").terminal == terminal
+
+
+def test_every_terminal_word_is_a_state() -> None:
+    assert policy.TERMINAL <= set(policy.SLURM_STATES)
+    assert set(policy.RESUBMIT_STATES) <= policy.TERMINAL and set(policy.SLURM_REQUEUES) <= policy.TERMINAL
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# How many restarts a run has used
+
+RESTARTS = [
+    pytest.param([], 0, id="empty ledger"),
+    pytest.param(SUBMIT, 0, id="submitted"),
+    pytest.param(TRAINING, 0, id="first attempt training"),
+    pytest.param(FAILED, 0, id="first attempt failed"),
+    pytest.param(TIMEOUT_REQUEUED, 1, id="requeued by the hook"),
+    pytest.param(REQUEUED_RUNNING, 1, id="requeued and started again: one restart, not two"),
+    pytest.param(RESUBMITTED_ONCE, 1, id="resubmitted by cron"),
+    pytest.param(RESUBMITTED_TWICE, 2, id="resubmitted twice"),
+    pytest.param(SLURM_REQUEUED_TWICE, 2, id="Slurm's own requeues, counted by start events"),
+    pytest.param(FOUR_ATTEMPTS_ONE_OURS, 3, id="more starts than recorded requeues: the starts win"),
+    pytest.param(CANCELLED, 0, id="cancelled"),
+    pytest.param(RESUMED_AFTER_CANCEL, 1, id="resumed after a cancel"),
+]
+
+
+@pytest.mark.parametrize("events, used", RESTARTS)
+def test_restarts_used(events: list[dict[str, Any]], used: int) -> None:
+    assert policy.restarts_used(events) == used
+    assert policy.attempt(events) == used + 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The exit hook: what the step's end means (classify), then requeue, give up or leave it (after_exit)
+
+LEAD = Limits(signal_lead_s=120)
+CLASSIFY = [
+    pytest.param(rec(TRAINING_DONE, finished=True), 0, None, LEAD, "completed", id="finished"),
+    pytest.param(rec(TRAINING_DONE, finished=True), 75, 100.0, LEAD, "completed", id="finished wins over exit 75"),
+    pytest.param(rec([*TRAINING, at(50, "cancelled", job_id="4")]), 76, None, LEAD, "cancelled",
+                 id="cancelled by the user (stopped by SIGTERM)"),
+    pytest.param(rec([*TRAINING, at(50, "cancelled", job_id="4")]), 75, 100.0, LEAD, "cancelled",
+                 id="cancelled by the user wins over exit 75"),
+    pytest.param(rec([*CANCELLED, at(300, "resubmitted", job_id="9", attempt=2)]), 1, None, LEAD, "failed",
+                 id="a cancel before a resume no longer holds"),
+    pytest.param(rec(STARTED), 77, None, LEAD, "preflight_failed", id="preflight 77"),
+    pytest.param(rec(TRAINING), 75, 150.0, LEAD, "timeout", id="75 near the time limit -> timeout"),
+    pytest.param(rec(TRAINING), 75, 180.0, LEAD, "timeout", id="75 at lead + 60 s -> timeout"),
+    pytest.param(rec(TRAINING), 75, 0.0, LEAD, "timeout", id="75 at the limit -> timeout"),
+    pytest.param(rec(TRAINING), 75, 181.0, LEAD, "preempted", id="75 far from the limit -> preempted"),
+    pytest.param(rec(TRAINING), 75, None, LEAD, "preempted", id="75, time left unknown -> preempted"),
+    pytest.param(rec(TRAINING), 75, 350.0, Limits(signal_lead_s=300), "timeout", id="75 with a longer lead"),
+    pytest.param(rec(TRAINING), 1, None, LEAD, "failed", id="exit 1 -> failed"),
+    pytest.param(rec(TRAINING), 0, None, LEAD, "failed", id="exit 0 without `finished` -> failed"),
+    pytest.param(rec(TRAINING), 76, None, LEAD, "failed", id="stopped by SIGTERM, not by the user -> failed"),
+    pytest.param(rec(TRAINING), 137, 10.0, LEAD, "failed", id="killed -> failed"),
+]
+
+
+@pytest.mark.parametrize("records, rc, seconds_left, limits, outcome", CLASSIFY)
+def test_classify(records: Records, rc: int, seconds_left: float | None, limits: Limits, outcome: str) -> None:
+    assert policy.classify(records, rc, seconds_left, limits) == outcome
+
+
+AFTER_EXIT = [
+    pytest.param("completed", 1, "4", Limits(), "skip", "training finished", id="completed"),
+    pytest.param("cancelled", 1, "4", Limits(), "skip", "cancelled by the user", id="cancelled"),
+    pytest.param("timeout", 1, "4", Limits(), "requeue", "timeout; requeued as attempt 2", id="timeout -> requeue"),
+    pytest.param("preempted", 1, "4", Limits(), "requeue", "preempted; requeued as attempt 2",
+                 id="preempted -> requeue"),
+    pytest.param("preempted", 3, "4", Limits(max_restarts=3), "requeue", "requeued as attempt 4",
+                 id="the last restart allowed"),
+    pytest.param("preempted", 4, "4", Limits(max_restarts=3), "give_up", "preempted after 3 restarts",
+                 id="max_restarts reached -> give_up"),
+    pytest.param("timeout", 1, "4", Limits(max_restarts=0), "give_up", "timeout after 0 restarts",
+                 id="max_restarts=0 -> give_up at once"),
+    pytest.param("timeout", 1, "4", Limits(requeue=False), "skip", "slurm.requeue is off",
+                 id="requeue off -> left to cron"),
+    pytest.param("timeout", 4, "4", Limits(requeue=False, max_restarts=3), "give_up", "timeout after 3 restarts",
+                 id="requeue off, max_restarts reached -> give_up"),
+    pytest.param("timeout", 1, None, Limits(), "skip", "runner cron resubmits", id="no job id -> left to cron"),
+    pytest.param("failed", 1, "4", Limits(), "skip", "runner cron decides", id="failed -> left to cron"),
+    pytest.param("failed", 9, "4", Limits(max_restarts=3), "skip", "runner cron decides",
+                 id="failed past max_restarts -> cron gives up"),
+    pytest.param("preflight_failed", 1, "4", Limits(), "skip", "preflight failed", id="preflight failed"),
+]
+
+
+@pytest.mark.parametrize("outcome, attempt, job, limits, action, reason", AFTER_EXIT)
+def test_after_exit(outcome: str, attempt: int, job: str | None, limits: Limits, action: str, reason: str) -> None:
+    d = policy.after_exit(outcome, attempt, job, limits)
+    assert d.action == action and reason in d.reason, d
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# runner cron: skip, wait, resubmit or give up
+
+NOW = T0 + 1000  # long after every ledger above: no grace or backoff left unless a row says so
+NEXT_ACTION = [
+    # Settled by the run's own records (Slurm is not even asked)
+    pytest.param(rec(FINISHED, finished=True), None, Limits(), NOW, "skip", "finished", id="finished"),
+    pytest.param(rec(TRAINING_DONE, finished=True), slurm_says("squeue_RUNNING.txt"), Limits(), NOW, "skip",
+                 "finished", id="finished, exit hook still running"),
+    pytest.param(rec(CANCELLED), slurm_says("sacct_CANCELLED.txt"), Limits(), NOW, "skip", "cancelled by the user",
+                 id="cancelled by the user"),
+    pytest.param(rec(GAVE_UP), slurm_says("sacct_FAILED.txt"), Limits(), NOW, "skip", "already gave up",
+                 id="gave up"),
+    pytest.param(rec([], job=None), None, Limits(), NOW, "skip", "never submitted", id="never submitted"),
+    pytest.param(rec(PREFLIGHT_FAILED), slurm_says("sacct_FAILED.txt"), Limits(), NOW, "skip", "preflight failed",
+                 id="preflight failed"),
+    # The job is still there
+    pytest.param(rec(SUBMIT, job="6"), slurm_says("squeue_PENDING.txt"), Limits(), NOW, "skip", "job 6 is PENDING",
+                 id="job pending"),
+    pytest.param(rec(TRAINING, job="5"), slurm_says("squeue_RUNNING.txt"), Limits(), NOW, "skip",
+                 "job 5 is RUNNING", id="job running"),
+    pytest.param(rec(TRAINING, job="5"), slurm_says("sacct_RUNNING_lag.txt"), Limits(), NOW, "skip",
+                 "job 5 is PENDING", id="job running, accounting lagging"),
+    pytest.param(rec(TIMEOUT_REQUEUED, job="8"), slurm_says("sacct_duplicates_REQUEUED_PENDING.txt"), Limits(), NOW,
+                 "skip", "job 8 is REQUEUED", id="requeued, waiting to start again"),
+    pytest.param(rec(TIMEOUT_REQUEUED, job="8"), slurm_says("scontrol_REQUEUED_PENDING.txt"), Limits(), NOW, "skip",
+                 "job 8 is PENDING", id="requeued, pending (controller)"),
+    pytest.param(rec(RESUBMITTED_PENDING, job="9"), None, Limits(), NOW, "resubmit", "job 9 ended UNKNOWN (exit 1)",
+                 id="resubmitted job unknown to Slurm (exit status of the old job)"),
+    pytest.param(rec(FAILED), JobInfo("4", "WEIRD", "squeue"), Limits(), NOW, "skip", "job 4 is WEIRD",
+                 id="an unknown word is not an end"),
+    # scancel'ed, or ended by Slurm
+    pytest.param(rec(FAILED, job="5"), slurm_says("sacct_CANCELLED.txt"), Limits(), NOW, "skip",
+                 "job 5 was cancelled (scancel)", id="scancel'ed outside runner"),
+    pytest.param(rec(TRAINING, job="5"), slurm_says("scontrol_CANCELLED.txt"), Limits(), NOW, "skip",
+                 "was cancelled (scancel)", id="scancel'ed, no exit recorded"),
+    pytest.param(rec([*TRAINING, exited(100, "timeout", 75)], job="5"), slurm_says("sacct_CANCELLED.txt"), Limits(),
+                 NOW, "resubmit", "job 5 ended CANCELLED (exit 75)", id="cancelled at the time limit -> resubmit"),
+    pytest.param(rec(PREEMPTED, job="5"), slurm_says("squeue_CANCELLED.txt"), Limits(), NOW, "resubmit",
+                 "ended CANCELLED", id="cancelled by preemption -> resubmit"),
+    pytest.param(rec(FAILED, job="4"), JobInfo("4", "REVOKED", "sacct"), Limits(), NOW, "skip", "job 4 is REVOKED",
+                 id="revoked (federation) -> skip"),
+    # Node failures: Slurm requeues a --requeue job itself
+    pytest.param(rec(NODE_FAIL, job="2"), slurm_says("sacct_NODE_FAIL.txt"), Limits(), T0 + 100 + 60, "wait",
+                 "Slurm requeues it itself (120 s grace)", id="NODE_FAIL within the 180 s grace -> wait"),
+    pytest.param(rec(NODE_FAIL, job="2"), slurm_says("sacct_NODE_FAIL.txt"), Limits(), T0 + 100 + 180, "resubmit",
+                 "job 2 ended NODE_FAIL (exit 1)", id="NODE_FAIL after the grace -> resubmit"),
+    pytest.param(rec(NODE_FAIL, job="2"), slurm_says("scontrol_NODE_FAIL.txt"), Limits(requeue=False), T0 + 160,
+                 "resubmit", "ended NODE_FAIL", id="NODE_FAIL without --requeue -> resubmit at once"),
+    pytest.param(rec(NODE_FAIL_NO_HOOK, job="2"), slurm_says("squeue_NODE_FAIL.txt"), Limits(), T0 + 160, "resubmit",
+                 "job 2 ended NODE_FAIL", id="NODE_FAIL, batch host lost (no exit recorded): no grace"),
+    pytest.param(rec(NODE_FAIL, job="2"), JobInfo("2", "BOOT_FAIL", "sacct"), Limits(), T0 + 200, "wait",
+                 "Slurm requeues it itself", id="BOOT_FAIL within the grace -> wait"),
+    # Restarts and backoff
+    pytest.param(rec(FAILED), slurm_says("sacct_FAILED.txt"), Limits(), NOW, "resubmit", "job 4 ended FAILED (exit 1)",
+                 id="failed -> resubmit"),
+    pytest.param(rec(FAILED), slurm_says("sacct_FAILED.txt"), Limits(backoff_s=600), T0 + 101, "resubmit",
+                 "ended FAILED", id="first failure: no backoff"),
+    pytest.param(rec(FAILED, job="3"), slurm_says("sacct_COMPLETED.txt"), Limits(), NOW, "resubmit",
+                 "job 3 ended COMPLETED (exit 1)", id="COMPLETED without `finished` -> resubmit"),
+    pytest.param(rec([*TRAINING, exited(100, "timeout", 75)], job="1"), slurm_says("sacct_TIMEOUT.txt"),
+                 Limits(requeue=False), NOW, "resubmit", "job 1 ended TIMEOUT (exit 75)",
+                 id="time limit without requeue -> resubmit"),
+    pytest.param(rec(FAILED), JobInfo("4", "OUT_OF_MEMORY", "sacct", exit_code="0:125"), Limits(), NOW, "resubmit",
+                 "ended OUT_OF_MEMORY", id="out of memory -> resubmit"),
+    pytest.param(rec(FAILED, status={}), None, Limits(), NOW, "resubmit", "job 4 ended UNKNOWN",
+                 id="Slurm forgot the job, exit status unreadable -> resubmit"),
+    pytest.param(rec(FAILED), slurm_says("sacct_FAILED.txt"), Limits(max_restarts=0), NOW, "give_up",
+                 "0 restarts used of resume.max_restarts=0", id="max_restarts=0 -> give_up"),
+    pytest.param(rec(RESUBMITTED_TWICE, job="12"), JobInfo("12", "FAILED", "sacct", exit_code="1:0"),
+                 Limits(max_restarts=2), NOW, "give_up", "2 restarts used of resume.max_restarts=2",
+                 id="max_restarts reached -> give_up"),
+    pytest.param(rec(SLURM_REQUEUED_TWICE), slurm_says("sacct_FAILED.txt"), Limits(max_restarts=2), NOW, "give_up",
+                 "2 restarts used", id="Slurm's own requeues count toward max_restarts"),
+    pytest.param(rec(RESUBMITTED_ONCE, job="9"), JobInfo("9", "FAILED", "sacct"), Limits(backoff_s=60), T0 + 330,
+                 "wait", "backoff 60 s, 30 s left", id="backoff -> wait"),
+    pytest.param(rec(RESUBMITTED_ONCE, job="9"), JobInfo("9", "FAILED", "sacct"), Limits(backoff_s=60), T0 + 360,
+                 "resubmit", "job 9 ended FAILED (exit 1)", id="backoff over -> resubmit"),
+    pytest.param(rec(RESUBMITTED_TWICE, job="12"), JobInfo("12", "FAILED", "sacct"), Limits(backoff_s=60), T0 + 610,
+                 "wait", "backoff 120 s, 10 s left", id="backoff doubles with each restart"),
+    pytest.param(rec(RESUBMITTED_TWICE, job="12"), JobInfo("12", "FAILED", "sacct"), Limits(backoff_s=0), T0 + 500,
+                 "resubmit", "ended FAILED", id="backoff_s=0 -> resubmit at once"),
+    pytest.param(rec(PREFLIGHT_THEN_FAILED), slurm_says("sacct_FAILED.txt"), Limits(backoff_s=0), NOW, "resubmit",
+                 "ended FAILED", id="preflight failed once, resumed, then failed -> resubmit"),
+    pytest.param(rec(RESUMED_AFTER_CANCEL, job="9"), JobInfo("9", "FAILED", "sacct"), Limits(backoff_s=0), NOW,
+                 "resubmit", "job 9 ended FAILED", id="resumed after a cancel: cron looks after it again"),
+]
+
+
+@pytest.mark.parametrize("records, job, limits, now, action, reason", NEXT_ACTION)
+def test_next_action(records: Records, job: JobInfo | None, limits: Limits, now: float, action: str,
+                     reason: str) -> None:
+    d = policy.next_action(records, job, limits, now)
+    assert d.action == action and reason in d.reason, d
+    settled = policy.settled(records)
+    if settled is not None:  # decided without Slurm: whatever Slurm says changes nothing
+        assert d == settled == policy.next_action(records, None, limits, now)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# runner status: the run directory's own records, then Slurm's view (combine)
+
+RUN_STATE = [
+    # From the run directory alone (a local run, or Slurm forgot the job)
+    pytest.param(rec(FINISHED, finished=True), None, "completed", id="finished"),
+    pytest.param(rec(TRAINING_DONE, finished=True), None, "completed", id="finished, job still exiting"),
+    pytest.param(rec(CANCELLED), None, "cancelled", id="cancelled by the user"),
+    pytest.param(rec([*TRAINING, at(50, "cancelled", job_id="4")]), None, "cancelled",
+                 id="cancelled, exit not recorded yet"),
+    pytest.param(rec(SUBMIT), None, "pending", id="submitted, not started"),
+    pytest.param(rec(STARTED), None, "running", id="batch script started"),
+    pytest.param(rec(TRAINING), None, "running", id="training"),
+    pytest.param(rec(REQUEUED_RUNNING), None, "preempted",
+                 id="requeued and training again: the last exit status, until Slurm says RUNNING"),
+    pytest.param(rec(RESUBMITTED_PENDING, job="9"), None, "running",
+                 id="resubmitted: the old attempt's train_start is among the last three events"),
+    pytest.param(rec([*GAVE_UP, at(300, "resubmitted", job_id="9", reason="runner resume", attempt=2)], job="9"),
+                 None, "pending", id="resumed after giving up: no start among the last three events"),
+    pytest.param(rec(TIMEOUT_REQUEUED), None, "preempted", id="exit 75, requeue recorded"),
+    pytest.param(rec(PREEMPTED), None, "preempted", id="exit 75"),
+    pytest.param(rec(FAILED), None, "failed", id="exit 1"),
+    pytest.param(rec(PREFLIGHT_FAILED), None, "failed", id="preflight failed"),
+    pytest.param(rec(LOCAL_CANCELLED, job=None, status={"exit_code": 76, "cancelled": True}), None, "cancelled",
+                 id="local run cancelled (exit status marked)"),
+    pytest.param(rec(FAILED, status={}), None, "failed", id="exit status without a code"),
+    pytest.param(Records(events=[*GAVE_UP, at(170, "resized", change="2x2 -> 1x2")], exit_status=None, job_id="4"),
+                 None, "pending", id="exit status unreadable, no start among the last three events"),
+    pytest.param(Records(events=[*STARTED, exited(20, "failed", 1)], exit_status=None, job_id="4"), None, "running",
+                 id="exit status unreadable, a start among the last three events"),
+    # Slurm's view, corrected by the records
+    pytest.param(rec(SUBMIT, job="5"), slurm_says("squeue_RUNNING.txt"), "running", id="Slurm: started"),
+    pytest.param(rec(TRAINING, job="8"), slurm_says("squeue_REQUEUED_PENDING.txt"), "pending",
+                 id="Slurm: requeued, pending"),
+    pytest.param(rec(REQUEUED_RUNNING, job="5"), slurm_says("squeue_RUNNING.txt"), "running",
+                 id="Slurm: requeued and running again"),
+    pytest.param(rec(RESUBMITTED_PENDING, job="6"), slurm_says("squeue_PENDING.txt"), "pending",
+                 id="Slurm: resubmitted job pending"),
+    pytest.param(rec(FAILED, job="1"), slurm_says("sacct_TIMEOUT.txt"), "timeout", id="Slurm: TIMEOUT"),
+    pytest.param(rec(FAILED, job="5"), slurm_says("sacct_CANCELLED.txt"), "cancelled", id="Slurm: CANCELLED"),
+    pytest.param(rec(FAILED, job="2"), slurm_says("sacct_NODE_FAIL.txt"), "failed", id="Slurm: NODE_FAIL"),
+    pytest.param(rec(FINISHED, finished=True), slurm_says("sacct_FAILED.txt"), "completed",
+                 id="`finished` wins over Slurm"),
+    pytest.param(rec(FAILED, job="3"), slurm_says("sacct_COMPLETED.txt"), "failed",
+                 id="COMPLETED without `finished` -> failed"),
+    pytest.param(rec(PREEMPTED), slurm_says("sacct_FAILED.txt"), "preempted", id="exit 75 recorded, Slurm FAILED"),
+    pytest.param(rec(TRAINING), JobInfo("9", "FAILED", "sacct", exit_code="75:0"), "preempted",
+                 id="Slurm's exit code 75"),
+    pytest.param(rec(FAILED), JobInfo("9", "WEIRD", "squeue"), "failed", id="unknown Slurm word: records decide"),
+]
+
+
+@pytest.mark.parametrize("records, job, state", RUN_STATE)
+def test_run_state(records: Records, job: JobInfo | None, state: str) -> None:
+    assert policy.run_state(records, job) == state
+
+
+COMBINE = [  # (the run directory's state, Slurm's answer) -> the state shown
+    # live states come from Slurm, whatever the run directory guessed
+    ("pending", "squeue_RUNNING.txt", "running"),
+    ("running", "squeue_REQUEUED_PENDING.txt", "pending"),
+    # final states: Slurm's, unless the run directory knows better
+    ("failed", "sacct_TIMEOUT.txt", "timeout"),
+    ("failed", "sacct_CANCELLED.txt", "cancelled"),
+    ("failed", "sacct_NODE_FAIL.txt", "failed"),
+    ("completed", "sacct_FAILED.txt", "completed"),  # `finished` marker wins
+    ("failed", "sacct_COMPLETED.txt", "failed"),  # exit 0 without `finished`
+    ("preempted", "sacct_FAILED.txt", "preempted"),  # exit 75: requeue me
+    ("running", JobInfo("9", "FAILED", "sacct", exit_code="75:0"), "preempted"),
+    # Slurm forgot the job: the run directory is all there is
+    ("failed", None, "failed"),
+    ("failed", JobInfo("9", "WEIRD", "squeue"), "failed"),
+]
+
+
+@pytest.mark.parametrize("local, job, state", COMBINE)
+def test_combine(local: str, job: str | JobInfo | None, state: str) -> None:
+    assert policy.combine(local, slurm_says(job) if isinstance(job, str) else job) == state
+
+
+ASKS_SLURM = [
+    pytest.param(rec(SUBMIT), True, id="submitted"),
+    pytest.param(rec(FAILED), True, id="failed: Slurm may know better"),
+    pytest.param(rec(TRAINING_DONE, finished=True), True, id="finished, job still exiting"),
+    pytest.param(rec(FINISHED, finished=True), False, id="finished and exited"),
+    pytest.param(rec([], job=None), False, id="no job"),
+]
+
+
+@pytest.mark.parametrize("records, asks", ASKS_SLURM)
+def test_asks_slurm(records: Records, asks: bool) -> None:
+    assert policy.asks_slurm(records) == asks
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# runner resume
+
+RESUME = [
+    pytest.param(rec(FINISHED, finished=True), Decision("refuse", "already finished; nothing to do"), id="finished"),
+    pytest.param(rec(CANCELLED), Decision("resubmit", "runner resume"), id="cancelled: a resume lifts it"),
+    pytest.param(rec(GAVE_UP), Decision("resubmit", "runner resume"), id="gave up"),
+    pytest.param(rec(PREFLIGHT_FAILED), Decision("resubmit", "runner resume"), id="preflight failed"),
+    pytest.param(rec(FAILED), Decision("resubmit", "runner resume"), id="failed"),
+]
+
+
+@pytest.mark.parametrize("records, decision", RESUME)
+def test_resume_action(records: Records, decision: Decision) -> None:
+    assert policy.resume_action(records) == decision
+
+
+def test_limits_from_a_config() -> None:
+    cfg = {"slurm": {"requeue": False, "signal_lead_s": 300}, "resume": {"max_restarts": 5, "backoff_s": 30}}
+    assert Limits.of(cfg) == Limits(requeue=False, signal_lead_s=300, max_restarts=5, backoff_s=30.0)
