@@ -39,3 +39,9 @@ def setup(verbosity: int = 0, stamped: bool | None = None) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level)
     root.propagate = False
+
+
+def one_line(e: BaseException, limit: int = 300) -> str:
+    """An exception as one line (``Type: message``), for reports where one bad run is one line."""
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:limit]}" if text else type(e).__name__

@@ -111,15 +111,6 @@ class RunDir:
             f.flush()
             os.fsync(f.fileno())
 
-    def cancelled_now(self) -> bool:
-        """`runner cancel` was the last word since the last (re)submission (a later resume lifts it)."""
-        for e in reversed(self.events()):
-            if e["event"] == "cancelled":
-                return True
-            if e["event"] in ("submitted", "resubmitted"):
-                return False
-        return False
-
     def events(self) -> list[dict[str, Any]]:
         try:
             lines = self.ledger.read_text().splitlines()

@@ -8,7 +8,6 @@ the job's state, before slurmdbd caught up: they are why runner asks the control
 from __future__ import annotations
 
 import json
-import logging
 import os
 import subprocess
 from pathlib import Path
@@ -414,7 +413,6 @@ def test_cron_asks_slurm_once_and_a_broken_run_stops_nothing(tmp_path: Path, mon
                                                              caplog: pytest.LogCaptureFixture) -> None:
     from runner.host import cron, submit
 
-    monkeypatch.setattr(logging.getLogger("runner"), "propagate", True)  # runner.log.setup may have run before
     make_run(tmp_path, "a-done", "3", "start", "finished", "exit", finished=True)
     make_run(tmp_path, "b-cancelled", "5", "start", "cancelled")
     make_run(tmp_path, "c-failed", "4", "start", "exit")

@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from runner import log as runner_log
 from runner import policy, proc
 from runner.host.status import records
 from runner.rundir import RunDir, read_json
@@ -118,7 +119,7 @@ def run_once(roots: list[Path]) -> int:
                 try:
                     d = handle(run, jobs)
                 except Exception as e:  # one broken run must never stop the others
-                    log.error("%s: %s: %s", run.name, type(e).__name__, e)
+                    log.error("%s: %s", run.name, runner_log.one_line(e))
                     continue
                 if d.action != "skip":
                     print(f"{run.name}: {d.action}: {d.reason}", flush=True)

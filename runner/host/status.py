@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from runner import log as runner_log
 from runner import policy
 from runner.errors import RunnerError
 from runner.job import checkpoint
@@ -134,7 +135,7 @@ def collect(name: str | None, root: Path) -> list[dict[str, Any]]:
             rows.append(row(run, jobs))
         except Exception as e:  # one unreadable run must not hide the others
             log.debug("%s: cannot read", run.root, exc_info=True)
-            rows.append(broken_row(run, f"{type(e).__name__}: {e}"))
+            rows.append(broken_row(run, runner_log.one_line(e)))
     return rows
 
 
