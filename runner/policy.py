@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runner.rundir import EXIT_PREFLIGHT, EXIT_REQUEUE
+from runner.spec.typed import RunConfig
 
 # ---------------------------------------------------------------------------------------------------------------
 # Slurm's vocabulary
@@ -108,7 +109,7 @@ class Limits:
     backoff_s: float = 60  # resume.backoff_s
 
     @classmethod
-    def of(cls, cfg: Mapping[str, Any]) -> Limits:
+    def of(cls, cfg: RunConfig) -> Limits:
         return cls(requeue=bool(cfg["slurm"]["requeue"]), signal_lead_s=cfg["slurm"]["signal_lead_s"],
                    max_restarts=cfg["resume"]["max_restarts"], backoff_s=float(cfg["resume"]["backoff_s"]))
 

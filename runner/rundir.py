@@ -56,20 +56,61 @@ class RunDir:
     def name(self) -> str:
         return self.root.name
 
-    config = property(lambda self: self.root / "config.yaml")
-    manifest = property(lambda self: self.root / "manifest.json")
-    script = property(lambda self: self.root / "job.sbatch")
-    job_id_file = property(lambda self: self.root / "job_id")
-    ledger = property(lambda self: self.root / "ledger.jsonl")
-    exit_status = property(lambda self: self.root / "exit_status.json")
-    finished = property(lambda self: self.root / "finished")
-    last_exit = property(lambda self: self.root / "last_exit.json")  # the launcher's own exit code (rank 0)
-    cancelled = property(lambda self: self.root / "cancelled")  # written by `runner cancel`: never resubmit
-    logs = property(lambda self: self.root / "logs")
-    checkpoints = property(lambda self: self.root / "checkpoints")
-    final = property(lambda self: self.root / "final")
-    env_file = property(lambda self: self.root / "env.json")
-    preflight = property(lambda self: self.root / "preflight.json")
+    @property
+    def config(self) -> Path:
+        return self.root / "config.yaml"
+
+    @property
+    def manifest(self) -> Path:
+        return self.root / "manifest.json"
+
+    @property
+    def script(self) -> Path:
+        return self.root / "job.sbatch"
+
+    @property
+    def job_id_file(self) -> Path:
+        return self.root / "job_id"
+
+    @property
+    def ledger(self) -> Path:
+        return self.root / "ledger.jsonl"
+
+    @property
+    def exit_status(self) -> Path:
+        return self.root / "exit_status.json"
+
+    @property
+    def finished(self) -> Path:
+        return self.root / "finished"
+
+    @property
+    def last_exit(self) -> Path:  # the launcher's own exit code (rank 0)
+        return self.root / "last_exit.json"
+
+    @property
+    def cancelled(self) -> Path:  # written by `runner cancel`: never resubmit
+        return self.root / "cancelled"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def final(self) -> Path:
+        return self.root / "final"
+
+    @property
+    def env_file(self) -> Path:
+        return self.root / "env.json"
+
+    @property
+    def preflight(self) -> Path:
+        return self.root / "preflight.json"
 
     def attempts(self) -> list[int]:
         """Attempt numbers that have a log folder (``logs/attempt-N``), oldest first."""

@@ -32,7 +32,7 @@ QUICKSTART = REPO / "conf" / "quickstart.yaml"
 
 @functools.cache
 def _defaults() -> dict[str, Any]:
-    return dict(spec.load(QUICKSTART)["alerts"])
+    return dict(spec.load(QUICKSTART).data["alerts"])
 
 
 def section(**values: Any) -> dict[str, Any]:
@@ -625,8 +625,8 @@ def test_defaults_and_events(tmp_path):
     }
     assert defaults == section()
     assert set(alerts.NEXT_STEPS) == set(EVENTS)
-    assert spec.load(write_config(tmp_path, defaults))["alerts"] == defaults  # the defaults are valid
-    assert spec.load(write_config(tmp_path, None))["alerts"] == defaults  # YAML `alerts:` with nothing under it
+    assert spec.load(write_config(tmp_path, defaults)).data["alerts"] == defaults  # the defaults are valid
+    assert spec.load(write_config(tmp_path, None)).data["alerts"] == defaults  # YAML `alerts:` with nothing under it
 
 
 BAD_ALERTS = [

@@ -31,8 +31,8 @@ def problems(tmp_path: Path, overrides: list[str], base: dict | None = None) -> 
 
 def test_quickstart_resolves_interpolation_and_global_batch(tmp_path: Path) -> None:
     cfg = spec.load(REPO / "conf" / "quickstart.yaml", ["num_device=4", "global_batch_size=64"])
-    assert cfg["trainer"]["devices"] == 4
-    assert cfg["dataloader"]["train"]["dist_world_size"] == 4  # ${num_nodes * num_device}
+    assert cfg.data["trainer"]["devices"] == 4
+    assert cfg.data["dataloader"]["train"]["dist_world_size"] == 4  # ${num_nodes * num_device}
     assert cfg.accumulate == 2 and cfg.global_batch == 64  # 8 x 4 x 2
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from runner import spec
 from runner.errors import PreflightError
 from runner.job import checks, ifname, netenv, preflight
 from runner.job.checks import FAIL, PASS, WARN
@@ -191,7 +192,7 @@ def test_versions_mismatch_names_the_odd_node() -> None:
 
 
 def test_versions_of_this_process_are_stable() -> None:
-    cfg = {"model": {"_target_": "runner.dev.example.TinyRegressor"}}
+    cfg = spec.load("conf/quickstart.yaml").data  # model: runner.dev.example.TinyRegressor
     a, b = checks.versions(cfg), checks.versions(cfg)
     assert a == b and len(a["code"]) == 16 and a["packages"]["pyyaml"]
     assert any(p.name == "example.py" for p in checks.code_to_compare(cfg))

@@ -124,7 +124,7 @@ def test_rendezvous_shell_part_runs(tmp_path: Path) -> None:
 
 def test_config_is_valid_and_world_size_4() -> None:
     cfg = spec.load(CONF)
-    assert cfg.world_size == 4 and cfg["scheduler"] == "slurm" and cfg["container"]["runtime"] == "none"
+    assert cfg.world_size == 4 and cfg.data["scheduler"] == "slurm" and cfg.data["container"]["runtime"] == "none"
     assert cfg.global_batch == 32
 
 

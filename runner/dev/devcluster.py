@@ -22,9 +22,10 @@ import socket
 import stat
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from runner import proc
 from runner.errors import ClusterError
@@ -255,7 +256,8 @@ def _netns_pids(netns: str) -> list[int]:
     return pids
 
 
-def _wait_for(what: str, pred, timeout: float, log: Path | None = None, interval: float = 0.05):
+def _wait_for(what: str, pred: Callable[[], Any], timeout: float, log: Path | None = None,
+              interval: float = 0.05) -> Any:
     deadline = time.monotonic() + timeout
     while True:
         result = pred()
@@ -384,7 +386,7 @@ def _write(path: Path, text: str, mode: int = 0o644) -> None:
 # Network
 
 
-def _ip(*args: str, netns: str | None = None, check: bool = True):
+def _ip(*args: str, netns: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
     argv = ["ip", *args] if netns is None else ["ip", "-n", netns, *args]
     return proc.run(argv, timeout=TIMEOUT_S, check=check, error=ClusterError)
 

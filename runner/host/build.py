@@ -75,7 +75,7 @@ def image_code_files(cfg: Config) -> dict[str, bytes]:
 
     out: dict[str, bytes] = {}
     base = Path(cfg.path).resolve().parent
-    for entry in cfg["container"]["code"]:
+    for entry in cfg.data["container"]["code"]:
         src = Path(runner.__file__).resolve().parent if entry == "runner" else (base / entry)
         if src.is_file():
             out[src.name] = src.read_bytes()
@@ -103,7 +103,7 @@ class Paths:
 
 def sif_path(cfg: Config, spec_hash: str) -> Path:
     """The one place that names a config's SIF: ``container.image``, else ``IMAGE_DIR/<name>-<spec hash>.sif``."""
-    c = cfg["container"]
+    c = cfg.data["container"]
     if c["image"]:
         return Path(c["image"]).resolve()
     return Path(c["image_dir"]).resolve() / f"{cfg.name}-{spec_hash}.sif"
@@ -115,7 +115,7 @@ def image_path(cfg: Config) -> str:
 
 
 def paths(cfg: Config, spec_hash: str) -> Paths:
-    build_dir = Path(cfg["container"]["image_dir"]).resolve() / "build" / f"{cfg.name}-{spec_hash}"
+    build_dir = Path(cfg.data["container"]["image_dir"]).resolve() / "build" / f"{cfg.name}-{spec_hash}"
     return Paths(build_dir=build_dir, sif=sif_path(cfg, spec_hash))
 
 
@@ -149,7 +149,7 @@ def detect_builder(choice: str) -> tuple[str, str | None]:
 
 def sif_tool(cfg: Config) -> str | None:
     """The Apptainer binary that builds the SIF (the runtime's own name first), or None if none is here."""
-    runtime = cfg["container"]["runtime"]
+    runtime = cfg.data["container"]["runtime"]
     for name in (runtime, "apptainer", "singularity"):
         if name != "none" and shutil.which(name):
             return name
@@ -295,7 +295,7 @@ def _builder_has(builder: str, tag: str) -> bool:
 def plan(path: str | Path, overrides: list[str] | None = None, force: bool = False) -> BuildPlan:
     """Render the build directory in memory and decide what has to run; changes nothing."""
     cfg = spec.load(path, overrides or [])
-    c = cfg["container"]
+    c = cfg.data["container"]
     code = image_code_files(cfg)
     h = render.spec_hash(cfg, code)
     p = paths(cfg, h)

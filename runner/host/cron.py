@@ -17,19 +17,17 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 from runner import log as runner_log
 from runner import policy, proc
 from runner.host.status import records
 from runner.rundir import RunDir, read_json
+from runner.spec.typed import RunConfig, read_resolved
 
 log = logging.getLogger(__name__)
 
 
-def decide(run: RunDir, cfg: Mapping[str, Any], jobs: Mapping[str, policy.JobInfo] | None = None,
+def decide(run: RunDir, cfg: RunConfig, jobs: Mapping[str, policy.JobInfo] | None = None,
            now: float | None = None) -> policy.Decision:
     """Cron's decision for one run; ``jobs`` is Slurm's answer for many runs at once (asked here when not given)."""
     rec = records(run)
@@ -55,7 +53,7 @@ def handle(run: RunDir, jobs: Mapping[str, policy.JobInfo] | None = None) -> pol
     settled = policy.settled(records(run))
     if settled is not None and not _alerts_queued(run):
         return settled  # nothing to send and nothing to decide: not even the config is read
-    cfg = yaml.safe_load(run.config.read_text())
+    cfg = read_resolved(run.config)
     alerts.flush_queue(run.root, cfg["alerts"])
     d = decide(run, cfg, jobs)
     if d.action == "resubmit" and jobs is not None:

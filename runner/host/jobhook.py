@@ -17,12 +17,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from runner import log as runner_log
 from runner import policy, proc
 from runner.host.status import records
 from runner.rundir import EXIT_REQUEUE, RunDir, atomic_write, read_json
+from runner.spec.typed import RunConfig, read_resolved
 
 ALERT_BUDGET_S = 15.0  # the job may be seconds from its time limit: queue what cannot be sent quickly
 log = logging.getLogger(__name__)
@@ -59,7 +58,7 @@ def _cause(run: RunDir, rc: int, event: str) -> str | None:
     return alerts.alert_from_run(run.root, event, exit_code=rc).cause
 
 
-def _alert(run: RunDir, cfg: dict[str, Any], event: str, **fields: Any) -> None:
+def _alert(run: RunDir, cfg: RunConfig, event: str, **fields: Any) -> None:
     from runner import alerts
 
     alerts.notify(run.root, cfg["alerts"], event, budget_s=ALERT_BUDGET_S, **fields)
@@ -73,7 +72,7 @@ def launcher_code(run: RunDir, rc: int, job: str | None) -> int:
 
 
 def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
-    cfg = yaml.safe_load(run.config.read_text())
+    cfg = read_resolved(run.config)
     limits = policy.Limits.of(cfg)
     job = os.environ.get("SLURM_JOB_ID")
     rc = launcher_code(run, rc, job)

@@ -58,13 +58,13 @@ def render(template: str, **context: Any) -> str:
 
 
 def base_image(cfg: Config) -> str:
-    c = cfg["container"]
+    c = cfg.data["container"]
     return c["base_image"] or f"nvcr.io/nvidia/pytorch:{c['ngc_tag']}-py3"
 
 
 def image_spec(cfg: Config) -> dict[str, Any]:
     """Everything that determines the image, and nothing else (so unrelated edits do not rebuild)."""
-    c = cfg["container"]
+    c = cfg.data["container"]
     return {"base_image": base_image(cfg), "apt": c["apt"], "pip": c["pip"], "nccl_tests": c["nccl_tests"],
             "perftest": c["perftest"], "install_lightning": c["install_lightning"], "lightning": LIGHTNING_PIN,
             "nccl_tests_ref": NCCL_TESTS_REF,
@@ -85,7 +85,7 @@ def dockerfile(cfg: Config, spec_hash: str) -> str:
 def apptainer_def(cfg: Config, spec_hash: str, bootstrap: str, source: str,
                   extra_labels: list[tuple[str, str]] | None = None) -> str:
     """``extra_labels``: the build's provenance (``runner build`` adds them; values are single lines)."""
-    c = cfg["container"]
+    c = cfg.data["container"]
     labels = spec_labels(cfg, spec_hash)
     labels += [(k, v) for k, v in extra_labels or [] if k not in dict(labels)]
     return render("apptainer.def.j2", config_name=cfg.name, spec_hash=spec_hash, bootstrap=bootstrap,
@@ -104,7 +104,7 @@ def spec_hash(cfg: Config, code_files: dict[str, bytes]) -> str:
 
 def exec_prefix(cfg: Config, image: str, binds: list[str], env_names: list[str]) -> str:
     """The part of the srun line that differs between runtimes; everything else in the script is shared."""
-    c = cfg["container"]
+    c = cfg.data["container"]
     if c["runtime"] == "none":
         return q(sys.executable)
     parts = [c["runtime"], "exec", "--nv"]
@@ -123,15 +123,15 @@ IFNAME_ENV = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")  # passed only when ne
 
 
 def sbatch(cfg: Config, run_dir: Path, image: str) -> str:
-    d, s = cfg.data, cfg["slurm"]
+    d, s = cfg.data, cfg.data["slurm"]
     flags = [f"--{key}={s[key]}" for key in ("partition", "account", "qos", "constraint", "mem") if s[key] is not None]
     flags += list(s["extra_flags"])
     gpus = s["gpus_per_node"]
     if gpus is None:
         gpus = d["num_device"] if d["trainer"]["accelerator"] in ("gpu", "cuda") else 0
-    binds = sorted({str(run_dir.parent.resolve()), *cfg["container"]["binds"]})
+    binds = sorted({str(run_dir.parent.resolve()), *cfg.data["container"]["binds"]})
     env = sorted((k, str(v)) for k, v in d["env"].items())
-    ifname = cfg["network"]["ifname"]
+    ifname = cfg.data["network"]["ifname"]
     env_names = [*CONTAINER_ENV, *(IFNAME_ENV if ifname else ()), *(k for k, _ in env)]
     return render("sbatch.sh.j2", config_name=cfg.name, config_hash=cfg.hash(), name=cfg.name,
                   nodes=d["num_nodes"], ntasks_per_node=d["num_device"], gpus_per_node=gpus,

@@ -27,6 +27,7 @@ from runner.errors import SubmitError
 from runner.host import build, render
 from runner.host.provenance import git_provenance
 from runner.rundir import ATTEMPT_ENV, RunDir, atomic_write
+from runner.spec.typed import RunConfig, read_resolved
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ class Plan:
 
 def new_run_dir(cfg: spec.Config) -> RunDir:
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    root = Path(cfg["run_root"]).resolve() / f"{cfg.name}-{stamp}"
+    root = Path(cfg.data["run_root"]).resolve() / f"{cfg.name}-{stamp}"
     n = 1
     while root.exists():
         n += 1
@@ -71,8 +72,8 @@ def check_image(cfg: spec.Config, image: str, allow_missing: bool = False) -> st
     when there is a problem; ``--dry-run`` shows it. ``--allow-missing-image`` or
     ``container.allow_missing_image: true`` turn the check off (an image that exists only on the cluster).
     """
-    c = cfg["container"]
-    if c["runtime"] == "none" or cfg["scheduler"] != "slurm" or allow_missing or c["allow_missing_image"]:
+    c = cfg.data["container"]
+    if c["runtime"] == "none" or cfg.data["scheduler"] != "slurm" or allow_missing or c["allow_missing_image"]:
         return None
     problem = build.image_problem(cfg, Path(image))
     if problem is None:
@@ -88,17 +89,17 @@ def plan(path: Path, overrides: list[str], allow_missing_image: bool = False) ->
     run = new_run_dir(cfg)
     rd_path = run.root
     cfg = spec.load(path, overrides, run_dir=str(rd_path))
-    image = build.image_path(cfg) if cfg["container"]["runtime"] != "none" else "none"
+    image = build.image_path(cfg) if cfg.data["container"]["runtime"] != "none" else "none"
     image_problem = check_image(cfg, image, allow_missing_image)
     manifest = {"runner_version": __version__, "config_hash": cfg.hash(), "config_file": str(path.resolve()),
-                "overrides": overrides, "scheduler": cfg["scheduler"], "image": image,
+                "overrides": overrides, "scheduler": cfg.data["scheduler"], "image": image,
                 "world_size": cfg.world_size, "global_batch": cfg.global_batch,
                 "accumulate_grad_batches": cfg.accumulate, "git": git_provenance(path.resolve().parent),
                 "created": time.time(), "host": socket.gethostname()}
     files = {"config.yaml": yaml.safe_dump(cfg.data, sort_keys=False),
              "manifest.json": json.dumps(manifest, indent=2) + "\n",
              "job.sbatch": render.sbatch(cfg, rd_path, image)}
-    if cfg["scheduler"] == "slurm":
+    if cfg.data["scheduler"] == "slurm":
         argv = ["sbatch", "--parsable", str(RunDir(rd_path).script)]
     else:
         argv = [sys.executable, "-m", "runner.job.launch", str(rd_path)]
@@ -106,7 +107,7 @@ def plan(path: Path, overrides: list[str], allow_missing_image: bool = False) ->
              f"{cfg.accumulate} accumulation"]
     if image_problem:
         notes.append(f"image check:   {image_problem} (runner submit refuses without --allow-missing-image)")
-    return Plan(RunDir(rd_path), files, argv, cfg["scheduler"], cfg.world_size, notes, image_problem)
+    return Plan(RunDir(rd_path), files, argv, cfg.data["scheduler"], cfg.world_size, notes, image_problem)
 
 
 def write(p: Plan) -> None:
@@ -157,7 +158,7 @@ def run_local(run: RunDir, world_size: int, num_device: int | None = None) -> in
 
     Each call is a new attempt with its own log folder, claimed here and handed to the ranks.
     """
-    cfg = yaml.safe_load(run.config.read_text())
+    cfg = read_resolved(run.config)
     attempt = run.new_attempt()
     per_node = num_device or cfg["num_device"]
     with socket.socket() as s, socket.socket() as s2:  # two free ports: Lightning's and preflight's
@@ -218,7 +219,7 @@ def _print_tail(path: Path, n: int = 8) -> None:
 RESIZABLE = ("num_nodes", "num_device")
 
 
-def resubmit(run: RunDir, cfg: dict[str, Any], reason: str) -> str:
+def resubmit(run: RunDir, cfg: RunConfig, reason: str) -> str:
     """sbatch the run's script again, make the new job the run's owner, record it and alert; returns the id."""
     from runner import alerts, policy
     from runner.host import slurm
@@ -246,7 +247,7 @@ def resize(run: RunDir, overrides: list[str]) -> str:
     if bad:
         raise SubmitError(f"resume {run.name}: found an override of {', '.join(bad)}; expected only num_nodes or "
                           "num_device. hint: another config is another run: runner submit")
-    data = yaml.safe_load(run.config.read_text())
+    data: dict[str, Any] = yaml.safe_load(run.config.read_text())  # raw: it is edited, then validated
     before = spec.from_dict(copy.deepcopy(data), run.config)
     spec.apply_overrides(data, overrides)
     data["trainer"].update(devices=data["num_device"], num_nodes=data["num_nodes"])
@@ -268,8 +269,9 @@ def resize(run: RunDir, overrides: list[str]) -> str:
     atomic_write(run.script, render.sbatch(after, run.root, manifest.get("image", "none")))
     manifest.update(world_size=after.world_size, accumulate_grad_batches=after.accumulate)
     atomic_write(run.manifest, json.dumps(manifest, indent=2) + "\n")
-    change = (f"resized from {before['num_nodes']}x{before['num_device']} (accumulate {before.accumulate}) to "
-              f"{after['num_nodes']}x{after['num_device']} (accumulate {after.accumulate}); global batch "
+    b, a = before.data, after.data
+    change = (f"resized from {b['num_nodes']}x{b['num_device']} (accumulate {before.accumulate}) to "
+              f"{a['num_nodes']}x{a['num_device']} (accumulate {after.accumulate}); global batch "
               f"{after.global_batch} kept")
     run.record("resized", change=change, world_size=after.world_size, accumulate=after.accumulate)
     print(change)
@@ -288,7 +290,7 @@ def resume(run: RunDir, overrides: list[str] | None = None) -> int:
         print(f"run {run.root} {decision.reason}")
         return 0
     change = resize(run, overrides) if overrides else None
-    cfg = yaml.safe_load(run.config.read_text())
+    cfg = read_resolved(run.config)
     run.cancelled.unlink(missing_ok=True)  # resuming is the user's word: a cancel before it no longer holds
     if cfg["scheduler"] == "slurm":
         job_id = resubmit(run, cfg, change or decision.reason)

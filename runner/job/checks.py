@@ -26,6 +26,7 @@ from typing import Any
 
 import runner
 from runner.errors import PreflightError
+from runner.spec.typed import RunConfig
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 _ORDER = {PASS: 0, WARN: 1, FAIL: 2}
@@ -280,7 +281,7 @@ def check_free_space(path: str, node: str, min_free_gb: float) -> Check:
                  "" if ok else f"free space on {path} or move run_root; checkpoints will not fit")
 
 
-def code_to_compare(cfg: Mapping[str, Any]) -> list[Path]:
+def code_to_compare(cfg: RunConfig) -> list[Path]:
     """The code every node must run the same: the runner package and the modules of the model and data targets.
 
     Not the files copied into an image (``runner.host.build.image_code_files``): these are hashed on each node.
@@ -288,7 +289,7 @@ def code_to_compare(cfg: Mapping[str, Any]) -> list[Path]:
     package = Path(runner.__file__).resolve().parent
     files = [f for f in package.rglob("*.py") if "__pycache__" not in f.parts]
     for section in ("model", "data"):
-        target = str((cfg.get(section) or {}).get("_target_", ""))
+        target = str(cfg[section].get("_target_", ""))
         module = target.rpartition(".")[0]
         try:
             spec = importlib.util.find_spec(module) if module else None
@@ -299,7 +300,7 @@ def code_to_compare(cfg: Mapping[str, Any]) -> list[Path]:
     return sorted(set(files))
 
 
-def versions(cfg: Mapping[str, Any]) -> dict[str, Any]:
+def versions(cfg: RunConfig) -> dict[str, Any]:
     """Hashes of the code and the installed packages, plus the versions people ask about first."""
     package = Path(runner.__file__).resolve().parent
     h = hashlib.sha256()

@@ -22,14 +22,14 @@ import sys
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
-
-import yaml
+from typing import Any, cast
 
 from runner import __version__
 from runner.job import checkpoint
 from runner.log import setup as setup_logging
 from runner.rundir import ATTEMPT_ENV, EXIT_REQUEUE, EXIT_TERMINATED, RunDir, atomic_write, read_json
+from runner.spec.typed import RunConfig, read_resolved
+from runner.spec.typed import Trainer as TrainerConfig
 
 log = logging.getLogger("runner.job.launch")  # not __name__: run with -m, this module is __main__
 
@@ -131,7 +131,7 @@ def _save_bytes(obj: Any, path: Path) -> None:
     atomic_write(path, buf.getvalue())
 
 
-def make_callback(rd: RunDir, cfg: dict[str, Any], cfg_hash: str, flag: StopFlag, resume_from: Path | None,
+def make_callback(rd: RunDir, cfg: RunConfig, cfg_hash: str, flag: StopFlag, resume_from: Path | None,
                   attempt: int) -> Any:
     """The Lightning callback that owns checkpoints: periodic, on signal, RNG per rank, COMPLETE last."""
     import lightning as L
@@ -139,7 +139,7 @@ def make_callback(rd: RunDir, cfg: dict[str, Any], cfg_hash: str, flag: StopFlag
 
     every, keep = cfg["checkpoint"]["every_n_steps"], cfg["checkpoint"]["keep_last"]
     acc = cfg["trainer"]["accumulate_grad_batches"]
-    log_every = int(cfg["trainer"].get("log_every_n_steps", 50))
+    log_every = int(cast(dict[str, Any], cfg["trainer"]).get("log_every_n_steps", 50))  # an open Lightning argument
 
     class RunnerCheckpoint(L.Callback):
         def __init__(self) -> None:
@@ -217,7 +217,7 @@ def make_callback(rd: RunDir, cfg: dict[str, Any], cfg_hash: str, flag: StopFlag
     return RunnerCheckpoint()
 
 
-def _strategy(cfg: dict[str, Any]) -> Any:
+def _strategy(cfg: RunConfig) -> Any:
     from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
 
     timeout = timedelta(seconds=cfg["network"]["pg_timeout_s"])
@@ -232,10 +232,10 @@ def _strategy(cfg: dict[str, Any]) -> Any:
     return DDPStrategy(find_unused_parameters=name == "ddp_find_unused_parameters_true" or exact, timeout=timeout)
 
 
-def _reached_end(trainer: Any, tcfg: dict[str, Any]) -> bool:
-    if tcfg.get("max_steps", -1) > 0 and trainer.global_step >= tcfg["max_steps"]:
+def _reached_end(trainer: Any, tcfg: TrainerConfig) -> bool:
+    if tcfg["max_steps"] > 0 and trainer.global_step >= tcfg["max_steps"]:
         return True
-    max_epochs = tcfg.get("max_epochs")
+    max_epochs = tcfg["max_epochs"]
     return max_epochs is not None and max_epochs > 0 and trainer.current_epoch >= max_epochs
 
 
@@ -253,7 +253,7 @@ def _write_rank_info(rd: RunDir, rank: int, local: int, node: int, world: int, a
 
 def train(rd: RunDir) -> int:
     """Run this rank's training; returns the process exit code."""
-    cfg = yaml.safe_load(rd.config.read_text())
+    cfg = read_resolved(rd.config)
     manifest = json.loads(rd.manifest.read_text())
     rank, local, node, world = ranks()
     attempt = current_attempt(rd)
@@ -295,7 +295,7 @@ def train(rd: RunDir) -> int:
         from lightning.pytorch.plugins.environments import SLURMEnvironment
 
         plugins.append(SLURMEnvironment(auto_requeue=False))
-    tcfg = {k: v for k, v in cfg["trainer"].items() if k != "strategy"}
+    tcfg: dict[str, Any] = {k: v for k, v in cfg["trainer"].items() if k != "strategy"}  # + open arguments
     trainer = L.Trainer(**tcfg, strategy=_strategy(cfg), plugins=plugins, callbacks=[callback],
                         enable_checkpointing=False, logger=False, default_root_dir=str(rd.root),
                         use_distributed_sampler=False)

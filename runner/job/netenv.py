@@ -22,6 +22,7 @@ from typing import Any
 
 from runner.job.ifname import IFNAME_VARS, detect_ifname
 from runner.rundir import RunDir, atomic_write
+from runner.spec.typed import RunConfig
 
 RUNNER = "runner"
 DETECTED = "detected from the route to MASTER_ADDR"
@@ -96,7 +97,7 @@ def wanted(net: Mapping[str, Any], log_dir: Path, detected: str | None) -> dict[
     return out
 
 
-def plan(cfg: Mapping[str, Any], log_dir: Path, environ: Mapping[str, str], detected: str | None) -> NetEnv:
+def plan(cfg: RunConfig, log_dir: Path, environ: Mapping[str, str], detected: str | None) -> NetEnv:
     """Decide every variable; touches nothing (the env is read from `environ`, not changed).
 
     ``detected`` is the interface of the route to MASTER_ADDR (``ifname.detect_ifname``), used when the config
@@ -137,7 +138,7 @@ def record(ne: NetEnv, path: Path) -> None:
     atomic_write(path, json.dumps(ne.to_json(), indent=2) + "\n")
 
 
-def setup(cfg: Mapping[str, Any], rd: RunDir, rank: int, environ: MutableMapping[str, str] | None = None) -> NetEnv:
+def setup(cfg: RunConfig, rd: RunDir, rank: int, environ: MutableMapping[str, str] | None = None) -> NetEnv:
     """The launcher's first step in every rank: detect the interface once, decide, export, report, record.
 
     ``environ`` is read and exported into (this process's environment by default).

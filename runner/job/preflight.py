@@ -63,6 +63,7 @@ from runner.job.checks import (
 )
 from runner.job.netenv import NetEnv
 from runner.rundir import EXIT_PREFLIGHT, RunDir, atomic_write, read_json
+from runner.spec.typed import RunConfig
 
 JOB_BUDGET_S = 1.5  # time spent timing the whole-job all-reduce (after one untimed and one sizing op)
 PAIR_BUDGET_S = 0.5  # the same, per pair of nodes
@@ -119,7 +120,7 @@ def rank_file(rd: RunDir, rank: int) -> Path:
 @dataclass
 class _Job:
     rd: RunDir
-    cfg: dict[str, Any]
+    cfg: RunConfig
     rank: int
     local: int
     node: int
@@ -433,7 +434,7 @@ def run_checks(job: _Job) -> str:
     return status
 
 
-def in_job(rd: RunDir, cfg: dict[str, Any], rank: int, local: int, node: int, world: int, ne: NetEnv) -> int | None:
+def in_job(rd: RunDir, cfg: RunConfig, rank: int, local: int, node: int, world: int, ne: NetEnv) -> int | None:
     """The launcher's hook, after ``netenv.setup`` gave ``ne``: run the checks; an exit code, or None to train."""
     only = os.environ.get(ONLY_ENV) == "1"
     if not cfg["preflight"]["enabled"] and not only:

@@ -20,6 +20,7 @@ import yaml
 from runner.errors import ConfigError
 from runner.spec import validate
 from runner.spec.schema import SCHEMA
+from runner.spec.typed import RunConfig, view
 from runner.spec.validate import Problems
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv}
@@ -30,12 +31,9 @@ _INTERP = re.compile(r"\$\{([^{}]+)\}")
 class Config:
     """A validated, fully resolved config plus where it came from."""
 
-    data: dict[str, Any]
+    data: RunConfig
     path: Path
     lines: dict[str, int] = field(default_factory=dict)
-
-    def __getitem__(self, key: str) -> Any:
-        return self.data[key]
 
     @property
     def name(self) -> str:
@@ -63,7 +61,7 @@ class Config:
         The node count, the scheduler and alert settings are left out so that a run can resume on other
         capacity (accumulation is re-derived to keep the global batch) without being called a new config.
         """
-        d = copy.deepcopy(self.data)
+        d: dict[str, Any] = copy.deepcopy(dict(self.data))
         for key in ("name", "num_nodes", "num_device", "scheduler", "run_root", "slurm", "alerts", "preflight",
                     "resume", "env", "network", "container"):
             d.pop(key, None)
@@ -204,10 +202,10 @@ def load(path: str | Path, overrides: list[str] | None = None, run_dir: str = "$
         validate.check_targets(data, problems, path.resolve().parent)
     if problems.items:
         raise ConfigError(problems.items)
-    return Config(data=data, path=path, lines=lines)
+    return Config(data=view(data), path=path, lines=lines)
 
 
 def from_dict(data: dict[str, Any], path: Path) -> Config:
     """Rebuild a Config from an already resolved dict (as stored in a run directory)."""
-    return Config(data=data, path=path)
+    return Config(data=view(data), path=path)
 
