@@ -490,10 +490,10 @@ def test_real_image_holds_the_code_and_runs_the_launcher(real: Any) -> None:
     bp = real["plan"]
     assert podman("run", "--rm", bp.tag, "python3", "-m", "runner.job.launch", "--version").strip() == \
         f"runner {render.__version__}"
-    listing = podman("run", "--rm", bp.tag, "sh", "-c", "pwd; sha256sum runner/build.py; cat /etc/runner-spec.json")
+    listing = podman("run", "--rm", bp.tag, "sh", "-c", "pwd; sha256sum runner/host/build.py; cat /etc/runner-spec.json")
     pwd, digest, spec = listing.split("\n", 2)
     assert pwd == "/workspace"
-    assert digest.split()[0] == json.loads(spec)["code"]["runner/build.py"]
+    assert digest.split()[0] == json.loads(spec)["code"]["runner/host/build.py"]
     assert json.loads(spec)["spec_hash"] == bp.spec_hash
     # The Dockerfile's SHELL (bash -o pipefail) survives: podman builds in docker format.
     assert podman("run", "--rm", bp.tag, "python3", "-c", "import yaml; print(yaml.__version__)").strip() == "6.0"
