@@ -490,7 +490,8 @@ def test_real_image_holds_the_code_and_runs_the_launcher(real: Any) -> None:
     bp = real["plan"]
     assert podman("run", "--rm", bp.tag, "python3", "-m", "runner.job.launch", "--version").strip() == \
         f"runner {render.__version__}"
-    listing = podman("run", "--rm", bp.tag, "sh", "-c", "pwd; sha256sum runner/host/build.py; cat /etc/runner-spec.json")
+    listing = podman("run", "--rm", bp.tag, "sh", "-c",
+                     "pwd; sha256sum runner/host/build.py; cat /etc/runner-spec.json")
     pwd, digest, spec = listing.split("\n", 2)
     assert pwd == "/workspace"
     assert digest.split()[0] == json.loads(spec)["code"]["runner/host/build.py"]
