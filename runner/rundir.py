@@ -176,3 +176,4 @@ ATTEMPT_ENV = "RUNNER_ATTEMPT"
 EXIT_REQUEUE = 75  # checkpointed after the requeue signal: requeue me
 EXIT_TERMINATED = 76  # stopped (SIGTERM or early stop) before the end of training
 EXIT_PREFLIGHT = 77  # a preflight check failed: training never started
+EXIT_HANG = 79  # the hang watchdog stopped a job whose steps stopped advancing (hang.json says who, where)

@@ -1,0 +1,194 @@
+"""The hang watchdog: every rank notices when training stops advancing, and the job names who is stuck where.
+
+Each rank runs one daemon thread (off the training thread; the training thread only stores its step number).
+The thread rewrites the rank's heartbeat file every ``interval`` seconds, so a rank that stops beating (SIGSTOP,
+a dead node, a process holding the GIL in C code) is seen by the others. When this rank's step has not advanced
+for ``max(factor x median step time, floor)`` seconds, the thread
+
+1. writes where this rank's main thread is (its Python stack, and the phase that stack means: in a collective,
+   in the data loader, in backward, ...) to ``hangs/attempt-N/rank-XXXXX.json``;
+2. waits a little for the other ranks' reports, then the lowest rank that reported writes ``hang.json``: the
+   phase most ranks are in, and the ranks (with their nodes) that are elsewhere or not beating at all;
+3. exits the process with ``EXIT_HANG``: srun's ``--kill-on-bad-exit`` then ends the step, stopped ranks
+   included, and the batch script's exit hook records cause ``hang`` with that summary.
+
+The analysis (``phase``, ``summarize``) is pure and tested as a table; the thread is tested with real processes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import statistics
+import sys
+import threading
+import time
+import traceback
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from runner.rundir import EXIT_HANG, RunDir, atomic_write, read_json
+
+log = logging.getLogger(__name__)
+
+# (phase, substrings of "file:function" of any frame in the stack): the first rule that matches names the phase.
+# Checked innermost frame first, so a collective inside backward is a collective.
+PHASES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("collective", ("distributed_c10d.py:", "torch/distributed/", "reduce_boolean_decision", ":barrier")),
+    ("checkpoint", ("torch/serialization.py:", "save_checkpoint", "runner/job/checkpoint.py:")),
+    ("data", ("torch/utils/data/", ":__getitem__", ":__iter__", ":__next__", "_next_data")),
+    ("backward", ("torch/autograd/", ":backward")),
+    ("optimizer", ("torch/optim/", "optimizer_step")),
+    ("forward", (":forward", ":training_step")),
+)
+
+
+def phase(frames: Sequence[str]) -> str:
+    """The phase a stack is in, from its frames as "path:function", outermost first (traceback order)."""
+    for frame in reversed(frames):
+        for name, marks in PHASES:
+            if any(m in frame for m in marks):
+                return name
+    return "other"
+
+
+def innermost_user_frame(frames: Sequence[str]) -> str | None:
+    """The innermost frame outside the standard library and installed packages: the user's line."""
+    for frame in reversed(frames):
+        if "site-packages/" not in frame and "/lib/python" not in frame and "runner/job/" not in frame:
+            return frame
+    return None
+
+
+def summarize(reports: Mapping[int, Mapping[str, Any]], world: int, hosts: Mapping[int, str]) -> dict[str, Any]:
+    """Who is stuck where, from the ranks' reports (rank -> {"phase", "where", "host"}); ranks without a report
+    did not respond (stopped, dead, or stuck holding the GIL). ``hosts`` names the node of every rank that ever
+    wrote a heartbeat."""
+    silent = sorted(set(range(world)) - set(reports))
+    counts = Counter(str(r["phase"]) for r in reports.values())
+    majority = counts.most_common(1)[0][0] if counts else None
+    # With a tie (2 in data, 2 in collective) the waiting side is the collective: the others are the cause.
+    if majority is not None and len(counts) > 1 and counts.most_common(2)[1][1] == counts[majority] \
+            and "collective" in counts:
+        majority = "collective"
+    odd = sorted(r for r, rep in reports.items() if rep["phase"] != majority)
+    suspects: list[dict[str, Any]] = [{"rank": r, "node": hosts.get(r, "?"), "state": "not responding"}
+                                      for r in silent]
+    suspects += [{"rank": r, "node": str(reports[r].get("host", hosts.get(r, "?"))),
+                  "state": f"in {reports[r]['phase']}", "where": reports[r].get("where")} for r in odd]
+    nodes = sorted({str(s["node"]) for s in suspects})
+    if suspects:
+        named = ", ".join(f"rank {s['rank']} on {s['node']} ({s['state']})" for s in suspects)
+        text = f"hang: {len(reports) - len(odd)} of {world} ranks in {majority}; {named}"
+    else:
+        text = f"hang: all {world} ranks in {majority}; no rank stands out (a collective that never completes?)"
+    return {"cause": "hang", "majority": majority, "suspects": suspects, "nodes": nodes, "summary": text,
+            "phases": dict(counts)}
+
+
+def _frames(thread_id: int) -> list[str]:
+    frame = sys._current_frames().get(thread_id)
+    if frame is None:
+        return []
+    return [f"{fs.filename}:{fs.name}" for fs in traceback.extract_stack(frame)]
+
+
+class Watchdog:
+    """One per rank. ``beat(step)`` from the training thread; everything else happens on the watchdog thread."""
+
+    def __init__(self, rd: RunDir, rank: int, world: int, attempt: int, *, factor: float, floor_s: float,
+                 interval_s: float = 2.0, exit: Any = os._exit) -> None:
+        self.rd, self.rank, self.world, self.attempt = rd, rank, world, attempt
+        self.factor, self.floor_s, self.interval_s = factor, floor_s, interval_s
+        self._exit = exit
+        self._step = -1
+        self._advanced = time.monotonic()
+        self._durations: list[float] = []
+        self._main = threading.main_thread().ident or 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="runner-watchdog", daemon=True)
+        self.host = socket.gethostname()
+
+    @property
+    def beats(self) -> Path:
+        return self.rd.root / "heartbeats"
+
+    @property
+    def reports(self) -> Path:
+        return self.rd.root / "hangs" / f"attempt-{self.attempt}"
+
+    def start(self) -> Watchdog:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def beat(self, step: int) -> None:
+        """Called by the training thread at every step: two assignments, no I/O."""
+        now = time.monotonic()
+        if step != self._step:
+            if self._step >= 0:
+                self._durations = (self._durations + [now - self._advanced])[-50:]
+            self._step, self._advanced = step, now
+
+    def limit(self) -> float:
+        """Seconds without a step that make a hang: factor x the median step time, at least the floor."""
+        median = statistics.median(self._durations) if self._durations else 0.0
+        return max(self.factor * median, self.floor_s)
+
+    def _heartbeat(self) -> None:
+        atomic_write(self.beats / f"rank-{self.rank:05d}.json",
+                     json.dumps({"rank": self.rank, "host": self.host, "pid": os.getpid(), "step": self._step,
+                                 "time": time.time(), "attempt": self.attempt}))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self._heartbeat()
+            except OSError as e:  # a full or flaky shared filesystem must not stop training
+                log.warning("heartbeat not written: %s", e)
+            if self._step >= 0 and time.monotonic() - self._advanced > self.limit():
+                self._fire()
+                return
+
+    def _fire(self) -> None:
+        frames = _frames(self._main)
+        report = {"rank": self.rank, "host": self.host, "step": self._step, "phase": phase(frames),
+                  "where": innermost_user_frame(frames) or (frames[-1] if frames else None),
+                  "stack": frames[-25:], "stalled_s": round(time.monotonic() - self._advanced, 1)}
+        log.error("no step for %.0f s (limit %.0f s) at step %d; this rank is in %s", report["stalled_s"],
+                  self.limit(), self._step, report["phase"])
+        try:
+            atomic_write(self.reports / f"rank-{self.rank:05d}.json", json.dumps(report, indent=1))
+            self._conclude()
+        except OSError as e:
+            log.error("hang report not written: %s", e)
+        logging.shutdown()
+        self._exit(EXIT_HANG)
+
+    def _conclude(self) -> None:
+        """Wait for the other ranks' reports; the lowest reporting rank writes the summary."""
+        deadline = time.monotonic() + 3 * self.interval_s
+        reports: dict[int, dict[str, Any]] = {}
+        while time.monotonic() < deadline and len(reports) < self.world:
+            reports = {int(p.stem.split("-")[1]): rep for p in self.reports.glob("rank-*.json")
+                       if isinstance(rep := read_json(p), dict)}
+            time.sleep(0.2)
+        if not reports or min(reports) != self.rank:
+            return
+        hosts = {int(p.stem.split("-")[1]): str(b.get("host", "?")) for p in self.beats.glob("rank-*.json")
+                 if isinstance(b := read_json(p), dict)}
+        summary = summarize(reports, self.world, hosts)
+        summary.update(step=max(int(r.get("step", -1)) for r in reports.values()), attempt=self.attempt,
+                       time=time.time())
+        atomic_write(self.rd.root / "hang.json", json.dumps(summary, indent=1))
+        self.rd.record("hang", summary=summary["summary"], nodes=summary["nodes"], step=summary["step"])
+        # The exit hook reads the agreed exit code from here (rank 0 may be the stuck one).
+        atomic_write(self.rd.last_exit, json.dumps({"code": EXIT_HANG, "job_id": os.environ.get("SLURM_JOB_ID"),
+                                                    "time": time.time()}) + "\n")
+        log.error("%s", summary["summary"])

@@ -1,0 +1,132 @@
+"""The hang watchdog: the analysis as tables, the thread with real processes that really stop advancing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from runner.job.watchdog import phase, summarize
+from runner.rundir import EXIT_HANG, RunDir
+
+SITE = "/usr/lib/python3/dist-packages"
+STACKS = [  # (frames outermost first, phase): shapes read from real py-spy / faulthandler dumps of stuck ranks
+    ([f"{SITE}/lightning/pytorch/loops/fit_loop.py:run", f"{SITE}/torch/autograd/__init__.py:backward"],
+     "backward"),
+    ([f"{SITE}/lightning/pytorch/loops/fit_loop.py:run", f"{SITE}/torch/autograd/__init__.py:backward",
+      f"{SITE}/torch/distributed/distributed_c10d.py:all_reduce"], "collective"),
+    ([f"{SITE}/lightning/pytorch/loops/fetchers.py:__next__", f"{SITE}/torch/utils/data/dataloader.py:_next_data",
+      "/home/u/proj/data.py:__getitem__", "/usr/lib/python3.11/time.py:sleep"], "data"),
+    ([f"{SITE}/lightning/pytorch/strategies/ddp.py:reduce_boolean_decision"], "collective"),
+    ([f"{SITE}/lightning/pytorch/trainer/trainer.py:save_checkpoint", f"{SITE}/torch/serialization.py:save"],
+     "checkpoint"),
+    ([f"{SITE}/torch/optim/adam.py:step"], "optimizer"),
+    (["/home/u/proj/model.py:training_step", "/home/u/proj/model.py:helper"], "forward"),
+    (["/home/u/proj/train.py:main"], "other"),
+    ([], "other"),
+]
+
+
+@pytest.mark.parametrize(("frames", "expected"), STACKS)
+def test_phase_of_a_stack(frames: list[str], expected: str) -> None:
+    assert phase(frames) == expected
+
+
+def _rep(ph: str, host: str = "n1") -> dict[str, str]:
+    return {"phase": ph, "host": host, "where": "x.py:f"}
+
+
+SUMMARIES = [
+    # (reports, world, hosts, majority, suspects as (rank, node, state), nodes)
+    ({0: _rep("collective"), 1: _rep("collective"), 3: _rep("collective", "n2")}, 4,
+     {0: "n1", 1: "n1", 2: "n2", 3: "n2"}, "collective", [(2, "n2", "not responding")], ["n2"]),
+    ({0: _rep("collective"), 1: _rep("data"), 2: _rep("collective", "n2"), 3: _rep("collective", "n2")}, 4,
+     {}, "collective", [(1, "n1", "in data")], ["n1"]),
+    ({0: _rep("data"), 1: _rep("data", "n2"), 2: _rep("collective"), 3: _rep("collective")}, 4,
+     {}, "collective", [(0, "n1", "in data"), (1, "n2", "in data")], ["n1", "n2"]),
+    ({0: _rep("collective"), 1: _rep("collective")}, 2, {}, "collective", [], []),
+    ({}, 2, {0: "n1", 1: "n2"}, None, [(0, "n1", "not responding"), (1, "n2", "not responding")], ["n1", "n2"]),
+]
+
+
+@pytest.mark.parametrize(("reports", "world", "hosts", "majority", "suspects", "nodes"), SUMMARIES)
+def test_summary_names_the_odd_ranks_and_their_nodes(reports: dict, world: int, hosts: dict, majority: str | None,
+                                                      suspects: list, nodes: list) -> None:
+    s = summarize(reports, world, hosts)
+    assert s["majority"] == majority
+    assert [(x["rank"], x["node"], x["state"]) for x in s["suspects"]] == suspects
+    assert s["nodes"] == nodes
+    for rank, node, _ in suspects:
+        assert f"rank {rank} on {node}" in s["summary"]
+
+
+# A rank without torch: steps every 20 ms under the real Watchdog, then stops advancing in the function named
+# by its mode (a collective that waits forever, or a data loader's __getitem__), or keeps stepping (SIGSTOP target).
+RANK = textwrap.dedent("""
+    import sys, threading, time
+    from pathlib import Path
+    from runner.job.watchdog import Watchdog
+    from runner.rundir import RunDir
+    rd, rank, world, mode = RunDir(Path(sys.argv[1])), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    wd = Watchdog(rd, rank, world, attempt=1, factor=10, floor_s=1.0, interval_s=0.2).start()
+    def barrier(): threading.Event().wait()
+    def __getitem__(): time.sleep(3600)
+    for step in range(10**6):
+        wd.beat(step)
+        time.sleep(0.02)
+        if step == 30 and mode != "run":
+            barrier() if mode == "collective" else __getitem__()
+""")
+
+
+def _ranks(tmp_path: Path, modes: list[str]) -> tuple[RunDir, list[subprocess.Popen[bytes]]]:
+    rd = RunDir(tmp_path / "run")
+    rd.root.mkdir()
+    script = tmp_path / "rank.py"
+    script.write_text(RANK)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    procs = [subprocess.Popen([sys.executable, str(script), str(rd.root), str(r), str(len(modes)), m], env=env)
+             for r, m in enumerate(modes)]
+    return rd, procs
+
+
+def test_a_stopped_rank_is_named_and_the_others_exit_with_the_hang_code(tmp_path: Path) -> None:
+    rd, procs = _ranks(tmp_path, ["collective", "run", "collective"])
+    try:
+        time.sleep(0.9)  # every rank has beaten; rank 1 is stopped mid-run, as with SIGSTOP on a node
+        procs[1].send_signal(signal.SIGSTOP)
+        t0 = time.monotonic()
+        codes = [procs[0].wait(timeout=30), procs[2].wait(timeout=30)]
+        elapsed = time.monotonic() - t0
+    finally:
+        for p in procs:
+            p.kill()
+    assert codes == [EXIT_HANG, EXIT_HANG]
+    hang = json.loads((rd.root / "hang.json").read_text())
+    assert hang["majority"] == "collective"
+    assert [(s["rank"], s["state"]) for s in hang["suspects"]] == [(1, "not responding")]
+    assert hang["nodes"] == [os.uname().nodename]
+    assert json.loads(rd.last_exit.read_text())["code"] == EXIT_HANG
+    assert [e["event"] for e in rd.events()] == ["hang"]
+    assert elapsed < 10
+
+
+def test_a_rank_stuck_in_its_data_loader_is_named_against_the_waiting_ones(tmp_path: Path) -> None:
+    rd, procs = _ranks(tmp_path, ["collective", "data", "collective"])
+    try:
+        codes = [p.wait(timeout=30) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert codes == [EXIT_HANG] * 3
+    hang = json.loads((rd.root / "hang.json").read_text())
+    assert [(s["rank"], s["state"]) for s in hang["suspects"]] == [(1, "in data")]
+    assert "__getitem__" in hang["suspects"][0]["where"]
+    assert "rank 1 on" in hang["summary"] and "2 of 3 ranks in collective" in hang["summary"]
