@@ -82,6 +82,19 @@ def _cron(args: argparse.Namespace) -> int:
     return cron.install(roots, args.yes) if args.install else cron.run_once(roots)
 
 
+def _nodes(args: argparse.Namespace) -> int:
+    from runner.host import nodes
+
+    root = Path(args.root)
+    if args.clear:
+        forgot = nodes.clear(root, args.clear)
+        print(f"{args.clear}: {'forgotten' if forgot else 'was not remembered'}")
+        return 0
+    bad = nodes.remembered(root, args.forget_after_s)
+    print(json.dumps(bad, indent=2) if args.json else nodes.table(bad))
+    return 0
+
+
 def _preflight(args: argparse.Namespace) -> int:
     from runner.host import preflight
 
@@ -163,6 +176,12 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--root", action="append", help="run root to watch (repeatable; default: runs)")
     sp.add_argument("--install", action="store_true", help="print the crontab line (with --yes: install it)")
     sp.add_argument("--yes", action="store_true")
+    sp = cmd("nodes", _nodes, "list the nodes kept out of this root's jobs (failed preflight, hang, NODE_FAIL)")
+    sp.add_argument("--root", default="runs", help="run root (default: runs)")
+    sp.add_argument("--clear", metavar="NODE", help="forget one node: the next jobs may use it again")
+    sp.add_argument("--forget-after-s", type=float, default=21600,
+                    help="list entries younger than this (default: resume.exclude_nodes_s's default, 6 h)")
+    sp.add_argument("--json", action="store_true", help="machine-readable output")
     sp = cmd("preflight", _preflight, "run the preflight checks as a short job (or locally) and print the report")
     config_args(sp)
     sp.add_argument("--wait", type=float, default=600, help="seconds to wait for the report (default: 600)")

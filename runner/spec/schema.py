@@ -127,6 +127,12 @@ SCHEMA: dict[str, Any] = {
         "max_restarts": _f(int, 3, min=0),
         "backoff_s": _f((int, float), 60, min=0),
         "force": _f(bool, False),
+        "exclude_nodes_s": _f((int, float), 21600, min=0),
+    },
+    "watchdog": {
+        "enabled": _f(bool, True),
+        "factor": _f((int, float), 10, min=2),
+        "floor_s": _f((int, float), 30, min=1),
     },
     "alerts": {
         "enabled": _f(bool, True),

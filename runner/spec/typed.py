@@ -89,6 +89,7 @@ class Resume(TypedDict):
     max_restarts: int
     backoff_s: float
     force: bool
+    exclude_nodes_s: float
 
 
 class Alerts(TypedDict):
@@ -100,6 +101,12 @@ class Alerts(TypedDict):
     timeout_s: float
     retries: int
     backoff_s: float
+
+
+class Watchdog(TypedDict):
+    enabled: bool
+    factor: float
+    floor_s: float
 
 
 class Preflight(TypedDict):
@@ -130,6 +137,7 @@ class RunConfig(TypedDict):
     network: Network
     checkpoint: Checkpoint
     resume: Resume
+    watchdog: Watchdog
     alerts: Alerts
     preflight: Preflight
 

@@ -1,0 +1,111 @@
+"""Bad-node memory: nodes that failed a run are kept out of its next jobs for a while.
+
+A node named by a failed preflight, a hang, a NODE_FAIL or repeated rank crashes is recorded in
+``<run root>/nodes.jsonl``, one JSON object per line, appended (``O_APPEND``: two writers never interleave a line,
+and a torn last line from a crash is skipped on reading). Forgetting is a line too (``{"clear": NODE}``), so the
+file is never rewritten. An entry counts for ``resume.exclude_nodes_s`` seconds after it was recorded (the node
+may have been repaired since); every submission and resubmission under the root then passes ``--exclude``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from runner.errors import RunnerError
+
+FILE = "nodes.jsonl"
+CAUSES = ("preflight", "hang", "node_fail", "crashes")
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # a hostname as Slurm's --exclude takes it
+
+
+def path(root: Path) -> Path:
+    return root / FILE
+
+
+def record(root: Path, nodes: Iterable[str], cause: str, run: str, detail: str = "", now: float | None = None) \
+        -> list[str]:
+    """Remember ``nodes`` as bad (names outside ``NODE_NAME`` are dropped: they never reach sbatch)."""
+    names = sorted({n.split(".")[0] for n in nodes if NODE_NAME.fullmatch(n)})
+    if not names:
+        return []
+    when = time.time() if now is None else now
+    lines = "".join(json.dumps({"node": n, "cause": cause, "run": run, "detail": detail[:300], "time": when}) + "\n"
+                    for n in names)
+    _append(root, lines)
+    return names
+
+
+def clear(root: Path, node: str, now: float | None = None) -> bool:
+    """Forget ``node``; False when it was not remembered."""
+    if node not in remembered(root, forget_after_s=float("inf"), now=now):
+        return False
+    _append(root, json.dumps({"clear": node, "time": time.time() if now is None else now}) + "\n")
+    return True
+
+
+def _append(root: Path, text: str) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path(root), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, text.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def entries(root: Path) -> list[dict[str, Any]]:
+    """Every well-formed line, oldest first; a torn or foreign line is skipped."""
+    try:
+        text = path(root).read_text(errors="replace")
+    except FileNotFoundError:
+        return []
+    except OSError as e:
+        raise RunnerError(f"{path(root)}: found it unreadable ({e.strerror}); expected the run root's node "
+                          "memory. hint: fix its permissions or remove it") from None
+    out = []
+    for line in text.splitlines():
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(item, dict) and isinstance(item.get("time"), (int, float)) and (
+                isinstance(item.get("node"), str) or isinstance(item.get("clear"), str)):
+            out.append(item)
+    return out
+
+
+def remembered(root: Path, forget_after_s: float, now: float | None = None) -> dict[str, dict[str, Any]]:
+    """node -> its newest entry, for nodes recorded within ``forget_after_s`` and not cleared since."""
+    when = time.time() if now is None else now
+    bad: dict[str, dict[str, Any]] = {}
+    for item in entries(root):
+        if "clear" in item:
+            bad.pop(item["clear"], None)
+        elif when - item["time"] <= forget_after_s:
+            bad[item["node"]] = item
+        else:
+            bad.pop(item["node"], None)
+    return bad
+
+
+def exclude_args(root: Path, forget_after_s: float, now: float | None = None) -> list[str]:
+    """``["--exclude=n1,n3"]`` for sbatch, or ``[]``."""
+    bad = remembered(root, forget_after_s, now)
+    return [f"--exclude={','.join(sorted(bad))}"] if bad else []
+
+
+def table(bad: dict[str, dict[str, Any]], now: float | None = None) -> str:
+    if not bad:
+        return "no nodes remembered as bad"
+    when = time.time() if now is None else now
+    rows = [("NODE", "CAUSE", "AGE", "RUN", "DETAIL")]
+    rows += [(n, e.get("cause", "?"), f"{(when - e['time']) / 60:.0f}m", str(e.get("run", "")),
+              str(e.get("detail", ""))[:60]) for n, e in sorted(bad.items())]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4] for r in rows)

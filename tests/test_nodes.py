@@ -1,0 +1,66 @@
+"""Bad-node memory: what is remembered, for how long, and what reaches sbatch."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from runner import cli
+from runner.host import nodes
+from runner.spec.schema import SCHEMA
+
+H = 3600.0
+
+
+def test_remembered_nodes_decay_and_can_be_cleared(tmp_path: Path) -> None:
+    nodes.record(tmp_path, ["n1", "n2.cluster.local"], "hang", "run-a", "rank 3 in data", now=0)
+    nodes.record(tmp_path, ["n3"], "preflight", "run-b", now=5 * H)
+    assert sorted(nodes.remembered(tmp_path, 6 * H, now=5 * H)) == ["n1", "n2", "n3"]
+    assert sorted(nodes.remembered(tmp_path, 6 * H, now=7 * H)) == ["n3"]  # n1, n2 decayed
+    assert nodes.exclude_args(tmp_path, 6 * H, now=5 * H) == ["--exclude=n1,n2,n3"]
+    assert nodes.clear(tmp_path, "n3", now=5 * H)
+    assert not nodes.clear(tmp_path, "n9", now=5 * H)
+    assert nodes.exclude_args(tmp_path, 6 * H, now=5 * H) == ["--exclude=n1,n2"]
+    nodes.record(tmp_path, ["n3"], "node_fail", "run-c", now=6 * H)  # bad again after a clear
+    assert nodes.remembered(tmp_path, 6 * H, now=6 * H)["n3"]["cause"] == "node_fail"
+    assert nodes.exclude_args(tmp_path, 0, now=6 * H + 1) == []
+
+
+@pytest.mark.parametrize("name", ["n1;rm -rf /", "", "-x", "n 1", "a" * 65, "n1\n"])
+def test_a_name_that_is_not_a_hostname_never_reaches_sbatch(tmp_path: Path, name: str) -> None:
+    assert nodes.record(tmp_path, [name], "hang", "run") == []
+    assert nodes.exclude_args(tmp_path, H) == []
+
+
+def test_torn_and_foreign_lines_are_skipped(tmp_path: Path) -> None:
+    nodes.record(tmp_path, ["n1"], "hang", "run", now=0)
+    with open(nodes.path(tmp_path), "a") as f:
+        f.write('[1, 2]\n{"node": 5, "time": 0}\n{"node": "n2", "ti')  # a crash mid-line
+    assert list(nodes.remembered(tmp_path, H, now=1)) == ["n1"]
+    nodes.record(tmp_path, ["n4"], "hang", "run", now=0)  # appending after a torn line still parses
+    assert "n4" not in nodes.remembered(tmp_path, H, now=1)  # glued to the torn line: lost, never misread
+
+
+def test_the_cli_lists_and_forgets(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    nodes.record(tmp_path, ["n2"], "preflight", "run-x", "busbw 0.1 GB/s < 0.5 x median")
+    assert cli.main(["nodes", "--root", str(tmp_path), "--json"]) == 0
+    assert list(json.loads(capsys.readouterr().out)) == ["n2"]
+    assert cli.main(["nodes", "--root", str(tmp_path), "--clear", "n2"]) == 0
+    assert "forgotten" in capsys.readouterr().out
+    assert cli.main(["nodes", "--root", str(tmp_path)]) == 0
+    assert "no nodes" in capsys.readouterr().out
+
+
+def test_the_cli_default_window_is_the_config_default() -> None:
+    sp = cli.parser().parse_args(["nodes"])
+    assert sp.forget_after_s == SCHEMA["resume"]["exclude_nodes_s"].default
+
+
+def test_an_unreadable_memory_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    os.mkdir(nodes.path(tmp_path))  # a directory where the file should be
+    assert cli.main(["nodes", "--root", str(tmp_path)]) == 1  # not bad input: the environment
+    err = capsys.readouterr().err
+    assert "unreadable" in err and len(err.strip().splitlines()) == 1
