@@ -64,3 +64,13 @@ def test_an_unreadable_memory_is_one_line(tmp_path: Path, capsys: pytest.Capture
     assert cli.main(["nodes", "--root", str(tmp_path)]) == 1  # not bad input: the environment
     err = capsys.readouterr().err
     assert "unreadable" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_submission_under_the_root_leaves_the_remembered_nodes_out(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    conf = Path(__file__).resolve().parents[1] / "conf" / "slurm-2node.yaml"
+    nodes.record(tmp_path, ["n2"], "hang", "earlier-run")
+    assert cli.main(["submit", str(conf), f"run_root={tmp_path}", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "command:       sbatch --parsable --exclude=n2 " in out
+    assert "n2 left out" in out

@@ -18,7 +18,7 @@ not report ended, and ``scontrol show job`` (one command per job) only for a few
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from runner import proc
 from runner.errors import SubmitError
@@ -134,10 +134,10 @@ def parse_scontrol(text: str, job_id: str) -> JobInfo | None:
 # Commands
 
 
-def submit(script: str, env: dict[str, str] | None = None) -> str:
-    """``sbatch --parsable SCRIPT`` in a clean environment; returns the job id or raises SubmitError with
-    sbatch's own reason."""
-    argv = ["sbatch", "--parsable", script]
+def submit(script: str, env: dict[str, str] | None = None, extra: Sequence[str] = ()) -> str:
+    """``sbatch --parsable [EXTRA] SCRIPT`` in a clean environment; returns the job id or raises SubmitError with
+    sbatch's own reason. ``extra`` are options that win over the script's #SBATCH lines (``--exclude``)."""
+    argv = ["sbatch", "--parsable", *extra, script]
     out = proc.run(argv, timeout=60, check=False, env=env, clean=env is None)
     if out.returncode == proc.NOT_FOUND:
         raise SubmitError("sbatch: command not found. hint: run on a Slurm login node, or set scheduler: local")

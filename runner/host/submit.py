@@ -24,7 +24,7 @@ import yaml
 
 from runner import __version__, spec
 from runner.errors import SubmitError
-from runner.host import build, render
+from runner.host import build, nodes, render
 from runner.host.provenance import git_provenance
 from runner.rundir import ATTEMPT_ENV, RunDir, atomic_write
 from runner.spec.typed import RunConfig, read_resolved
@@ -43,6 +43,7 @@ class Plan:
     world_size: int
     notes: list[str] = field(default_factory=list)
     image_problem: str | None = None
+    sbatch_extra: list[str] = field(default_factory=list)  # --exclude for the nodes this root remembers as bad
 
     def __str__(self) -> str:
         lines = [f"run directory: {self.run.root}", f"scheduler:     {self.scheduler}",
@@ -99,15 +100,19 @@ def plan(path: Path, overrides: list[str], allow_missing_image: bool = False) ->
     files = {"config.yaml": yaml.safe_dump(cfg.data, sort_keys=False),
              "manifest.json": json.dumps(manifest, indent=2) + "\n",
              "job.sbatch": render.sbatch(cfg, rd_path, image)}
+    extra: list[str] = []
     if cfg.data["scheduler"] == "slurm":
-        argv = ["sbatch", "--parsable", str(RunDir(rd_path).script)]
+        extra = nodes.exclude_args(rd_path.parent, cfg.data["resume"]["exclude_nodes_s"])
+        argv = ["sbatch", "--parsable", *extra, str(RunDir(rd_path).script)]
     else:
         argv = [sys.executable, "-m", "runner.job.launch", str(rd_path)]
     notes = [f"global batch:  {cfg.global_batch} = {cfg.local_batch} x {cfg.world_size} ranks x "
              f"{cfg.accumulate} accumulation"]
+    if extra:
+        notes.append(f"bad nodes:     {extra[0].split('=', 1)[1]} left out (`runner nodes` lists why)")
     if image_problem:
         notes.append(f"image check:   {image_problem} (runner submit refuses without --allow-missing-image)")
-    return Plan(RunDir(rd_path), files, argv, cfg.data["scheduler"], cfg.world_size, notes, image_problem)
+    return Plan(RunDir(rd_path), files, argv, cfg.data["scheduler"], cfg.world_size, notes, image_problem, extra)
 
 
 def write(p: Plan) -> None:
@@ -140,7 +145,7 @@ def submit_slurm(p: Plan) -> int:
 
     write(p)
     try:
-        job_id = slurm.submit(str(p.run.script))
+        job_id = slurm.submit(str(p.run.script), extra=p.sbatch_extra)
     except BaseException as e:
         shutil.rmtree(p.run.root, ignore_errors=True)
         if isinstance(e, SubmitError):
@@ -226,7 +231,8 @@ def resubmit(run: RunDir, cfg: RunConfig, reason: str) -> str:
 
     attempt = policy.attempt(run.events()) + 1
     try:
-        job_id = slurm.submit(str(run.script))
+        job_id = slurm.submit(str(run.script), extra=nodes.exclude_args(run.root.parent,
+                                                                         cfg["resume"]["exclude_nodes_s"]))
     except SubmitError as e:
         raise SubmitError(f"sbatch refused the job: {e}. hint: check the slurm: block against `sinfo`") from None
     atomic_write(run.job_id_file, job_id + "\n")
