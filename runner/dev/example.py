@@ -111,18 +111,36 @@ class TinyRegressor(L.LightningModule):
     """A two-layer MLP with dropout, so that resuming without the RNG state would change the result."""
 
     def __init__(self, dim: int = 16, hidden: int = 32, lr: float = 0.05, dropout: float = 0.1,
-                 step_time_s: float = 0.0):
+                 step_time_s: float = 0.0, faults: dict[str, int | float] | None = None):
         super().__init__()
         self.save_hyperparameters()
         self.net = nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, 1))
         self.lr = lr
         self.step_time_s = step_time_s  # stands in for a real model's step time (fault-injection tests, demos)
+        # Fault injection for the recovery tests and demos, on rank `rank` (default 0): nan_at_step (one NaN
+        # loss at that step), raise_at_step (a deterministic exception), slow_s (a straggler: that much longer
+        # per step).
+        self.faults = dict(faults or {})
+
+    def _inject(self) -> float:
+        """The factor for this step's loss (NaN at nan_at_step, so the gradients are NaN too), after the
+        injected delay or exception."""
+        f, step = self.faults, self.global_step
+        if not f or self.global_rank != int(f.get("rank", 0)):
+            return 1.0
+        if step == f.get("raise_at_step"):
+            raise RuntimeError(f"injected fault at step {step}")
+        if f.get("slow_s"):
+            time.sleep(float(f["slow_s"]))
+        return float("nan") if step == f.get("nan_at_step") else 1.0
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         if self.step_time_s:
             time.sleep(self.step_time_s)
         x, y = batch
         loss = nn.functional.mse_loss(self.net(x), y)
+        if self.faults:
+            loss = loss * self._inject()
         self.log("train_loss", loss, prog_bar=True)
         return loss
 

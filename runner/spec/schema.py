@@ -129,6 +129,10 @@ SCHEMA: dict[str, Any] = {
         "force": _f(bool, False),
         "exclude_nodes_s": _f((int, float), 21600, min=0),
     },
+    "nonfinite": {
+        "action": _f(str, "stop", choices=("stop", "skip")),
+        "max_skips": _f(int, 10, min=0),
+    },
     "watchdog": {
         "enabled": _f(bool, True),
         "factor": _f((int, float), 10, min=2),

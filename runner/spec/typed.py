@@ -103,6 +103,11 @@ class Alerts(TypedDict):
     backoff_s: float
 
 
+class Nonfinite(TypedDict):
+    action: str
+    max_skips: int
+
+
 class Watchdog(TypedDict):
     enabled: bool
     factor: float
@@ -137,6 +142,7 @@ class RunConfig(TypedDict):
     network: Network
     checkpoint: Checkpoint
     resume: Resume
+    nonfinite: Nonfinite
     watchdog: Watchdog
     alerts: Alerts
     preflight: Preflight

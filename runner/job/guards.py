@@ -1,0 +1,61 @@
+"""The non-finite guard: a NaN or inf never reaches the weights, and so never reaches a checkpoint.
+
+Checked just before each optimizer step, on the gradients *after* DDP's all-reduce: they are the same on every
+rank, so every rank takes the same decision without a collective of its own. A non-finite loss on one rank makes
+the averaged gradients non-finite on all. Then the update is dropped (the gradients are cleared, so the optimizer
+leaves the weights as they were) and, by ``nonfinite.action``:
+
+- ``stop`` (default): training stops at this step without writing a checkpoint; the launcher exits
+  ``EXIT_NONFINITE``, the exit hook records cause ``nan`` with the step and alerts, and the run waits for a
+  person (``runner resume`` restarts it from the newest checkpoint, all of whose weights are finite);
+- ``skip``: the batch is skipped, recorded in the ledger (``nonfinite_skipped`` with the step), and training
+  goes on; more than ``max_skips`` in a row stop it as above (the data or the model is broken, not one batch).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from runner.rundir import RunDir
+
+log = logging.getLogger(__name__)
+
+
+def make_guard(rd: RunDir, action: str, max_skips: int) -> Any:
+    import lightning as L
+    import torch
+
+    class NonFiniteGuard(L.Callback):
+        def __init__(self) -> None:
+            self.tripped_at: int | None = None  # the step at which training stopped
+            self.in_a_row = 0
+            self.loss_was: float | None = None
+
+        def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: Any) -> None:
+            self.loss_was = None if bool(torch.isfinite(loss.detach()).all()) else float(loss.detach().float().sum())
+
+        def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) \
+                -> None:
+            grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+            if not grads or bool(torch.stack(torch._foreach_norm(grads)).isfinite().all()):
+                self.in_a_row = 0
+                return
+            for g in optimizer.param_groups:  # drop the update: the weights stay as they were
+                for p in g["params"]:
+                    p.grad = None
+            step = trainer.global_step
+            self.in_a_row += 1
+            what = f"loss {self.loss_was}" if self.loss_was is not None else "gradients"
+            if action == "skip" and self.in_a_row <= max_skips:
+                log.warning("non-finite %s at step %d: batch skipped (%d in a row)", what, step, self.in_a_row)
+                if trainer.global_rank == 0:
+                    rd.record("nonfinite_skipped", step=step, what=what)
+                return
+            log.error("non-finite %s at step %d: training stops before any checkpoint of it", what, step)
+            self.tripped_at = step
+            trainer.should_stop = True
+            if trainer.global_rank == 0:
+                rd.record("nonfinite", step=step, what=what, skipped_in_a_row=self.in_a_row - 1)
+
+    return NonFiniteGuard()
