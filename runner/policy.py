@@ -313,3 +313,28 @@ def resume_action(rec: Records) -> Decision:
     if rec.finished:
         return Decision("refuse", "already finished; nothing to do")
     return Decision("resubmit", "runner resume")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Failure classes: a crash loop
+
+
+def same_crash(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> bool:
+    """Two attempts ended with the same exception type, raised at the same line, at the same step."""
+    if not a or not b or a.get("type") is None or a.get("step") is None:
+        return False
+    return all(a.get(k) == b.get(k) for k in ("type", "frame", "step"))
+
+
+def crash_loop(events: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The crash that ended each of the last two failed attempts since the user last submitted or resumed
+    the run, when it is the same one (``same_crash``); else None. Resubmitting would only fail a third time."""
+    since: list[Mapping[str, Any]] = []
+    for e in events:
+        if e["event"] == "submitted" or (e["event"] == "resubmitted" and e.get("by") == "user"):
+            since = []
+        elif e["event"] == "exit" and e.get("outcome") == "failed":
+            since.append(e)
+    if len(since) >= 2 and same_crash(since[-1].get("crash"), since[-2].get("crash")):
+        return since[-1]["crash"]  # type: ignore[no-any-return]
+    return None

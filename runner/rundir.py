@@ -137,6 +137,17 @@ class RunDir:
             attempt = (self.attempts() or [1])[-1]
         return self.attempt_logs(attempt) / f"rank-{rank:05d}.log"
 
+    def crash_file(self, attempt: int, rank: int) -> Path:
+        """What one rank's training raised in one attempt (written by the launcher before it exits)."""
+        return self.attempt_logs(attempt) / f"crash-{rank:05d}.json"
+
+    def first_crash(self, attempt: int) -> dict[str, Any] | None:
+        """The earliest exception any rank of ``attempt`` recorded: the cause; the others' are its echoes
+        (a collective that lost a peer)."""
+        found = [c for p in self.attempt_logs(attempt).glob("crash-*.json")
+                 if isinstance(c := read_json(p), dict) and isinstance(c.get("time"), (int, float))]
+        return min(found, key=lambda c: c["time"]) if found else None
+
     def job_id(self) -> str | None:
         try:
             return self.job_id_file.read_text().strip() or None

@@ -224,7 +224,7 @@ def _print_tail(path: Path, n: int = 8) -> None:
 RESIZABLE = ("num_nodes", "num_device")
 
 
-def resubmit(run: RunDir, cfg: RunConfig, reason: str) -> str:
+def resubmit(run: RunDir, cfg: RunConfig, reason: str, by: str = "cron") -> str:
     """sbatch the run's script again, make the new job the run's owner, record it and alert; returns the id."""
     from runner import alerts, policy
     from runner.host import slurm
@@ -236,7 +236,7 @@ def resubmit(run: RunDir, cfg: RunConfig, reason: str) -> str:
     except SubmitError as e:
         raise SubmitError(f"sbatch refused the job: {e}. hint: check the slurm: block against `sinfo`") from None
     atomic_write(run.job_id_file, job_id + "\n")
-    run.record("resubmitted", job_id=job_id, reason=reason, attempt=attempt)
+    run.record("resubmitted", job_id=job_id, reason=reason, attempt=attempt, by=by)
     alerts.notify(run.root, cfg["alerts"], "resubmitted", job_id=job_id, attempt=attempt,
                   next_step=f"resubmitted as job {job_id}; it resumes from the newest complete checkpoint ({reason})")
     return job_id
@@ -299,7 +299,7 @@ def resume(run: RunDir, overrides: list[str] | None = None) -> int:
     cfg = read_resolved(run.config)
     run.cancelled.unlink(missing_ok=True)  # resuming is the user's word: a cancel before it no longer holds
     if cfg["scheduler"] == "slurm":
-        job_id = resubmit(run, cfg, change or decision.reason)
+        job_id = resubmit(run, cfg, change or decision.reason, by="user")
         print(f"resubmitted job {job_id}: {run.root}")
         return 0
     run.record("resubmitted", scheduler="local")

@@ -14,10 +14,13 @@ leaves the weights as they were) and, by ``nonfinite.action``:
 
 from __future__ import annotations
 
+import json
 import logging
+import time
+import traceback
 from typing import Any
 
-from runner.rundir import RunDir
+from runner.rundir import RunDir, atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -59,3 +62,17 @@ def make_guard(rd: RunDir, action: str, max_skips: int) -> Any:
                 rd.record("nonfinite", step=step, what=what, skipped_in_a_row=self.in_a_row - 1)
 
     return NonFiniteGuard()
+
+
+def record_crash(rd: RunDir, attempt: int, rank: int, step: int, exc: BaseException) -> dict[str, Any]:
+    """Write what this rank raised (type, innermost frame, step): the exit hook compares attempts with it,
+    and the same crash at the same step twice is a crash loop (``runner.policy.crash_loop``)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    last = frames[-1] if frames else None
+    crash = {"type": type(exc).__name__, "message": str(exc)[:300], "step": step, "rank": rank,
+             "frame": f"{last.filename}:{last.lineno} in {last.name}" if last else None, "time": time.time()}
+    try:
+        atomic_write(rd.crash_file(attempt, rank), json.dumps(crash) + "\n")
+    except OSError as e:  # the traceback still reaches the rank log
+        log.warning("crash record not written: %s", e)
+    return crash
