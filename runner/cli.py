@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from runner import __version__, log
-from runner.errors import RunnerError
+from runner.errors import ConfigError, RunnerError
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -48,6 +48,12 @@ def _build(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     from runner.host import status
 
+    if args.ranks:
+        if not args.run:
+            raise ConfigError(["runner status --ranks: found no run; expected one run's name or directory. "
+                               "hint: runner status RUN --ranks"])
+        print(status.ranks(status.find_run(args.run, Path(args.root))))
+        return 0
     rows = status.collect(args.run, Path(args.root))
     print(json.dumps(rows, indent=2) if args.json else status.table(rows))
     return 0
@@ -163,6 +169,8 @@ def parser() -> argparse.ArgumentParser:
         sp.add_argument("--root", default="runs", help="where run directories live (default: runs)")
         if name == "status":
             sp.add_argument("--json", action="store_true", help="machine-readable output")
+            sp.add_argument("--ranks", action="store_true",
+                            help="the run's slowest ranks and nodes against the median, and its last hang")
         if name == "resume":
             sp.add_argument("overrides", nargs="*", metavar="num_nodes=N",
                             help="resume on other capacity (num_nodes / num_device); the global batch is kept")

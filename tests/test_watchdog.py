@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from runner import stragglers
 from runner.job.watchdog import phase, summarize
 from runner.rundir import EXIT_HANG, RunDir
 
@@ -75,14 +76,19 @@ RANK = textwrap.dedent("""
     from runner.job.watchdog import Watchdog
     from runner.rundir import RunDir
     rd, rank, world, mode = RunDir(Path(sys.argv[1])), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-    wd = Watchdog(rd, rank, world, attempt=1, factor=10, floor_s=1.0, interval_s=0.2).start()
+    wd = Watchdog(rd, rank, world, attempt=1, factor=10, floor_s=1.0, interval_s=0.2, report_every_s=0.5).start()
     def barrier(): threading.Event().wait()
     def __getitem__(): time.sleep(3600)
     for step in range(10**6):
+        wd.batch_start()
+        time.sleep(0.06 if mode == "slow" else 0.01)  # forward
+        wd.before_backward()
+        time.sleep(0.01)
         wd.beat(step)
-        time.sleep(0.02)
-        if step == 30 and mode != "run":
+        if step == 30 and mode in ("collective", "data"):
             barrier() if mode == "collective" else __getitem__()
+        if step == 80 and mode in ("run", "slow"):
+            break
 """)
 
 
@@ -130,3 +136,61 @@ def test_a_rank_stuck_in_its_data_loader_is_named_against_the_waiting_ones(tmp_p
     assert [(s["rank"], s["state"]) for s in hang["suspects"]] == [(1, "in data")]
     assert "__getitem__" in hang["suspects"][0]["where"]
     assert "rank 1 on" in hang["summary"] and "2 of 3 ranks in collective" in hang["summary"]
+
+
+def _beat(rank: int, compute: float, data: float, host: str = "n1") -> dict[str, object]:
+    return {"rank": rank, "host": host, "compute_s": compute, "data_s": data, "step": 100}
+
+
+STRAGGLERS = [
+    # (heartbeats, the slow ranks as (rank, what))
+    ([_beat(0, .10, .01), _beat(1, .10, .01), _beat(2, .30, .01, "n2"), _beat(3, .11, .01)], [(2, "forward")]),
+    ([_beat(0, .10, .01), _beat(1, .10, .20), _beat(2, .10, .01), _beat(3, .10, .01)], [(1, "data")]),
+    ([_beat(0, .10, .01), _beat(1, .12, .01), _beat(2, .13, .01)], []),  # within 1.5x
+    ([_beat(0, .001, 0), _beat(1, .003, 0)], []),  # 3x but 2 ms: noise
+    ([_beat(0, .10, .0), _beat(1, .10, .0), _beat(2, .10, .5)], [(2, "data")]),  # the others never wait
+    ([{"rank": 0, "host": "n1"}], []),  # no timings yet
+]
+
+
+@pytest.mark.parametrize(("beats", "slow"), STRAGGLERS)
+def test_stragglers_against_the_median(beats: list, slow: list) -> None:
+    rows = stragglers.compare(beats)
+    assert [(r["rank"], r["slow"]) for r in rows if r["slow"]] == slow
+    if slow:
+        assert rows[0]["rank"] == slow[0][0]  # slowest first
+        assert f"{slow[0][1]}" in stragglers.table(rows).splitlines()[1]
+
+
+def test_a_slow_rank_is_reported_once_by_rank_0(tmp_path: Path) -> None:
+    rd, procs = _ranks(tmp_path, ["run", "run", "slow"])
+    try:
+        codes = [p.wait(timeout=60) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert codes == [0, 0, 0]
+    events = [e for e in rd.events() if e["event"] == "straggler"]
+    assert [(e["rank"], e["slow"]) for e in events] == [(2, "forward")]
+    assert events[0]["compute_x"] > 3
+    latest = json.loads((rd.root / "stragglers.json").read_text())["ranks"]
+    assert latest[0]["rank"] == 2
+
+
+def test_status_ranks_shows_the_slowest_rank_and_the_last_hang(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from runner import cli
+
+    run = tmp_path / "r1"
+    for b in (_beat(0, .10, .01), _beat(1, .31, .01, "n2"), _beat(2, .10, .01)):
+        (run / "heartbeats").mkdir(parents=True, exist_ok=True)
+        (run / "heartbeats" / f"rank-{b['rank']:05d}.json").write_text(json.dumps({**b, "attempt": 1}))
+    (run / "hang.json").write_text(json.dumps({"summary": "hang: rank 1 on n2 (not responding)", "attempt": 1,
+                                               "step": 40}))
+    (run / "manifest.json").write_text("{}")
+    (run / "config.yaml").write_text("name: r1\n")
+    assert cli.main(["status", "r1", "--root", str(tmp_path), "--ranks"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].split()[:2] == ["1", "n2"] and out[1].endswith("forward")
+    assert out[-1].startswith("last hang (attempt 1, step 40): hang: rank 1 on n2")
+    assert cli.main(["status", "--root", str(tmp_path), "--ranks"]) == 2

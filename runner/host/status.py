@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from runner import log as runner_log
-from runner import policy
+from runner import policy, stragglers
 from runner.errors import RunnerError
 from runner.job import checkpoint
 from runner.rundir import RunDir, read_json
@@ -172,6 +172,17 @@ def table(rows: list[dict[str, Any]]) -> str:
     widths = [max(len(h), *(len(d[i]) for d in data)) for i, h in enumerate(heads)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     return "\n".join([fmt.format(*heads), *(fmt.format(*d) for d in data)])
+
+
+def ranks(run: RunDir) -> str:
+    """``runner status RUN --ranks``: the slowest ranks and their nodes against the median, and the last hang."""
+    beats = [b for p in sorted((run.root / "heartbeats").glob("rank-*.json")) if isinstance(b := read_json(p), dict)]
+    newest = max((b.get("attempt", 0) for b in beats), default=0)
+    out = [stragglers.table(stragglers.compare([b for b in beats if b.get("attempt", 0) == newest]))]
+    hang = read_json(run.root / "hang.json")
+    if isinstance(hang, dict) and hang.get("summary"):
+        out.append(f"last hang (attempt {hang.get('attempt')}, step {hang.get('step')}): {hang['summary']}")
+    return "\n".join(out)
 
 
 def ended(run: RunDir) -> bool | None:

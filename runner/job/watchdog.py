@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from runner import stragglers
 from runner.rundir import EXIT_HANG, RunDir, atomic_write, read_json
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,10 @@ def summarize(reports: Mapping[int, Mapping[str, Any]], world: int, hosts: Mappi
             "phases": dict(counts)}
 
 
+def _median(values: list[float]) -> float | None:
+    return round(statistics.median(values), 5) if values else None
+
+
 def _frames(thread_id: int) -> list[str]:
     frame = sys._current_frames().get(thread_id)
     if frame is None:
@@ -101,13 +106,20 @@ class Watchdog:
     """One per rank. ``beat(step)`` from the training thread; everything else happens on the watchdog thread."""
 
     def __init__(self, rd: RunDir, rank: int, world: int, attempt: int, *, factor: float, floor_s: float,
-                 interval_s: float = 2.0, exit: Any = os._exit) -> None:
+                 interval_s: float = 2.0, report_every_s: float = 30.0, exit: Any = os._exit) -> None:
         self.rd, self.rank, self.world, self.attempt = rd, rank, world, attempt
         self.factor, self.floor_s, self.interval_s = factor, floor_s, interval_s
         self._exit = exit
         self._step = -1
         self._advanced = time.monotonic()
         self._durations: list[float] = []
+        self._compute: list[float] = []  # this rank's own time per step: batch start to backward
+        self._data: list[float] = []  # its wait for data: previous batch end to this batch start
+        self._batch_start = self._batch_end = 0.0
+        self._busy = 0  # >0 while a long, legitimate pause runs (a checkpoint write): no hang then
+        self.report_every_s = report_every_s
+        self._flagged: dict[int, int] = {}  # rank -> consecutive reports that found it slow
+        self._reported: set[int] = set()
         self._main = threading.main_thread().ident or 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="runner-watchdog", daemon=True)
@@ -131,10 +143,26 @@ class Watchdog:
     def beat(self, step: int) -> None:
         """Called by the training thread at every step: two assignments, no I/O."""
         now = time.monotonic()
+        self._batch_end = now
         if step != self._step:
             if self._step >= 0:
                 self._durations = (self._durations + [now - self._advanced])[-50:]
             self._step, self._advanced = step, now
+
+    def batch_start(self) -> None:
+        now = time.monotonic()
+        if self._batch_end:
+            self._data = (self._data + [now - self._batch_end])[-50:]
+        self._batch_start = now
+
+    def before_backward(self) -> None:
+        if self._batch_start:
+            self._compute = (self._compute + [time.monotonic() - self._batch_start])[-50:]
+
+    def busy(self, on: bool) -> None:
+        """Around a long pause that is not a hang (a checkpoint write); the stall clock restarts after it."""
+        self._busy += 1 if on else -1
+        self._advanced = time.monotonic()
 
     def limit(self) -> float:
         """Seconds without a step that make a hang: factor x the median step time, at least the floor."""
@@ -144,17 +172,40 @@ class Watchdog:
     def _heartbeat(self) -> None:
         atomic_write(self.beats / f"rank-{self.rank:05d}.json",
                      json.dumps({"rank": self.rank, "host": self.host, "pid": os.getpid(), "step": self._step,
-                                 "time": time.time(), "attempt": self.attempt}))
+                                 "time": time.time(), "attempt": self.attempt,
+                                 "step_s": _median(self._durations), "compute_s": _median(self._compute),
+                                 "data_s": _median(self._data)}))
 
     def _run(self) -> None:
+        next_report = time.monotonic() + self.report_every_s
         while not self._stop.wait(self.interval_s):
             try:
                 self._heartbeat()
+                if self.rank == 0 and time.monotonic() >= next_report:
+                    next_report = time.monotonic() + self.report_every_s
+                    self._report_stragglers()
             except OSError as e:  # a full or flaky shared filesystem must not stop training
                 log.warning("heartbeat not written: %s", e)
-            if self._step >= 0 and time.monotonic() - self._advanced > self.limit():
+            if self._step >= 0 and not self._busy and time.monotonic() - self._advanced > self.limit():
                 self._fire()
                 return
+
+    def _report_stragglers(self) -> None:
+        """Rank 0: compare every rank's timings; a rank slow in two reports in a row goes to the ledger once."""
+        beats = [b for p in self.beats.glob("rank-*.json")
+                 if isinstance(b := read_json(p), dict) and b.get("attempt") == self.attempt]
+        rows = stragglers.compare(beats)
+        atomic_write(self.rd.root / "stragglers.json", json.dumps({"time": time.time(), "ranks": rows}))
+        slow = {r["rank"]: r for r in rows if r["slow"]}
+        self._flagged = {rank: self._flagged.get(rank, 0) + 1 for rank in slow}
+        for rank, times in self._flagged.items():
+            if times >= 2 and rank not in self._reported:
+                self._reported.add(rank)
+                r = slow[rank]
+                self.rd.record("straggler", rank=rank, node=r["node"], slow=r["slow"], step=r["step"],
+                               compute_x=r["compute_x"], data_x=r["data_x"])
+                log.warning("rank %d on %s is a straggler: %s %.1fx the median", rank, r["node"], r["slow"],
+                            r["compute_x"] if r["slow"] == "forward" else (r["data_x"] or 0.0))
 
     def _fire(self) -> None:
         frames = _frames(self._main)
@@ -192,3 +243,27 @@ class Watchdog:
         atomic_write(self.rd.last_exit, json.dumps({"code": EXIT_HANG, "job_id": os.environ.get("SLURM_JOB_ID"),
                                                     "time": time.time()}) + "\n")
         log.error("%s", summary["summary"])
+
+
+def make_pulse(wd: Watchdog) -> Any:
+    """The Lightning callback that feeds the watchdog from the training thread (timestamps only, no I/O)."""
+    import lightning as L
+
+    class Pulse(L.Callback):
+        def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+            wd.batch_start()
+
+        def on_before_backward(self, trainer: L.Trainer, *args: Any) -> None:
+            wd.before_backward()
+
+        def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+            wd.beat(trainer.global_step)
+
+        def on_validation_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+            wd.busy(True)  # validation is progress too: restart the stall clock
+            wd.busy(False)
+
+        def on_train_end(self, trainer: L.Trainer, *args: Any) -> None:
+            wd.stop()
+
+    return Pulse()
