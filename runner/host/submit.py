@@ -26,7 +26,7 @@ from runner import __version__, spec
 from runner.errors import SubmitError
 from runner.host import build, render
 from runner.host.provenance import git_provenance
-from runner.rundir import ATTEMPT_ENV, RunDir, atomic_write
+from runner.rundir import ATTEMPT_ENV, RunDir, atomic_write, read_json
 from runner.spec.typed import RunConfig, read_resolved
 
 log = logging.getLogger(__name__)
@@ -278,15 +278,28 @@ def resize(run: RunDir, overrides: list[str]) -> str:
     return change
 
 
-def resume(run: RunDir, overrides: list[str] | None = None) -> int:
-    """Start a stopped run again in its own directory; the launcher picks the newest complete checkpoint."""
+def resume(run: RunDir, overrides: list[str] | None = None, force: bool = False) -> int:
+    """Start a stopped run again in its own directory; the launcher picks the newest complete checkpoint.
+
+    Never while the run's job may be alive (one job trains a run at a time): a job Slurm reports pending or
+    running is refused; ``force`` only overrides "Slurm cannot be asked" (see ``policy.resume_action``).
+    """
     if not run.config.is_file():
         raise SubmitError(f"{run.root}: found no config.yaml; expected a run directory. hint: see `runner status`")
     from runner import policy
     from runner.host.status import records
 
-    decision = policy.resume_action(records(run))
+    rec = records(run)
+    job, asked = None, True
+    if rec.job_id and not rec.finished and (read_json(run.manifest, {}) or {}).get("scheduler") == "slurm":
+        from runner.host import slurm
+
+        answer = slurm.ask_many([rec.job_id])
+        job, asked = (answer or {}).get(rec.job_id), answer is not None
+    decision = policy.resume_action(rec, job, asked, force)
     if decision.action == "refuse":
+        raise SubmitError(f"resume {run.name}: {decision.reason}")
+    if decision.action == "skip":
         print(f"run {run.root} {decision.reason}")
         return 0
     change = resize(run, overrides) if overrides else None

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from runner import __version__
-from runner.job import checkpoint
+from runner.job import checkpoint, owner
 from runner.log import setup as setup_logging
 from runner.rundir import ATTEMPT_ENV, EXIT_REQUEUE, EXIT_TERMINATED, RunDir, atomic_write, read_json
 from runner.spec.typed import RunConfig, read_resolved
@@ -296,7 +296,8 @@ def train(rd: RunDir) -> int:
 
         plugins.append(SLURMEnvironment(auto_requeue=False))
     tcfg: dict[str, Any] = {k: v for k, v in cfg["trainer"].items() if k != "strategy"}  # + open arguments
-    trainer = L.Trainer(**tcfg, strategy=_strategy(cfg), plugins=plugins, callbacks=[callback],
+    owner_check = owner.make_callback(rd, cfg["resume"]["owner_check_every_n_steps"])  # one trainer per run
+    trainer = L.Trainer(**tcfg, strategy=_strategy(cfg), plugins=plugins, callbacks=[owner_check, callback],
                         enable_checkpointing=False, logger=False, default_root_dir=str(rd.root),
                         use_distributed_sampler=False)
     if last:

@@ -127,6 +127,7 @@ SCHEMA: dict[str, Any] = {
         "max_restarts": _f(int, 3, min=0),
         "backoff_s": _f((int, float), 60, min=0),
         "force": _f(bool, False),
+        "owner_check_every_n_steps": _f(int, 20, **POS_INT),  # how often the ranks check they still own the run
     },
     "alerts": {
         "enabled": _f(bool, True),

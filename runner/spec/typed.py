@@ -89,6 +89,7 @@ class Resume(TypedDict):
     max_restarts: int
     backoff_s: float
     force: bool
+    owner_check_every_n_steps: int
 
 
 class Alerts(TypedDict):
