@@ -20,8 +20,8 @@ from pathlib import Path
 
 from runner import log as runner_log
 from runner import policy, proc
-from runner.host.status import records
-from runner.rundir import RunDir, read_json
+from runner.host.status import manifest_of, records
+from runner.rundir import RunDir
 from runner.spec.typed import RunConfig, read_resolved
 
 log = logging.getLogger(__name__)
@@ -70,8 +70,10 @@ def handle(run: RunDir, jobs: Mapping[str, policy.JobInfo] | None = None, asked:
 
 
 def _is_slurm_run(path: Path) -> bool:
-    manifest = path / "manifest.json"
-    return manifest.is_file() and (read_json(manifest, {}) or {}).get("scheduler") == "slurm"
+    """A Slurm run directory; raises (one line, logged by the caller) when its manifest cannot be read."""
+    if not (path / "manifest.json").is_file():
+        return False
+    return manifest_of(RunDir(path)).get("scheduler") == "slurm"
 
 
 def runs_under(root: Path) -> list[RunDir]:
@@ -84,7 +86,7 @@ def runs_under(root: Path) -> list[RunDir]:
             if _is_slurm_run(p):
                 runs.append(RunDir(p.resolve()))
         except Exception as e:  # one broken run must never stop the others
-            log.error("%s: cannot read: %s: %s", p.name, type(e).__name__, e)
+            log.error("%s: cannot read: %s", p, runner_log.one_line(e))
     return runs
 
 

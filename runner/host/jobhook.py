@@ -12,11 +12,13 @@ logs are read once for the cause and the log tail. Its output lands in Slurm's b
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -119,8 +121,11 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
     elif decision.action == "give_up":
         run.record("gave_up", job_id=job, reason=decision.reason)
     log.info("exit %s: %s: %s; next: %s", rc, event, decision.reason, step)
-    if alerts.enqueue(run.root, cfg["alerts"], queued):
-        background.send_later(run.root, ALERT_BUDGET_S)
+    sender = background.send_later(run.root, ALERT_BUDGET_S) if alerts.enqueue(run.root, cfg["alerts"], queued) \
+        else None
+    if sender is not None:  # the job's leftover processes die with the batch script: give the sender its time
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            sender.wait(timeout=ALERT_BUDGET_S + 5)
     return 0
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from runner import __version__, spec
+from runner import __version__, alerts, spec
 from runner.errors import SubmitError
 from runner.host import build, render
 from runner.host.provenance import git_provenance
@@ -43,10 +43,13 @@ class Plan:
     world_size: int
     notes: list[str] = field(default_factory=list)
     image_problem: str | None = None
+    private: dict[str, str] = field(default_factory=dict)  # written mode 0600, never printed (the git diff)
 
     def __str__(self) -> str:
         lines = [f"run directory: {self.run.root}", f"scheduler:     {self.scheduler}",
                  f"world size:    {self.world_size}", f"command:       {' '.join(self.argv)}", *self.notes]
+        lines += [f"private file:  {name} (mode 0600, {len(text)} bytes, not shown)" for name, text in
+                  self.private.items()]
         for name, text in self.files.items():
             lines += ["", f"--- {name} ---", text.rstrip("\n")]
         return "\n".join(lines)
@@ -91,11 +94,14 @@ def plan(path: Path, overrides: list[str], allow_missing_image: bool = False) ->
     cfg = spec.load(path, overrides, run_dir=str(rd_path))
     image = build.image_path(cfg) if cfg.data["container"]["runtime"] != "none" else "none"
     image_problem = check_image(cfg, image, allow_missing_image)
-    manifest = {"runner_version": __version__, "config_hash": cfg.hash(), "config_file": str(path.resolve()),
-                "overrides": overrides, "scheduler": cfg.data["scheduler"], "image": image,
-                "world_size": cfg.world_size, "global_batch": cfg.global_batch,
-                "accumulate_grad_batches": cfg.accumulate, "git": git_provenance(path.resolve().parent),
-                "created": time.time(), "host": socket.gethostname()}
+    git = git_provenance(path.resolve().parent)
+    diff = str(git.pop("diff") or "")  # only in a private file: it may hold a token (see runner.host.provenance)
+    secrets = alerts.secrets_of(cfg.data["alerts"])
+    manifest = alerts.redact_obj({
+        "runner_version": __version__, "config_hash": cfg.hash(), "config_file": str(path.resolve()),
+        "overrides": overrides, "scheduler": cfg.data["scheduler"], "image": image, "world_size": cfg.world_size,
+        "global_batch": cfg.global_batch, "accumulate_grad_batches": cfg.accumulate, "git": git,
+        "created": time.time(), "host": socket.gethostname()}, secrets)
     files = {"config.yaml": yaml.safe_dump(cfg.data, sort_keys=False),
              "manifest.json": json.dumps(manifest, indent=2) + "\n",
              "job.sbatch": render.sbatch(cfg, rd_path, image)}
@@ -107,7 +113,8 @@ def plan(path: Path, overrides: list[str], allow_missing_image: bool = False) ->
              f"{cfg.accumulate} accumulation"]
     if image_problem:
         notes.append(f"image check:   {image_problem} (runner submit refuses without --allow-missing-image)")
-    return Plan(RunDir(rd_path), files, argv, cfg.data["scheduler"], cfg.world_size, notes, image_problem)
+    private = {"git.diff": alerts.redact(diff, secrets)} if diff else {}
+    return Plan(RunDir(rd_path), files, argv, cfg.data["scheduler"], cfg.world_size, notes, image_problem, private)
 
 
 def write(p: Plan) -> None:
@@ -116,6 +123,8 @@ def write(p: Plan) -> None:
         sub.mkdir()
     for name, text in p.files.items():
         atomic_write(p.run.root / name, text)
+    for name, text in p.private.items():
+        atomic_write(p.run.root / name, text, mode=0o600)
     p.run.script.chmod(0o755)
 
 
