@@ -119,7 +119,7 @@ def test_two_jobs_on_one_run_only_one_trains(slurm_cluster: devcluster.Cluster, 
     rank0 = first_logs[0]
     assert completed_in(rank0[rank0.index("no longer owns"):]) == set()  # nothing written after it
     assert completed_in(rank0) <= before  # each checkpoint of the first job was there before the switch
-    wait_for("the second job to finish", lambda: (run / "finished").exists(), 240, run)
+    wait_for("the second job to finish", lambda: any(e["event"] == "exit" for e in events(run)), 240, run)
     second_log = RunDir(run).rank_log(0, 2).read_text()
     assert published(run) == completed_in(rank0) | completed_in(second_log)
     exits = [e for e in events(run) if e["event"] == "exit"]
