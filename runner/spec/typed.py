@@ -106,7 +106,10 @@ class Alerts(TypedDict):
 class Preflight(TypedDict):
     enabled: bool
     min_busbw_gbps: float | None
+    fail_below_median: float
+    warn_below_median: float
     probe_mib: int
+    probe_budget_s: float
     timeout_s: int
     min_free_gb: float
     paths: list[str]
