@@ -273,9 +273,7 @@ def train(rd: RunDir) -> int:
     if cfg["slurm"]["signal"] != "TERM":
         flag.install("TERM")  # scancel / preemption: checkpoint at the next step if the grace time allows
 
-    import lightning as L
     import torch
-    from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     # The preflight checks in their own short-lived process group (on their own port), before Lightning builds
@@ -283,6 +281,9 @@ def train(rd: RunDir) -> int:
     code = preflight.in_job(rd, cfg, rank, local, node, world, ne)
     if code is not None:
         return code
+    import lightning as L  # after the checks: `runner preflight` needs no Lightning (5 s of imports per rank)
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
     L.seed_everything(cfg["seed"] + rank, workers=True, verbose=False)
     cfg_hash = manifest["config_hash"]
     last = checkpoint.latest(rd.checkpoints, cfg_hash, cfg["resume"]["force"], check=True) \
