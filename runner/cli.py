@@ -78,7 +78,7 @@ def _cancel(args: argparse.Namespace) -> int:
 def _resume(args: argparse.Namespace) -> int:
     from runner.host import status, submit
 
-    return submit.resume(status.find_run(args.run, Path(args.root)), args.overrides)
+    return submit.resume(status.find_run(args.run, Path(args.root)), args.overrides, force=args.force)
 
 
 def _cron(args: argparse.Namespace) -> int:
@@ -174,6 +174,9 @@ def parser() -> argparse.ArgumentParser:
         if name == "resume":
             sp.add_argument("overrides", nargs="*", metavar="num_nodes=N",
                             help="resume on other capacity (num_nodes / num_device); the global batch is kept")
+            sp.add_argument("--force", action="store_true",
+                            help="resume although Slurm cannot be asked whether the run's job ended (you know it "
+                                 "did); a job Slurm reports alive is always refused: cancel it first")
         if name == "logs":
             sp.add_argument("--rank", type=int, default=0, help="which rank's log (default: 0)")
             sp.add_argument("--attempt", type=int, help="which attempt's log, 1 for the first (default: the latest)")

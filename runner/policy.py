@@ -11,9 +11,11 @@ run directory's ledger, exit status, ``finished`` marker and job id; ``JobInfo``
 - ``runner status``: ``run_state`` (``asks_slurm`` says whether Slurm's view can change it);
 - ``runner resume``: ``resume_action``.
 
-One rule runs in the batch script instead (templates/sbatch.sh.j2), because it must hold before any Python
-starts: job ids only grow, so a job older than the run's current ``job_id`` (Slurm requeued it after ``runner
-cron`` had already resubmitted the run) steps aside and exits 0 without training.
+At most one job trains a run directory. The run's ``job_id`` file names its owner; a job that is not the owner
+is superseded and exits ``EXIT_SUPERSEDED`` without writing a checkpoint: the batch script checks before any
+Python starts (a job older than the run's current one, requeued by Slurm after ``runner cron`` resubmitted the
+run), and the ranks check every few steps while training (``runner.job.owner``). ``resume_action`` and
+``next_action`` never start a second job while the first may be alive, even when Slurm cannot be asked.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from runner.rundir import EXIT_PREFLIGHT, EXIT_REQUEUE
+from runner.rundir import EXIT_PREFLIGHT, EXIT_REQUEUE, EXIT_SUPERSEDED
 from runner.spec.typed import RunConfig
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -156,13 +158,21 @@ def attempt(events: Sequence[Mapping[str, Any]]) -> int:
 # The exit hook: what the step's end means, and whether to requeue
 
 
-def classify(rec: Records, rc: int, seconds_left: float | None, limits: Limits) -> str:
-    """What the step's end means: completed, cancelled, preflight_failed, timeout, preempted or failed.
+def superseded(rec: Records, rc: int, job_id: str | None) -> bool:
+    """This job no longer owns the run: it said so (exit 78), or the run's ``job_id`` names another job."""
+    return rc == EXIT_SUPERSEDED or bool(job_id and rec.job_id and rec.job_id != job_id)
+
+
+def classify(rec: Records, rc: int, seconds_left: float | None, limits: Limits, job_id: str | None = None) -> str:
+    """What the step's end means: superseded, completed, cancelled, preflight_failed, timeout, preempted or failed.
 
     ``rc`` is the launcher's exit code; ``seconds_left`` the job's time left as Slurm reports it (None when
-    unknown). The launcher exits 75 after checkpointing on the requeue signal, which comes both
-    ``signal_lead_s`` before the time limit and on a preemption notice: the time left tells them apart.
+    unknown); ``job_id`` the job that ended. The launcher exits 75 after checkpointing on the requeue signal, which
+    comes both ``signal_lead_s`` before the time limit and on a preemption notice: the time left tells them apart.
+    A superseded job's end says nothing about the run (its owner is another job), so it is decided first.
     """
+    if superseded(rec, rc, job_id):
+        return "superseded"
     if rec.finished:
         return "completed"
     if cancelled_by_user(rec.events):
@@ -177,6 +187,8 @@ def classify(rec: Records, rc: int, seconds_left: float | None, limits: Limits) 
 
 def after_exit(outcome: str, attempt: int, job_id: str | None, limits: Limits) -> Decision:
     """The exit hook's move after ``classify``: requeue the job itself, give up, or leave it (to cron)."""
+    if outcome == "superseded":
+        return Decision("skip", "superseded: another job owns the run; this one wrote no checkpoint")
     if outcome == "completed":
         return Decision("skip", "training finished")
     if outcome == "cancelled":
@@ -190,6 +202,27 @@ def after_exit(outcome: str, attempt: int, job_id: str | None, limits: Limits) -
     if outcome == "preflight_failed":  # a bad node or interface would fail again: a person must look
         return Decision("skip", "preflight failed: fix the node or interface it names, then `runner resume`")
     return Decision("skip", "failed: runner cron decides about resubmission (with backoff)")
+
+
+def next_step(outcome: str, decision: Decision, attempt: int, limits: Limits, requeued: bool | None = None) -> str:
+    """What the exit hook's alert says happens next: what the hook did (``decision``; ``requeued`` whether
+    ``scontrol requeue`` went through) and what ``runner cron`` will do with the run (``next_action``)."""
+    if decision.action == "requeue":
+        if requeued:
+            return f"requeued as attempt {attempt + 1}; it resumes from the newest complete checkpoint"
+        return "scontrol requeue failed: runner cron resubmits it from the newest complete checkpoint"
+    if decision.action == "give_up":
+        return f"not retried: {decision.reason} (resume.max_restarts={limits.max_restarts}); `runner resume` it " \
+               "once the cause is fixed"
+    if outcome in ("failed", "timeout", "preempted"):  # left to cron, which counts the same restarts
+        if attempt - 1 < limits.max_restarts:
+            return f"runner cron resubmits it from the newest complete checkpoint (restart {attempt} of " \
+                   f"resume.max_restarts={limits.max_restarts})"
+        return f"not retried: {attempt - 1} restarts used of resume.max_restarts={limits.max_restarts}; " \
+               "`runner resume` it once the cause is fixed"
+    if outcome == "preflight_failed":
+        return "not retried (the same node would fail again): fix the node or interface it names, then `runner resume`"
+    return f"nothing: {decision.reason}"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -212,15 +245,20 @@ def settled(rec: Records) -> Decision | None:
     return None
 
 
-def next_action(rec: Records, job: JobInfo | None, limits: Limits, now: float) -> Decision:
+def next_action(rec: Records, job: JobInfo | None, limits: Limits, now: float, asked: bool = True) -> Decision:
     """Cron's decision for one run: skip, wait, resubmit (with exponential backoff) or give_up.
 
-    ``job`` is Slurm's answer for ``rec.job_id`` (None when Slurm does not know it any more).
+    ``job`` is Slurm's answer for ``rec.job_id`` (None when Slurm does not know it any more); ``asked`` is False
+    when Slurm could not be asked at all (its commands failed or timed out). Then a job that the ledger shows
+    alive may well be training: resubmitting would start a second trainer, so cron waits for an answer.
     """
     early = settled(rec)
     if early is not None:
         return early
     name = rec.job_id
+    if not asked and job_alive(rec.events):
+        return Decision("wait", f"Slurm cannot be asked and the ledger shows job {name} alive (no exit recorded); "
+                                "trying again next time")
     if job is not None and not job.terminal:
         return Decision("skip", f"job {name} is {job.state}")
     status = rec.exit_status or {}
@@ -263,11 +301,14 @@ def local_state(rec: Records) -> str:
 
 
 def job_alive(events: Sequence[Mapping[str, Any]]) -> bool:
-    """The batch script started and has not recorded its exit yet (training may be done, the job is not)."""
+    """The run's job was submitted, started or requeued and has not recorded its exit since.
+
+    Training may be done, the job is not. A requeued job waits in the queue to start again: alive too.
+    """
     for e in reversed(events):
         if e["event"] == "exit":
             return False
-        if e["event"] in ("start", "submitted", "resubmitted"):
+        if e["event"] in ("start", "submitted", "resubmitted", "requeued"):
             return True
     return False
 
@@ -308,10 +349,22 @@ def run_state(rec: Records, job: JobInfo | None) -> str:
 # runner resume
 
 
-def resume_action(rec: Records) -> Decision:
-    """A user's resume starts any run again (it lifts a cancel), except one that finished."""
+def resume_action(rec: Records, job: JobInfo | None = None, asked: bool = True, force: bool = False) -> Decision:
+    """A user's resume starts a stopped run again (it lifts a cancel); never a second job next to a live one.
+
+    ``job`` is Slurm's answer for the run's job (None: Slurm does not know it, or it was not asked: a local run),
+    ``asked`` False when Slurm could not be asked. A job Slurm reports pending or running is refused, whatever
+    ``force`` says: cancel it first. When Slurm cannot be asked and the ledger shows the job alive, only ``force``
+    (the user knows it ended, e.g. after `scancel` went through) resubmits.
+    """
     if rec.finished:
-        return Decision("refuse", "already finished; nothing to do")
+        return Decision("skip", "already finished; nothing to do")
+    if job is not None and not job.terminal:
+        return Decision("refuse", f"job {job.job_id} is {job.state}: one job trains a run at a time. "
+                                  "hint: `runner cancel` it first (or let it end), then resume")
+    if not asked and rec.job_id and job_alive(rec.events) and not force:
+        return Decision("refuse", f"Slurm cannot be asked whether job {rec.job_id} ended, and the ledger shows it "
+                                  "alive (no exit recorded). hint: once you know it ended, `runner resume --force`")
     return Decision("resubmit", "runner resume")
 
 

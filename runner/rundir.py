@@ -15,13 +15,17 @@ from pathlib import Path
 from typing import Any
 
 
-def atomic_write(path: Path, data: str | bytes) -> None:
-    """Write a file so that readers see the old content or the new one, never a torn write."""
+def atomic_write(path: Path, data: str | bytes, mode: int = 0o666) -> None:
+    """Write a file so that readers see the old content or the new one, never a torn write.
+
+    ``mode`` (before the umask) holds from the first byte: 0o600 keeps a private file private all along.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     raw = data.encode() if isinstance(data, str) else data
     try:
-        with open(tmp, "wb") as f:
+        tmp.unlink(missing_ok=True)
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "wb") as f:
             f.write(raw)
             f.flush()
             os.fsync(f.fileno())
@@ -171,9 +175,12 @@ class RunDir:
         out = []
         for line in lines:
             try:
-                out.append(json.loads(line))
+                event = json.loads(line)
             except ValueError:
                 continue  # a torn last line after a crash is skipped, never fatal
+            if isinstance(event, dict) and isinstance(event.get("event"), str) and \
+                    isinstance(event.get("time"), (int, float)):
+                out.append(event)  # anything else is not ours (a hand edit): skipped, never fatal
         return out
 
 
@@ -187,4 +194,5 @@ ATTEMPT_ENV = "RUNNER_ATTEMPT"
 EXIT_REQUEUE = 75  # checkpointed after the requeue signal: requeue me
 EXIT_TERMINATED = 76  # stopped (SIGTERM or early stop) before the end of training
 EXIT_PREFLIGHT = 77  # a preflight check failed: training never started
+EXIT_SUPERSEDED = 78  # another job owns the run now (its job_id): this one stopped without writing a checkpoint
 EXIT_HANG = 79  # the hang watchdog stopped a job whose steps stopped advancing (hang.json says who, where)

@@ -246,3 +246,22 @@ def test_node_states_need_an_answer_from_slurm(tmp_path: Path, monkeypatch: pyte
     assert devcluster._sinfo_states(cluster) is None
     sinfo.write_text(f'#!/bin/sh\n[ "$SLURM_CONF" = "{cluster.conf}" ] || exit 1\necho "n1 idle"\necho "n2 down*"\n')
     assert devcluster._sinfo_states(cluster) == {"n1": "idle", "n2": "down*"}
+
+
+def test_down_removes_everything_under_its_state_directory() -> None:
+    """What the README promises: after `runner dev-cluster down` nothing is left under the state directory."""
+    from tests.slurm_fixture import _install, _session_lock
+
+    _install()
+    root = devcluster.resolve_root()
+    with _session_lock(root):  # no other test session is using the cluster while it goes down
+        before = devcluster.running()
+        devcluster.up(nodes=1, gpus_per_node=1)
+        assert sum(f.stat().st_size for f in root.rglob("*") if f.is_file()) > 1 << 20  # the database, logs
+        out = subprocess.run([sys.executable, "-m", "runner", "dev-cluster", "down"], capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert not root.exists(), sorted(str(p) for p in root.rglob("*"))[:10]
+        if before is not None:  # leave the machine's cluster as it was
+            devcluster.up(nodes=len(before.nodes), gpus_per_node=before.gpus_per_node,
+                          cpus_per_node=before.cpus_per_node)

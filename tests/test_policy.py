@@ -16,7 +16,7 @@ import pytest
 
 from runner import policy
 from runner.host import slurm
-from runner.policy import Decision, JobInfo, Limits, Records
+from runner.policy import JobInfo, Limits, Records
 
 FIXTURES = Path(__file__).parent / "fixtures" / "slurm"
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
@@ -170,6 +170,30 @@ CLASSIFY = [
 @pytest.mark.parametrize("records, rc, seconds_left, limits, outcome", CLASSIFY)
 def test_classify(records: Records, rc: int, seconds_left: float | None, limits: Limits, outcome: str) -> None:
     assert policy.classify(records, rc, seconds_left, limits) == outcome
+    assert policy.classify(records, rc, seconds_left, limits, job_id=records.job_id) == outcome  # the owner's end
+
+
+# A second job on the same run: job 4 trains, then job 9 is submitted and made the owner (its id in job_id).
+TWO_JOBS = [*TRAINING, at(200, "resubmitted", job_id="9", reason="...", attempt=2),
+            at(210, "start", job_id="9", restart_count=0)]
+SUPERSEDED = [
+    pytest.param(rec(TWO_JOBS, job="9"), 78, "4", "superseded", id="the old job stopped itself (exit 78)"),
+    pytest.param(rec(TWO_JOBS, job="9"), 1, "4", "superseded", id="the old job failed: not the run's failure"),
+    pytest.param(rec(TWO_JOBS, job="9"), 75, "4", "superseded", id="the old job checkpointed on a signal: no requeue"),
+    pytest.param(rec(TWO_JOBS, job="9", finished=True), 0, "4", "superseded",
+                 id="the owner finished: not the old job's completion"),
+    pytest.param(rec(TWO_JOBS, job="9"), 1, "9", "failed", id="the owner's own end is classified as usual"),
+    pytest.param(rec(TRAINING, job=None), 1, "4", "failed", id="no job_id file: nobody else owns it"),
+    pytest.param(rec(TWO_JOBS, job="9"), 78, None, "superseded", id="exit 78 alone"),
+]
+
+
+@pytest.mark.parametrize("records, rc, job, outcome", SUPERSEDED)
+def test_a_superseded_job_is_classified_first(records: Records, rc: int, job: str | None, outcome: str) -> None:
+    assert policy.classify(records, rc, 10_000.0, Limits(), job) == outcome
+    if outcome == "superseded":  # nothing is requeued, given up or left to cron on its account
+        d = policy.after_exit(outcome, 1, job, Limits())
+        assert d.action == "skip" and "superseded" in d.reason
 
 
 AFTER_EXIT = [
@@ -291,6 +315,27 @@ NEXT_ACTION = [
 ]
 
 
+# Slurm cannot be asked (sacct, squeue and scontrol failed or timed out): cron never resubmits a job the ledger
+# shows alive, since it may be training; it waits for an answer.
+UNASKED = [
+    pytest.param(rec(TRAINING), "wait", "Slurm cannot be asked and the ledger shows job 4 alive",
+                 id="start without exit -> wait"),
+    pytest.param(rec(SUBMIT), "wait", "job 4 alive", id="submitted, not started -> wait"),
+    pytest.param(rec(TIMEOUT_REQUEUED), "wait", "job 4 alive", id="requeued, waiting in the queue -> wait"),
+    pytest.param(rec(RESUBMITTED_PENDING, job="9"), "wait", "job 9 alive", id="resubmitted -> wait"),
+    pytest.param(rec(FAILED), "resubmit", "job 4 ended UNKNOWN (exit 1)",
+                 id="exit recorded by the hook: the job ended -> resubmit"),
+    pytest.param(rec(FINISHED, finished=True), "skip", "finished", id="finished: Slurm not needed"),
+    pytest.param(rec(CANCELLED), "skip", "cancelled by the user", id="cancelled: Slurm not needed"),
+]
+
+
+@pytest.mark.parametrize("records, action, reason", UNASKED)
+def test_next_action_when_slurm_cannot_be_asked(records: Records, action: str, reason: str) -> None:
+    d = policy.next_action(records, None, Limits(), NOW, asked=False)
+    assert d.action == action and reason in d.reason, d
+
+
 @pytest.mark.parametrize("records, job, limits, now, action, reason", NEXT_ACTION)
 def test_next_action(records: Records, job: JobInfo | None, limits: Limits, now: float, action: str,
                      reason: str) -> None:
@@ -398,18 +443,78 @@ def test_asks_slurm(records: Records, asks: bool) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 # runner resume
 
-RESUME = [
-    pytest.param(rec(FINISHED, finished=True), Decision("refuse", "already finished; nothing to do"), id="finished"),
-    pytest.param(rec(CANCELLED), Decision("resubmit", "runner resume"), id="cancelled: a resume lifts it"),
-    pytest.param(rec(GAVE_UP), Decision("resubmit", "runner resume"), id="gave up"),
-    pytest.param(rec(PREFLIGHT_FAILED), Decision("resubmit", "runner resume"), id="preflight failed"),
-    pytest.param(rec(FAILED), Decision("resubmit", "runner resume"), id="failed"),
+RESUME = [  # (records, Slurm's answer, Slurm asked?, --force) -> decision
+    pytest.param(rec(FINISHED, finished=True), None, True, False, "skip", "already finished", id="finished"),
+    pytest.param(rec(CANCELLED), slurm_says("sacct_CANCELLED.txt"), True, False, "resubmit", "runner resume",
+                 id="cancelled: a resume lifts it"),
+    pytest.param(rec(GAVE_UP), slurm_says("sacct_FAILED.txt"), True, False, "resubmit", "runner resume",
+                 id="gave up"),
+    pytest.param(rec(PREFLIGHT_FAILED), slurm_says("sacct_FAILED.txt"), True, False, "resubmit", "runner resume",
+                 id="preflight failed"),
+    pytest.param(rec(FAILED), slurm_says("sacct_FAILED.txt"), True, False, "resubmit", "runner resume",
+                 id="failed"),
+    pytest.param(rec(FAILED), None, True, False, "resubmit", "runner resume", id="failed, Slurm forgot the job"),
+    pytest.param(rec(TRAINING, job="5"), None, True, False, "resubmit", "runner resume",
+                 id="no exit recorded but Slurm answered it does not know the job: it is gone"),
+    # One job trains a run at a time
+    pytest.param(rec(TRAINING, job="5"), slurm_says("squeue_RUNNING.txt"), True, False, "refuse",
+                 "job 5 is RUNNING: one job trains a run at a time", id="job running -> refuse"),
+    pytest.param(rec(TRAINING, job="5"), slurm_says("squeue_RUNNING.txt"), True, True, "refuse", "runner cancel",
+                 id="job running, --force -> still refused: cancel first"),
+    pytest.param(rec(SUBMIT, job="6"), slurm_says("squeue_PENDING.txt"), True, False, "refuse", "job 6 is PENDING",
+                 id="job pending -> refuse"),
+    pytest.param(rec(TIMEOUT_REQUEUED, job="8"), slurm_says("scontrol_REQUEUED_PENDING.txt"), True, False, "refuse",
+                 "job 8 is PENDING", id="requeued, pending -> refuse"),
+    pytest.param(rec(CANCELLED, job="5"), slurm_says("scontrol_CANCELLED.txt"), True, False, "resubmit",
+                 "runner resume", id="after `runner cancel` the job ended -> resubmit"),
+    pytest.param(rec(TRAINING), None, False, False, "refuse", "Slurm cannot be asked whether job 4 ended",
+                 id="Slurm cannot be asked, ledger shows the job alive -> refuse"),
+    pytest.param(rec(TRAINING), None, False, True, "resubmit", "runner resume",
+                 id="Slurm cannot be asked, --force (the user knows it ended) -> resubmit"),
+    pytest.param(rec(FAILED), None, False, False, "resubmit", "runner resume",
+                 id="Slurm cannot be asked, exit recorded -> resubmit"),
 ]
 
 
-@pytest.mark.parametrize("records, decision", RESUME)
-def test_resume_action(records: Records, decision: Decision) -> None:
-    assert policy.resume_action(records) == decision
+@pytest.mark.parametrize("records, job, asked, force, action, reason", RESUME)
+def test_resume_action(records: Records, job: JobInfo | None, asked: bool, force: bool, action: str,
+                       reason: str) -> None:
+    d = policy.resume_action(records, job, asked, force)
+    assert d.action == action and reason in d.reason, d
+
+
+# What the exit hook's alert says happens next must be what happens: cron resubmits a failed run while restarts
+# remain (it says so), gives up after (it says so); a requeue that failed is not announced as a requeue.
+NEXT_STEP = [
+    pytest.param("failed", 1, Limits(max_restarts=3), None, "runner cron resubmits it", id="failed, restarts left"),
+    pytest.param("failed", 4, Limits(max_restarts=3), None, "not retried: 3 restarts used of resume.max_restarts=3",
+                 id="failed, no restarts left"),
+    pytest.param("timeout", 1, Limits(), True, "requeued as attempt 2", id="timeout, requeued"),
+    pytest.param("timeout", 1, Limits(), False, "scontrol requeue failed: runner cron resubmits it",
+                 id="timeout, the requeue failed"),
+    pytest.param("timeout", 1, Limits(requeue=False), None, "runner cron resubmits it", id="timeout, requeue off"),
+    pytest.param("preempted", 4, Limits(max_restarts=3), None, "not retried: preempted after 3 restarts",
+                 id="preempted, gave up"),
+    pytest.param("preflight_failed", 1, Limits(), None, "not retried (the same node would fail again)",
+                 id="preflight failed"),
+    pytest.param("completed", 1, Limits(), None, "nothing: training finished", id="completed"),
+]
+
+
+@pytest.mark.parametrize("outcome, attempt, limits, requeued, says", NEXT_STEP)
+def test_alert_says_what_happens_next(outcome: str, attempt: int, limits: Limits, requeued: bool | None,
+                                      says: str) -> None:
+    step = policy.next_step(outcome, policy.after_exit(outcome, attempt, "4", limits), attempt, limits, requeued)
+    assert says in step, step
+    assert "Not retried automatically" not in step
+
+
+def test_cron_does_what_the_failed_alert_says() -> None:
+    """The alert of a failed run with restarts left promises a resubmission: cron's decision is a resubmission."""
+    limits = Limits(max_restarts=3, backoff_s=0)
+    step = policy.next_step("failed", policy.after_exit("failed", 1, "4", limits), 1, limits)
+    assert "resubmits" in step
+    assert policy.next_action(rec(FAILED), slurm_says("sacct_FAILED.txt"), limits, NOW).action == "resubmit"
 
 
 def test_limits_from_a_config() -> None:

@@ -111,12 +111,34 @@ def test_slow_node_is_named_with_its_bandwidth() -> None:
     assert "n2-n3 0.050" in bad[0].note
 
 
-def test_without_threshold_a_node_far_below_the_median_warns() -> None:
+def test_without_threshold_a_node_far_below_the_median_fails() -> None:
+    """A node at a tenth of the median (the issue saw 1%) must stop the job, not warn and train."""
     pairs = [pair("n1", "n2", 1.2), pair("n2", "n3", 1.1), pair("n3", "n4", 0.1), pair("n4", "n1", 0.1)]
     results = checks.evaluate_bandwidth(None, pairs, min_busbw=None)
-    assert {c.node: c.status for c in results} == {"n1": PASS, "n2": PASS, "n3": PASS, "n4": WARN}
-    assert checks.report_status(results, fail_on_warn=True) == FAIL
-    assert checks.report_status(results, fail_on_warn=False) == WARN
+    assert {c.node: c.status for c in results} == {"n1": PASS, "n2": PASS, "n3": PASS, "n4": FAIL}
+    n4 = next(c for c in results if c.node == "n4")
+    assert n4.threshold == ">= 0.5 x median 1.150 GB/s" and n4.hint
+    assert checks.report_status(results, fail_on_warn=False) == FAIL
+
+
+BANDS = [  # n4's bandwidth with the others at 1.0 GB/s -> its status (default thresholds 0.5 and 0.8)
+    (0.01, None, FAIL), (0.49, None, FAIL), (0.5, None, WARN), (0.79, None, WARN), (0.8, None, PASS),
+    (0.6, (0.7, 0.9), FAIL), (0.3, (0.2, 0.4), WARN), (0.3, (0.0, 0.0), PASS),  # preflight.*_below_median
+]
+
+
+@pytest.mark.parametrize("bw, ratios, status", BANDS)
+def test_bands_around_the_median(bw: float, ratios: tuple[float, float] | None, status: str) -> None:
+    pairs = [pair("n1", "n2", 1.0), pair("n2", "n3", 1.0), pair("n3", "n4", bw), pair("n4", "n1", bw)]
+    results = checks.evaluate_bandwidth(None, pairs, None, *(ratios or ()))
+    assert {c.node: c.status for c in results} == {"n1": PASS, "n2": PASS, "n3": PASS, "n4": status}
+
+
+def test_a_probe_cut_short_names_the_slow_link() -> None:
+    slow = {**pair("n2", "n3", 0.005), "size_bytes": 1 << 20, "cut": True}
+    results = checks.evaluate_bandwidth(None, [pair("n1", "n2", 1.0), slow, {**slow, "nodes": ["n3", "n1"]}], None)
+    n3 = next(c for c in results if c.node == "n3")
+    assert n3.status == FAIL and "probe stopped early on a slow link: n2-n3 after 1 MiB, n3-n1 after 1 MiB" in n3.note
 
 
 def test_two_nodes_name_both_ends_of_the_link() -> None:

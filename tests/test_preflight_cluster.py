@@ -169,3 +169,24 @@ def test_dataset_missing_on_one_node_names_that_node(cluster: Any, tmp_path: Pat
     bad = [c for c in failed(report) if c["name"] == "path"]
     assert [(c["node"], c["value"]) for c in bad] == [("n2", f"{data / 'train.bin'} missing")]
     assert [c["node"] for c in report["checks"] if c["name"] == "path" and c["status"] == "pass"] == ["n1", "n3"]
+
+
+def test_one_40_mbit_link_stops_the_job_by_default_in_seconds(cluster: Any, tmp_path: Path) -> None:
+    """No threshold configured: a node at a few % of the median fails (not warns), the probe stops early on its
+    link and names it, and `runner preflight` answers within 15 s from submission."""
+    from runner.dev import devcluster
+
+    devcluster.limit_link(cluster, SLOW_NODE, 40)  # 40 Mbit/s = 0.005 GB/s
+    try:
+        out, report, seconds = preflight(tmp_path)
+    finally:
+        devcluster.unlimit_link(cluster, SLOW_NODE)
+    print(f"runner preflight with one 40 Mbit link: {seconds:.1f} s from submit to report, "
+          f"{report.get('duration_s')} s in the job")
+    assert out.returncode == 77, out.stdout + out.stderr
+    bad = [c for c in failed(report) if c["name"] == "busbw node"]
+    assert [c["node"] for c in bad] == [SLOW_NODE], out.stdout
+    assert bad[0]["threshold"].startswith(">= 0.5 x median")
+    assert "probe stopped early on a slow link" in bad[0]["note"] and SLOW_NODE in bad[0]["note"]
+    assert float(bad[0]["value"].split()[0]) < 2 * 40 / 8000  # the tbf rate (0.005 GB/s), not the veth's
+    assert seconds < 15, seconds

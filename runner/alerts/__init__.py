@@ -7,20 +7,33 @@ at import time. Callers pass the validated ``alerts:`` section of a config.
 """
 
 from runner.alerts.causes import alert_from_run, guess_cause
-from runner.alerts.delivery import AlertConfigError, flush_queue, notify, queue_dir, resolve_url, send
-from runner.alerts.payload import NEXT_STEPS, Alert, json_payload, slack_payload
+from runner.alerts.delivery import (
+    AlertConfigError,
+    enqueue,
+    flush_queue,
+    notify,
+    queue_dir,
+    resolve_url,
+    secrets_of,
+    send,
+)
+from runner.alerts.payload import NEXT_STEPS, Alert, json_payload, redact, redact_obj, slack_payload
 
 __all__ = [
     "NEXT_STEPS",
     "Alert",
     "AlertConfigError",
     "alert_from_run",
+    "enqueue",
     "flush_queue",
     "guess_cause",
     "json_payload",
     "notify",
     "queue_dir",
+    "redact",
+    "redact_obj",
     "resolve_url",
+    "secrets_of",
     "send",
     "slack_payload",
 ]

@@ -53,6 +53,32 @@ def _warn(message: str, secrets: Iterable[str] = ()) -> None:
 # ------------------------------------------------------------------------------------------- URL
 
 
+def _check_private(path: Path) -> None:
+    """The URL file is the user's alone: owned by them, no group/other bits, in a directory others cannot write
+    (where they could swap the file for their own). One line each, naming the file, never its content."""
+    st, parent = path.stat(), path.resolve().parent
+    if st.st_uid != os.getuid():
+        raise AlertConfigError(f"alerts url_file {path}: found it owned by uid {st.st_uid}; expected your own "
+                               f"(uid {os.getuid()}). hint: copy it into a file of yours and `chmod 600` it")
+    if st.st_mode & 0o077:
+        raise AlertConfigError(f"alerts url_file {path}: found mode {stat.S_IMODE(st.st_mode):04o}; expected 0600 "
+                               f"(no group or other bits). hint: run `chmod 600 {path}`")
+    dst = parent.stat()
+    if dst.st_uid not in (os.getuid(), 0) or dst.st_mode & 0o022:
+        raise AlertConfigError(f"alerts url_file {path}: found its directory {parent} writable by others (mode "
+                               f"{stat.S_IMODE(dst.st_mode):04o}, uid {dst.st_uid}); expected a directory only you "
+                               "can write. hint: keep the file in e.g. ~/.config/runner/ (mode 0700)")
+
+
+def secrets_of(section: Mapping[str, Any]) -> list[str]:
+    """The webhook URL if one is configured and readable (to redact it), else nothing; never raises."""
+    try:
+        url, _ = resolve_url(section)
+    except Exception:
+        return []
+    return [url] if url else []
+
+
 def resolve_url(section: Mapping[str, Any]) -> tuple[str | None, str]:
     """The webhook URL, or (None, why alerts are off).
 
@@ -69,16 +95,12 @@ def resolve_url(section: Mapping[str, Any]) -> tuple[str | None, str]:
         path = Path(os.path.expanduser(str(section["url_file"])))
         source = str(path)
         try:
-            mode = path.stat().st_mode
+            _check_private(path)
         except OSError as exc:
             why = exc.strerror or "cannot stat it"
             raise AlertConfigError(
                 f"alerts url_file {path}: {why}; put the webhook URL in it and run `chmod 600 {path}`"
             ) from None
-        if mode & 0o077:
-            raise AlertConfigError(
-                f"alerts url_file {path} is open to other users (mode {stat.S_IMODE(mode):04o}); run `chmod 600 {path}`"
-            )
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
@@ -320,8 +342,10 @@ def _flush(run_dir: str | os.PathLike[str], section: Mapping[str, Any], url: str
         return sent, len(_queued(run_dir)), ""
 
 
-def flush_queue(run_dir: str | os.PathLike[str], section: Mapping[str, Any]) -> tuple[int, int]:
-    """Send queued alerts oldest first, removing each once delivered; stops at the first failure.
+def flush_queue(run_dir: str | os.PathLike[str], section: Mapping[str, Any],
+                budget_s: float = MAX_TOTAL_S) -> tuple[int, int]:
+    """Send queued alerts oldest first, removing each once delivered; stops at the first failure or after
+    ``budget_s`` seconds.
 
     Returns:
         (sent, left): how many were delivered now and how many are still queued. Never raises.
@@ -337,7 +361,7 @@ def flush_queue(run_dir: str | os.PathLike[str], section: Mapping[str, Any]) -> 
         if url is None:
             return 0, len(_queued(run_dir))
         try:
-            sent, left, problem = _flush(run_dir, section, url, time.monotonic() + MAX_TOTAL_S)
+            sent, left, problem = _flush(run_dir, section, url, time.monotonic() + budget_s)
         except Exception as exc:  # an alert must never break the caller
             _warn(f"flushing queued alerts failed: {type(exc).__name__}: {exc}", [url])
             return 0, len(_queued(run_dir))
@@ -401,6 +425,36 @@ def send(
         with contextlib.suppress(Exception):
             _warn(f"{alert.event} alert for {alert.run} lost: {type(exc).__name__}", [url] if url else [])
     return False
+
+
+def enqueue(run_dir: str | os.PathLike[str], section: Mapping[str, Any], alerts: Iterable[Alert]) -> int:
+    """Put alerts in the run's queue, in order, redacted, to be sent by ``send_later`` (or ``runner cron``).
+
+    For a caller that must not wait on the network (the exit hook, seconds before Slurm ends the job). Alerts
+    that would not be sent (disabled, event not selected, no URL) are left out; returns how many were queued.
+    Never raises.
+    """
+    n = 0
+    try:
+        if not section["enabled"]:
+            return 0
+        try:
+            url, _ = resolve_url(section)
+        except AlertConfigError as exc:  # queued anyway: cron sends them once the URL source is fixed
+            _warn(str(exc))
+            url = ""
+        if url is None:
+            return 0
+        secrets = [url] if url else []
+        for alert in alerts:
+            if alert.event in section["events"]:
+                safe = redacted_alert(alert, secrets)
+                _enqueue(run_dir, safe, section["kind"], render_payload(safe, section["kind"]))
+                n += 1
+    except Exception as exc:  # a failing alert never fails the job
+        with contextlib.suppress(Exception):
+            _warn(f"queueing alerts failed: {type(exc).__name__}")
+    return n
 
 
 def notify(run_dir: str | os.PathLike[str], section: Mapping[str, Any], event: str, budget_s: float = 15.0,

@@ -12,7 +12,7 @@ import os
 import re
 from collections.abc import Iterable
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, quote, urlsplit
 
 from runner.spec.schema import EVENTS
 
@@ -21,7 +21,7 @@ SLACK_FIELD_LIMIT = 2000
 SLACK_HEADER_LIMIT = 150
 
 NEXT_STEPS: dict[str, str] = {
-    "failed": "Not retried automatically: fix the cause, then resubmit.",
+    "failed": "runner cron resubmits it from the last checkpoint while resume.max_restarts allows.",
     "preempted": "The job is requeued and resumes from the last checkpoint.",
     "requeued": "Waiting in the queue; it resumes from the last checkpoint when it starts.",
     "timeout": "Resumes from the last checkpoint if attempts remain.",
@@ -29,7 +29,7 @@ NEXT_STEPS: dict[str, str] = {
     "gave_up": "No attempts left: needs a person.",
     "completed": "Nothing: training finished.",
     "cancelled": "Nothing: the job was cancelled.",
-    "preflight_failed": "Training did not start: fix the failed check, then resubmit.",
+    "preflight_failed": "Not retried (the same node would fail again): fix the failed check, then `runner resume`.",
 }
 
 _TITLES = {
@@ -57,7 +57,8 @@ _EMOJI = {
 }
 
 _REDACTED = "[webhook URL redacted]"
-_SLACK_HOOK_RE = re.compile(r"(?:https?://)?hooks\.slack(?:-gov)?\.com/[^\s\"'<>`|)\]]*", re.I)
+# A Slack URL is a write token wherever it appears, also URL-encoded (https%3A%2F%2Fhooks.slack.com%2F...).
+_SLACK_HOOK_RE = re.compile(r"(?:https?(?:://|%3A%2F%2F))?hooks\.slack(?:-gov)?\.com(?:/|%2F)[^\s\"'<>`|)\]]*", re.I)
 
 
 @dataclasses.dataclass
@@ -97,7 +98,12 @@ def clip(text: str, limit: int) -> str:
 # ------------------------------------------------------------------------------------ redaction
 
 
+TOKEN_MIN = 8  # a path segment or query value this long may be the token; shorter ones are words like "hooks"
+
+
 def _secret_variants(secrets: Iterable[str]) -> list[str]:
+    """The secret, the forms in which a message may quote it (no scheme, its path, its token parts), and each of
+    those URL-encoded (a URL passed as a query parameter, a log of a redirect)."""
     variants: set[str] = set()
     for secret in secrets:
         if not secret:
@@ -108,8 +114,12 @@ def _secret_variants(secrets: Iterable[str]) -> list[str]:
             # HTTP clients name the host and the path separately in their messages.
             variants.add(secret.split("://", 1)[-1])
             path = parts.path + (f"?{parts.query}" if parts.query else "")
-            if len(path) >= 8:
+            if len(path) >= TOKEN_MIN:
                 variants.add(path)
+            # The token: the last path segment (Slack, Discord, Teams) and every query value (?token=...).
+            tokens = [parts.path.rstrip("/").rsplit("/", 1)[-1], *(v for _, v in parse_qsl(parts.query))]
+            variants.update(t for t in tokens if len(t) >= TOKEN_MIN)
+    variants |= {quote(v, safe="") for v in variants} | {quote(v) for v in variants}
     return sorted(variants, key=len, reverse=True)
 
 

@@ -627,7 +627,7 @@ def _up(root: Path, nodes: int, gpus_per_node: int, cpus_per_node: int, timeout:
 
     if running(root) == cluster:
         return cluster
-    down(root)
+    _down(root)  # daemons only: the database files are kept for a faster start
     other = os.environ.get(ROOT_ENV)
     for r in {DEFAULT_ROOT, Path(other).resolve() if other else DEFAULT_ROOT} - {root}:
         if _load(r) is not None:  # one cluster per machine: ports and bridge are fixed
@@ -673,10 +673,12 @@ def _up(root: Path, nodes: int, gpus_per_node: int, cpus_per_node: int, timeout:
 
 
 def down(root: Path | None = None) -> None:
-    """Stop every daemon and job process, remove the namespaces, veths and bridge. Idempotent."""
+    """Stop every daemon and job process, remove the namespaces, veths and bridge, and everything under the state
+    directory (the accounting database is most of it, ~100 MB). Idempotent."""
     root = resolve_root(root)
     with _locked(root):
         _down(root)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _down(root: Path) -> None:

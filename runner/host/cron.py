@@ -20,23 +20,25 @@ from pathlib import Path
 
 from runner import log as runner_log
 from runner import policy, proc
-from runner.host.status import records
-from runner.rundir import RunDir, read_json
+from runner.host.status import manifest_of, records
+from runner.rundir import RunDir
 from runner.spec.typed import RunConfig, read_resolved
 
 log = logging.getLogger(__name__)
 
 
 def decide(run: RunDir, cfg: RunConfig, jobs: Mapping[str, policy.JobInfo] | None = None,
-           now: float | None = None) -> policy.Decision:
-    """Cron's decision for one run; ``jobs`` is Slurm's answer for many runs at once (asked here when not given)."""
+           now: float | None = None, asked: bool = True) -> policy.Decision:
+    """Cron's decision for one run; ``jobs`` is Slurm's answer for many runs at once (asked here when not given),
+    ``asked`` False when Slurm could not be asked (then a job the ledger shows alive is never resubmitted)."""
     rec = records(run)
     if jobs is None and policy.settled(rec) is None:
         from runner.host import slurm
 
-        jobs = slurm.query_many([rec.job_id or ""])
+        answer = slurm.ask_many([rec.job_id or ""])
+        jobs, asked = answer or {}, answer is not None
     job = (jobs or {}).get(rec.job_id or "")
-    return policy.next_action(rec, job, policy.Limits.of(cfg), time.time() if now is None else now)
+    return policy.next_action(rec, job, policy.Limits.of(cfg), time.time() if now is None else now, asked)
 
 
 def _alerts_queued(run: RunDir) -> bool:
@@ -46,7 +48,7 @@ def _alerts_queued(run: RunDir) -> bool:
     return queue.is_dir() and any(queue.iterdir())
 
 
-def handle(run: RunDir, jobs: Mapping[str, policy.JobInfo] | None = None) -> policy.Decision:
+def handle(run: RunDir, jobs: Mapping[str, policy.JobInfo] | None = None, asked: bool = True) -> policy.Decision:
     from runner import alerts
     from runner.host import submit
 
@@ -55,7 +57,7 @@ def handle(run: RunDir, jobs: Mapping[str, policy.JobInfo] | None = None) -> pol
         return settled  # nothing to send and nothing to decide: not even the config is read
     cfg = read_resolved(run.config)
     alerts.flush_queue(run.root, cfg["alerts"])
-    d = decide(run, cfg, jobs)
+    d = decide(run, cfg, jobs, asked=asked)
     if d.action == "resubmit" and jobs is not None:
         d = decide(run, cfg)  # act on a fresh answer: the one asked for all runs may be minutes old by now
     if d.action == "resubmit":
@@ -68,8 +70,10 @@ def handle(run: RunDir, jobs: Mapping[str, policy.JobInfo] | None = None) -> pol
 
 
 def _is_slurm_run(path: Path) -> bool:
-    manifest = path / "manifest.json"
-    return manifest.is_file() and (read_json(manifest, {}) or {}).get("scheduler") == "slurm"
+    """A Slurm run directory; raises (one line, logged by the caller) when its manifest cannot be read."""
+    if not (path / "manifest.json").is_file():
+        return False
+    return manifest_of(RunDir(path)).get("scheduler") == "slurm"
 
 
 def runs_under(root: Path) -> list[RunDir]:
@@ -82,7 +86,7 @@ def runs_under(root: Path) -> list[RunDir]:
             if _is_slurm_run(p):
                 runs.append(RunDir(p.resolve()))
         except Exception as e:  # one broken run must never stop the others
-            log.error("%s: cannot read: %s: %s", p.name, type(e).__name__, e)
+            log.error("%s: cannot read: %s", p, runner_log.one_line(e))
     return runs
 
 
@@ -112,10 +116,13 @@ def run_once(roots: list[Path]) -> int:
                 continue
             runs = runs_under(root)
             ids = _job_ids(runs)
-            jobs = slurm.query_many(ids) if ids else {}
+            answer = slurm.ask_many(ids) if ids else {}
+            if answer is None:
+                log.warning("Slurm cannot be asked (sacct, squeue and scontrol failed or timed out): no run whose "
+                            "job may be alive is resubmitted; trying again next time")
             for run in runs:
                 try:
-                    d = handle(run, jobs)
+                    d = handle(run, answer or {}, asked=answer is not None)
                 except Exception as e:  # one broken run must never stop the others
                     log.error("%s: %s", run.name, runner_log.one_line(e))
                     continue

@@ -2,17 +2,23 @@
 
 They run with the login node's runner on the first node of the allocation, never in the container
 (``scontrol`` is usually missing there). ``exit`` gathers the facts (the launcher's exit code, the run's
-records, the job's time left), asks ``runner.policy`` what they mean and what to do, then records, alerts and
-requeues the job. The requeue is the last thing it does, because Slurm ends the batch script (and this hook)
-as soon as the requeue is accepted. Its output lands in Slurm's batch log, so log records carry timestamps.
+records, the job's time left), asks ``runner.policy`` what they mean and what to do, and requeues the job
+first: Slurm ends the batch script soon after it accepts a requeue, and the job may be seconds from its time
+limit. Then it records (``requeued`` only once ``scontrol requeue`` succeeded), and queues its alerts on disk
+for a detached sender (``runner.alerts.background``): no webhook ever stands in front of the requeue. The rank
+logs are read once for the cause and the log tail. Its output lands in Slurm's batch log, with timestamps.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import logging
 import os
+import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -21,9 +27,10 @@ from runner import log as runner_log
 from runner import policy, proc
 from runner.host.status import records
 from runner.rundir import EXIT_REQUEUE, RunDir, atomic_write, read_json
-from runner.spec.typed import RunConfig, read_resolved
+from runner.spec.typed import read_resolved
 
-ALERT_BUDGET_S = 15.0  # the job may be seconds from its time limit: queue what cannot be sent quickly
+ALERT_BUDGET_S = 15.0  # the background sender's time; what it cannot send stays queued for runner cron
+REQUEUE_TIMEOUT_S = 10.0  # scontrol answers in well under a second; a hung controller must not eat the grace time
 log = logging.getLogger(__name__)
 
 
@@ -48,22 +55,6 @@ def _seconds_left(job: str) -> float | None:
     return parse_time_left(out.stdout) if out.returncode == 0 else None
 
 
-def _cause(run: RunDir, rc: int, event: str) -> str | None:
-    if event in ("completed", "cancelled"):
-        return None
-    if event == "preflight_failed":
-        return str((read_json(run.preflight, {}) or {}).get("summary") or "preflight failed; see preflight.txt")
-    from runner import alerts
-
-    return alerts.alert_from_run(run.root, event, exit_code=rc).cause
-
-
-def _alert(run: RunDir, cfg: RunConfig, event: str, **fields: Any) -> None:
-    from runner import alerts
-
-    alerts.notify(run.root, cfg["alerts"], event, budget_s=ALERT_BUDGET_S, **fields)
-
-
 def launcher_code(run: RunDir, rc: int, job: str | None) -> int:
     """The exit code the ranks agreed on, if rank 0 recorded one for this attempt; else srun's."""
     last = read_json(run.last_exit, {}) or {}
@@ -71,7 +62,27 @@ def launcher_code(run: RunDir, rc: int, job: str | None) -> int:
     return int(last["code"]) if same and "code" in last else rc
 
 
+def _alerts(run: RunDir, event: str, decision: policy.Decision, requeued: bool | None, **fields: Any) -> list[Any]:
+    """The alerts of this exit, in order, from one read of the rank logs (the first one carries the cause)."""
+    from runner import alerts
+
+    if event == "preflight_failed":
+        fields["cause"] = str((read_json(run.preflight, {}) or {}).get("summary") or "preflight failed; see "
+                              "preflight.txt")
+    base = alerts.alert_from_run(run.root, event, **fields)
+    out = [base]
+    if requeued:
+        out.append(dataclasses.replace(base, event="requeued", cause=None))
+    elif decision.action == "give_up":
+        out.append(dataclasses.replace(base, event="gave_up"))
+    return out
+
+
 def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
+    """Decide, requeue first (Slurm may end the job any second), then record, then queue the alerts."""
+    from runner import alerts
+    from runner.alerts import background
+
     cfg = read_resolved(run.config)
     limits = policy.Limits.of(cfg)
     job = os.environ.get("SLURM_JOB_ID")
@@ -79,34 +90,42 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
     rec = records(run)
     attempt = policy.attempt(rec.events)
     left = _seconds_left(job) if job and rc == EXIT_REQUEUE else None  # tells a time limit from a preemption
-    event = policy.classify(rec, rc, left, limits)
+    event = policy.classify(rec, rc, left, limits, job)
+    if event == "superseded":  # another job owns the run: its records and alerts are not this job's to write
+        run.record("superseded", job_id=job, owner=rec.job_id, exit_code=rc)
+        log.info("job %s was superseded by job %s: no checkpoint written, nothing else recorded", job, rec.job_id)
+        return 0
+    decision = policy.after_exit(event, attempt, job, limits)
+    requeued = None
+    if decision.action == "requeue" and job:
+        # Slurm ends the job (SIGTERM, then SIGKILL after KillWait) once it accepts the requeue: finish the records.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        out = proc.run(["scontrol", "requeue", job], timeout=REQUEUE_TIMEOUT_S, check=False)
+        requeued = out.returncode == 0
+    step = policy.next_step(event, decision, attempt, limits, requeued)
+    common = {"job_id": job or "", "attempt": attempt, "nodes": os.environ.get("SLURM_JOB_NODELIST", ""),
+              "exit_code": rc, "next_step": step}
+    queued = [] if event == "cancelled" else _alerts(run, event, decision, requeued, **common)
+    secrets = alerts.secrets_of(cfg["alerts"])
     status = {"exit_code": rc, "job_id": job, "attempt": attempt, "signal": signal_name, "event": event,
               "time": time.time()}
     atomic_write(run.exit_status, json.dumps(status) + "\n")
-    run.record("exit", job_id=job, exit_code=rc, signal=signal_name, outcome=event, attempt=attempt,
-               cause=_cause(run, rc, event))
-    nodes = os.environ.get("SLURM_JOB_NODELIST", "")
-    common = {"job_id": job or "", "attempt": attempt, "nodes": nodes, "exit_code": rc}
-    decision = policy.after_exit(event, attempt, job, limits)
-    log.info("exit %s: %s: %s", rc, decision.action, decision.reason)
-    if event == "completed":
-        _alert(run, cfg, "completed", **common)
-    elif event in ("timeout", "preempted"):
-        _alert(run, cfg, event, **common)
-    elif event != "cancelled":
-        # failed: `runner cron` decides about resubmission (with backoff), the alert says so. preflight_failed:
-        # a person must look (a bad node or interface would fail again), so cron leaves it alone.
-        _alert(run, cfg, event, **common, cause=_cause(run, rc, event))
-    if decision.action == "requeue" and job:
+    cause = queued[0].cause if queued else None
+    run.record("exit", **alerts.redact_obj({"job_id": job, "exit_code": rc, "signal": signal_name, "outcome": event,
+                                            "attempt": attempt, "cause": cause}, secrets))
+    if requeued:
         run.record("requeued", job_id=job, reason=event, attempt=attempt + 1)
-        _alert(run, cfg, "requeued", **common, next_step=f"requeued as attempt {attempt + 1}; it resumes from "
-               "the newest complete checkpoint")
-        out = proc.run(["scontrol", "requeue", job], timeout=30, check=False)
-        if out.returncode != 0:  # Slurm refused; an accepted requeue ends the job, and this hook with it
-            log.warning("scontrol requeue %s: %s; runner cron will resubmit the run", job, proc.last_line(out))
+    elif requeued is False:
+        run.record("requeue_failed", job_id=job, reason=event, error=alerts.redact(proc.last_line(out), secrets))
+        log.warning("scontrol requeue %s: %s; runner cron will resubmit the run", job, proc.last_line(out))
     elif decision.action == "give_up":
         run.record("gave_up", job_id=job, reason=decision.reason)
-        _alert(run, cfg, "gave_up", **common)
+    log.info("exit %s: %s: %s; next: %s", rc, event, decision.reason, step)
+    sender = background.send_later(run.root, ALERT_BUDGET_S) if alerts.enqueue(run.root, cfg["alerts"], queued) \
+        else None
+    if sender is not None:  # the job's leftover processes die with the batch script: give the sender its time
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            sender.wait(timeout=ALERT_BUDGET_S + 5)
     return 0
 
 

@@ -153,32 +153,43 @@ MAX_SCONTROL = 8  # per query_many: a job that sacct and squeue both forgot is u
 CHUNK = 1000  # job ids per sacct/squeue command (a command line has a length limit)
 
 
-def _try(argv: list[str]) -> str | None:
-    try:
-        return proc.run(argv, timeout=QUERY_TIMEOUT_S).stdout
-    except SubmitError:
-        return None
+# What Slurm prints when it was asked and does not know a job: an answer, unlike a timeout or "Unable to contact".
+_UNKNOWN_JOB = "Invalid job id specified"
+
+
+class _Asked:
+    """Whether any Slurm command of one query answered (exit 0, or "Invalid job id": it knows nothing of it)."""
+
+    answered = False
+
+
+def _try(argv: list[str], asked: _Asked | None = None) -> str | None:
+    out = proc.run(argv, timeout=QUERY_TIMEOUT_S, check=False)
+    if asked is not None and (out.returncode == 0 or _UNKNOWN_JOB in out.stderr):
+        asked.answered = True
+    return out.stdout if out.returncode == 0 else None
 
 
 def _chunks(ids: list[str]) -> list[list[str]]:
     return [ids[i:i + CHUNK] for i in range(0, len(ids), CHUNK)]
 
 
-def sacct_many(job_ids: list[str]) -> dict[str, JobInfo]:
+def sacct_many(job_ids: list[str], asked: _Asked | None = None) -> dict[str, JobInfo]:
     """From accounting; empty without accounting (no sacct, or "accounting storage is disabled")."""
     out: dict[str, JobInfo] = {}
     for chunk in _chunks(job_ids):
-        text = _try(["sacct", "-X", "-n", "-P", "-D", "-j", ",".join(chunk), f"--format={','.join(SACCT_FIELDS)}"])
+        argv = ["sacct", "-X", "-n", "-P", "-D", "-j", ",".join(chunk), f"--format={','.join(SACCT_FIELDS)}"]
+        text = _try(argv, asked)
         found = parse_sacct_many(text) if text is not None else {}
         out.update((job, found[job]) for job in chunk if job in found)
     return out
 
 
-def squeue_many(job_ids: list[str]) -> dict[str, JobInfo]:
+def squeue_many(job_ids: list[str], asked: _Asked | None = None) -> dict[str, JobInfo]:
     """From the controller; without the jobs older than MinJobAge (alone: "Invalid job id specified")."""
     out: dict[str, JobInfo] = {}
     for chunk in _chunks(job_ids):
-        text = _try(["squeue", "-h", "-t", "all", "-j", ",".join(chunk), "-o", SQUEUE_FORMAT])
+        text = _try(["squeue", "-h", "-t", "all", "-j", ",".join(chunk), "-o", SQUEUE_FORMAT], asked)
         found = parse_squeue_many(text) if text is not None else {}
         out.update((job, found[job]) for job in chunk if job in found)
     return out
@@ -192,29 +203,39 @@ def squeue(job_id: str) -> JobInfo | None:
     return squeue_many([job_id]).get(job_id)
 
 
-def scontrol(job_id: str) -> JobInfo | None:
-    out = _try(["scontrol", "show", "job", job_id])
+def scontrol(job_id: str, asked: _Asked | None = None) -> JobInfo | None:
+    out = _try(["scontrol", "show", "job", job_id], asked)
     return parse_scontrol(out, job_id) if out is not None else None
 
 
-def query_many(job_ids: Iterable[str]) -> dict[str, JobInfo]:
-    """Each job's best-known state (see the module docstring); a job Slurm does not know is left out."""
+def ask_many(job_ids: Iterable[str]) -> dict[str, JobInfo] | None:
+    """Each job's best-known state (see the module docstring); a job Slurm does not know is left out.
+
+    None when Slurm could not be asked at all (every command failed or timed out): unlike "Slurm does not know
+    the job", that says nothing about whether a job is still running.
+    """
     ids = list(dict.fromkeys(j for j in job_ids if j))
     if not ids:
         return {}
-    acct = sacct_many(ids)
+    asked = _Asked()
+    acct = sacct_many(ids, asked)
     best = {job: info for job, info in acct.items() if info.terminal}
     rest = [job for job in ids if job not in best]
-    live = squeue_many(rest) if rest else {}
+    live = squeue_many(rest, asked) if rest else {}
     for job in [j for j in rest if j not in live][:MAX_SCONTROL]:
-        info = scontrol(job)
+        info = scontrol(job, asked)
         if info is not None:
             live[job] = info
     for job in rest:
         info = live.get(job) or acct.get(job)
         if info is not None:
             best[job] = info
-    return best
+    return best if asked.answered or best else None
+
+
+def query_many(job_ids: Iterable[str]) -> dict[str, JobInfo]:
+    """``ask_many``, with "cannot be asked" read as "knows none of them" (for views such as ``runner status``)."""
+    return ask_many(job_ids) or {}
 
 
 def query(job_id: str) -> JobInfo | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -22,6 +23,7 @@ from runner.job import checkpoint
 from runner.rundir import RunDir, read_json
 
 log = logging.getLogger(__name__)
+DEFAULT_URL_ENV = "RUNNER_WEBHOOK_URL"  # alerts.url_env's default
 
 
 def find_run(name: str, root: Path) -> RunDir:
@@ -42,11 +44,25 @@ def records(run: RunDir) -> policy.Records:
                           job_id=run.job_id())
 
 
-def _manifest(run: RunDir) -> dict[str, Any]:
-    manifest = read_json(run.manifest, {})
+def manifest_of(run: RunDir) -> dict[str, Any]:
+    """The run's manifest; {} when there is none yet. Raises a one-line RunnerError when it is not a JSON object
+    (a torn or hand-edited file): the caller shows that run as broken, never as another kind of run."""
+    try:
+        text = run.manifest.read_text()
+    except FileNotFoundError:
+        return {}
+    except OSError as e:
+        raise RunnerError(f"{run.manifest}: cannot read it ({e.strerror}); expected a readable file. hint: check "
+                          "its owner and mode") from None
+    try:
+        manifest = json.loads(text)
+    except ValueError as e:
+        raise RunnerError(f"{run.manifest}: found invalid JSON ({e}); expected the manifest runner wrote. hint: "
+                          "restore it, or move the run directory away") from None
     if not isinstance(manifest, dict):
-        raise RunnerError(f"{run.manifest}: found {type(manifest).__name__}; expected a JSON object")
+        raise RunnerError(f"{run.manifest}: found a JSON {type(manifest).__name__}; expected a JSON object")
     return manifest
+
 
 
 def _asks_slurm(manifest: Mapping[str, Any], rec: policy.Records) -> bool:
@@ -55,7 +71,7 @@ def _asks_slurm(manifest: Mapping[str, Any], rec: policy.Records) -> bool:
 
 def row(run: RunDir, jobs: Mapping[str, policy.JobInfo] | None = None) -> dict[str, Any]:
     """One run's status; ``jobs`` is Slurm's answer for many runs at once (asked here when not given)."""
-    manifest = _manifest(run)
+    manifest = manifest_of(run)
     rec = records(run)
     info = None
     if _asks_slurm(manifest, rec) and rec.job_id:
@@ -119,7 +135,7 @@ def collect(name: str | None, root: Path) -> list[dict[str, Any]]:
     ids = []
     for run in runs:
         try:
-            manifest, rec = _manifest(run), records(run)
+            manifest, rec = manifest_of(run), records(run)
         except Exception:  # row() says what is wrong below
             continue
         if rec.job_id and _asks_slurm(manifest, rec):
@@ -136,7 +152,12 @@ def collect(name: str | None, root: Path) -> list[dict[str, Any]]:
         except Exception as e:  # one unreadable run must not hide the others
             log.debug("%s: cannot read", run.root, exc_info=True)
             rows.append(broken_row(run, runner_log.one_line(e)))
-    return rows
+    from runner import alerts
+
+    # A cause read from a log line may quote the webhook URL (ledgers written before redaction did): never show it.
+    url = os.environ.get(DEFAULT_URL_ENV, "").strip()  # and any Slack URL, which redact() finds by its shape
+    secrets = [url] if url else []
+    return [alerts.redact_obj(r, secrets) for r in rows]
 
 
 def _age(seconds: float) -> str:

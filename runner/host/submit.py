@@ -22,11 +22,11 @@ from typing import Any
 
 import yaml
 
-from runner import __version__, spec
+from runner import __version__, alerts, spec
 from runner.errors import SubmitError
 from runner.host import build, nodes, render
 from runner.host.provenance import git_provenance
-from runner.rundir import ATTEMPT_ENV, RunDir, atomic_write
+from runner.rundir import ATTEMPT_ENV, RunDir, atomic_write, read_json
 from runner.spec.typed import RunConfig, read_resolved
 
 log = logging.getLogger(__name__)
@@ -44,10 +44,13 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     image_problem: str | None = None
     sbatch_extra: list[str] = field(default_factory=list)  # --exclude for the nodes this root remembers as bad
+    private: dict[str, str] = field(default_factory=dict)  # written mode 0600, never printed (the git diff)
 
     def __str__(self) -> str:
         lines = [f"run directory: {self.run.root}", f"scheduler:     {self.scheduler}",
                  f"world size:    {self.world_size}", f"command:       {' '.join(self.argv)}", *self.notes]
+        lines += [f"private file:  {name} (mode 0600, {len(text)} bytes, not shown)" for name, text in
+                  self.private.items()]
         for name, text in self.files.items():
             lines += ["", f"--- {name} ---", text.rstrip("\n")]
         return "\n".join(lines)
@@ -92,11 +95,14 @@ def plan(path: Path, overrides: list[str], allow_missing_image: bool = False) ->
     cfg = spec.load(path, overrides, run_dir=str(rd_path))
     image = build.image_path(cfg) if cfg.data["container"]["runtime"] != "none" else "none"
     image_problem = check_image(cfg, image, allow_missing_image)
-    manifest = {"runner_version": __version__, "config_hash": cfg.hash(), "config_file": str(path.resolve()),
-                "overrides": overrides, "scheduler": cfg.data["scheduler"], "image": image,
-                "world_size": cfg.world_size, "global_batch": cfg.global_batch,
-                "accumulate_grad_batches": cfg.accumulate, "git": git_provenance(path.resolve().parent),
-                "created": time.time(), "host": socket.gethostname()}
+    git = git_provenance(path.resolve().parent)
+    diff = str(git.pop("diff") or "")  # only in a private file: it may hold a token (see runner.host.provenance)
+    secrets = alerts.secrets_of(cfg.data["alerts"])
+    manifest = alerts.redact_obj({
+        "runner_version": __version__, "config_hash": cfg.hash(), "config_file": str(path.resolve()),
+        "overrides": overrides, "scheduler": cfg.data["scheduler"], "image": image, "world_size": cfg.world_size,
+        "global_batch": cfg.global_batch, "accumulate_grad_batches": cfg.accumulate, "git": git,
+        "created": time.time(), "host": socket.gethostname()}, secrets)
     files = {"config.yaml": yaml.safe_dump(cfg.data, sort_keys=False),
              "manifest.json": json.dumps(manifest, indent=2) + "\n",
              "job.sbatch": render.sbatch(cfg, rd_path, image)}
@@ -112,7 +118,9 @@ def plan(path: Path, overrides: list[str], allow_missing_image: bool = False) ->
         notes.append(f"bad nodes:     {extra[0].split('=', 1)[1]} left out (`runner nodes` lists why)")
     if image_problem:
         notes.append(f"image check:   {image_problem} (runner submit refuses without --allow-missing-image)")
-    return Plan(RunDir(rd_path), files, argv, cfg.data["scheduler"], cfg.world_size, notes, image_problem, extra)
+    private = {"git.diff": alerts.redact(diff, secrets)} if diff else {}
+    return Plan(RunDir(rd_path), files, argv, cfg.data["scheduler"], cfg.world_size, notes, image_problem,
+                private=private, sbatch_extra=extra)
 
 
 def write(p: Plan) -> None:
@@ -121,6 +129,8 @@ def write(p: Plan) -> None:
         sub.mkdir()
     for name, text in p.files.items():
         atomic_write(p.run.root / name, text)
+    for name, text in p.private.items():
+        atomic_write(p.run.root / name, text, mode=0o600)
     p.run.script.chmod(0o755)
 
 
@@ -284,15 +294,28 @@ def resize(run: RunDir, overrides: list[str]) -> str:
     return change
 
 
-def resume(run: RunDir, overrides: list[str] | None = None) -> int:
-    """Start a stopped run again in its own directory; the launcher picks the newest complete checkpoint."""
+def resume(run: RunDir, overrides: list[str] | None = None, force: bool = False) -> int:
+    """Start a stopped run again in its own directory; the launcher picks the newest complete checkpoint.
+
+    Never while the run's job may be alive (one job trains a run at a time): a job Slurm reports pending or
+    running is refused; ``force`` only overrides "Slurm cannot be asked" (see ``policy.resume_action``).
+    """
     if not run.config.is_file():
         raise SubmitError(f"{run.root}: found no config.yaml; expected a run directory. hint: see `runner status`")
     from runner import policy
     from runner.host.status import records
 
-    decision = policy.resume_action(records(run))
+    rec = records(run)
+    job, asked = None, True
+    if rec.job_id and not rec.finished and (read_json(run.manifest, {}) or {}).get("scheduler") == "slurm":
+        from runner.host import slurm
+
+        answer = slurm.ask_many([rec.job_id])
+        job, asked = (answer or {}).get(rec.job_id), answer is not None
+    decision = policy.resume_action(rec, job, asked, force)
     if decision.action == "refuse":
+        raise SubmitError(f"resume {run.name}: {decision.reason}")
+    if decision.action == "skip":
         print(f"run {run.root} {decision.reason}")
         return 0
     change = resize(run, overrides) if overrides else None

@@ -31,7 +31,9 @@ from runner.spec.typed import RunConfig
 PASS, WARN, FAIL = "pass", "warn", "fail"
 _ORDER = {PASS: 0, WARN: 1, FAIL: 2}
 ONLY_ENV = "RUNNER_PREFLIGHT_ONLY"  # set by `runner preflight` (host side): stop after the checks, never train
-SLOW_FACTOR = 0.5  # without a threshold, a node below half the median node bandwidth is called slow
+# A node's bandwidth against the median node's (preflight.fail_below_median / warn_below_median): a job runs at
+# the pace of its slowest link, so half the median fails by default and up to 0.8 of it warns.
+FAIL_BELOW_MEDIAN, WARN_BELOW_MEDIAN = 0.5, 0.8
 
 
 @dataclass
@@ -92,9 +94,14 @@ def ring_pairs(n: int) -> list[tuple[int, int]]:
     return [(i, (i + 1) % n) for i in range(n)]
 
 
-def evaluate_bandwidth(job: dict[str, Any] | None, pairs: list[dict[str, Any]],
-                       min_busbw: float | None) -> list[Check]:
-    """Checks for the whole job and for each node; a node is named when its pairs are below the threshold."""
+def evaluate_bandwidth(job: dict[str, Any] | None, pairs: list[dict[str, Any]], min_busbw: float | None,
+                       fail_below: float = FAIL_BELOW_MEDIAN, warn_below: float = WARN_BELOW_MEDIAN) -> list[Check]:
+    """Checks for the whole job and for each node; a node is named when its pairs are slow.
+
+    A node fails below ``min_busbw`` (GB/s, when set) or below ``fail_below`` x the median node (the job would
+    run at that node's pace: a 100x slower node must never let training start); it warns from ``fail_below``
+    to ``warn_below`` x the median.
+    """
     checks = []
     thr = f">= {min_busbw:g} GB/s" if min_busbw is not None else ""
     hint = ("check NCCL_SOCKET_IFNAME / NCCL_IB_HCA (TCP instead of InfiniBand?) and the node's link; "
@@ -102,7 +109,7 @@ def evaluate_bandwidth(job: dict[str, Any] | None, pairs: list[dict[str, Any]],
     if job is not None:
         low = min_busbw is not None and job["busbw_gbps"] < min_busbw
         checks.append(Check("busbw", "job", FAIL if low else PASS, _bw_text(job), thr, hint if low else "",
-                            f"all-reduce of {job['size_bytes'] >> 20} MiB over {job['ranks']} ranks"))
+                            f"all-reduce of {_size(job)} over {job['ranks']} ranks"))
     per_node = node_bandwidth(pairs)
     if not per_node:
         return checks
@@ -112,16 +119,25 @@ def evaluate_bandwidth(job: dict[str, Any] | None, pairs: list[dict[str, Any]],
         mine = [p for p in pairs if node in p["nodes"]]
         detail = ", ".join(f"{'-'.join(p['nodes'])} {p['busbw_gbps']:.3f}" for p in mine)
         note = f"pairs (busbw GB/s): {detail}"
+        cut = [f"{'-'.join(p['nodes'])} after {_size(p)}" for p in mine if p.get("cut")]
+        if cut:
+            note += f"; probe stopped early on a slow link: {', '.join(cut)}"
         if two:
             note += "; with 2 nodes a slow link cannot be pinned on one end"
+        relative = f">= {{:g}} x median {median:.3f} GB/s"
         if min_busbw is not None and bw < min_busbw:
             checks.append(Check("busbw node", node, FAIL, f"{bw:.3f} GB/s", thr, hint, note))
-        elif min_busbw is None and bw < SLOW_FACTOR * median:
-            checks.append(Check("busbw node", node, WARN, f"{bw:.3f} GB/s",
-                                f">= {SLOW_FACTOR:g} x median {median:.3f} GB/s", hint, note))
+        elif bw < fail_below * median:
+            checks.append(Check("busbw node", node, FAIL, f"{bw:.3f} GB/s", relative.format(fail_below), hint, note))
+        elif bw < warn_below * median:
+            checks.append(Check("busbw node", node, WARN, f"{bw:.3f} GB/s", relative.format(warn_below), hint, note))
         else:
             checks.append(Check("busbw node", node, PASS, f"{bw:.3f} GB/s", thr, "", note))
     return checks
+
+
+def _size(r: Mapping[str, Any]) -> str:
+    return f"{r['size_bytes'] / (1 << 20):g} MiB"
 
 
 def _bw_text(r: Mapping[str, Any]) -> str:

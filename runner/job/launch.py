@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from runner import __version__
-from runner.job import checkpoint
+from runner.job import checkpoint, owner
 from runner.log import setup as setup_logging
 from runner.rundir import ATTEMPT_ENV, EXIT_REQUEUE, EXIT_TERMINATED, RunDir, atomic_write, read_json
 from runner.spec.typed import RunConfig, read_resolved
@@ -273,9 +273,7 @@ def train(rd: RunDir) -> int:
     if cfg["slurm"]["signal"] != "TERM":
         flag.install("TERM")  # scancel / preemption: checkpoint at the next step if the grace time allows
 
-    import lightning as L
     import torch
-    from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     # The preflight checks in their own short-lived process group (on their own port), before Lightning builds
@@ -283,6 +281,9 @@ def train(rd: RunDir) -> int:
     code = preflight.in_job(rd, cfg, rank, local, node, world, ne)
     if code is not None:
         return code
+    import lightning as L  # after the checks: `runner preflight` needs no Lightning (5 s of imports per rank)
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
     L.seed_everything(cfg["seed"] + rank, workers=True, verbose=False)
     cfg_hash = manifest["config_hash"]
     last = checkpoint.latest(rd.checkpoints, cfg_hash, cfg["resume"]["force"], check=True) \
@@ -296,7 +297,8 @@ def train(rd: RunDir) -> int:
 
         plugins.append(SLURMEnvironment(auto_requeue=False))
     tcfg: dict[str, Any] = {k: v for k, v in cfg["trainer"].items() if k != "strategy"}  # + open arguments
-    trainer = L.Trainer(**tcfg, strategy=_strategy(cfg), plugins=plugins, callbacks=[callback],
+    owner_check = owner.make_callback(rd, cfg["resume"]["owner_check_every_n_steps"])  # one trainer per run
+    trainer = L.Trainer(**tcfg, strategy=_strategy(cfg), plugins=plugins, callbacks=[owner_check, callback],
                         enable_checkpointing=False, logger=False, default_root_dir=str(rd.root),
                         use_distributed_sampler=False)
     if last:

@@ -65,8 +65,8 @@ from runner.job.netenv import NetEnv
 from runner.rundir import EXIT_PREFLIGHT, RunDir, atomic_write, read_json
 from runner.spec.typed import RunConfig
 
-JOB_BUDGET_S = 1.5  # time spent timing the whole-job all-reduce (after one untimed and one sizing op)
-PAIR_BUDGET_S = 0.5  # the same, per pair of nodes
+SIZING_BYTES = 1 << 20  # the first transfers of a probe: they connect and size the loop (whole on a slow link)
+JOB_SHARE = 0.4  # of preflight.probe_budget_s for the whole-job all-reduce; the pairs share the rest
 STORE_GRACE_S = 30  # extra time a TCPStore may take to start once its port answers (slow DNS, see run_checks)
 SLOW_STORE_S = 2.0  # slower than this is reported (warn)
 
@@ -170,28 +170,38 @@ def _local_facts(job: _Job) -> dict[str, Any]:
 
 
 def _measure(torch: Any, dist: Any, nbytes: int, group: Any, n: int, device: Any, budget_s: float) -> dict[str, Any]:
-    """Time all-reduces of nbytes in `group`: one to connect, one to size the loop, then the timed loop."""
+    """Time all-reduces in `group` within about ``budget_s``: a small transfer first (it connects, and tells how
+    long the full size would take), then the full size as often as fits. On a link so slow that one full-size
+    transfer would not fit, the small transfers are the measurement (``cut``): the slow link is named in a
+    fraction of a second instead of after minutes."""
     x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    small = min(nbytes, SIZING_BYTES)
 
-    def timed(iters: int) -> float:
+    def timed(size: int, iters: int) -> float:
+        part = x[: size // 4]
         dist.barrier(group=group)
         if device.type == "cuda":
             torch.cuda.synchronize()
         t = time.perf_counter()
         for _ in range(iters):
-            dist.all_reduce(x, group=group)
+            dist.all_reduce(part, group=group)
         if device.type == "cuda":
             torch.cuda.synchronize()
         dt = torch.tensor([(time.perf_counter() - t) / iters], dtype=torch.float64, device=device)
         dist.all_reduce(dt, op=dist.ReduceOp.MAX, group=group)  # everyone agrees on the slowest rank's time
-        return float(dt.item())
+        return float(dt.item())  # the same on every rank: so is every decision taken from it
 
-    timed(1)
-    iters = max(1, min(20, int(budget_s / max(timed(1), 1e-6))))
-    sec = timed(iters)
-    alg = algbw(nbytes, sec)
-    return {"size_bytes": nbytes, "ranks": n, "iters": iters, "time_s": sec, "algbw_gbps": alg,
-            "busbw_gbps": busbw(alg, n)}
+    timed(small, 1)  # connects
+    first = timed(small, 1)
+    full = first * nbytes / small
+    if full > budget_s:
+        size, sec, iters = small, first, 1
+    else:
+        size, iters = nbytes, max(1, min(20, int(budget_s / max(full, 1e-6))))
+        sec = timed(nbytes, iters)
+    alg = algbw(size, sec)
+    return {"size_bytes": size, "ranks": n, "iters": iters, "time_s": sec, "algbw_gbps": alg,
+            "busbw_gbps": busbw(alg, n), "cut": size < nbytes}
 
 
 def _probe(job: _Job, store: Any, leaders: list[int], hosts: list[str]) -> tuple[str, dict[str, Any]]:
@@ -209,13 +219,14 @@ def _probe(job: _Job, store: Any, leaders: list[int], hosts: list[str]) -> tuple
                             timeout=timeout)
     try:
         nbytes = int(job.pf["probe_mib"]) << 20
-        out: dict[str, Any] = {"job": _measure(torch, dist, nbytes, None, job.world, device, JOB_BUDGET_S),
-                               "pairs": []}
+        budget = float(job.pf["probe_budget_s"])
         pairs = ring_pairs(len(leaders))
+        out: dict[str, Any] = {"job": _measure(torch, dist, nbytes, None, job.world, device, JOB_SHARE * budget),
+                               "pairs": []}
         groups = [dist.new_group([leaders[a], leaders[b]]) for a, b in pairs]
         for (a, b), group in zip(pairs, groups, strict=True):
             if job.rank in (leaders[a], leaders[b]):
-                res = _measure(torch, dist, nbytes, group, 2, device, PAIR_BUDGET_S)
+                res = _measure(torch, dist, nbytes, group, 2, device, (1 - JOB_SHARE) * budget / len(pairs))
                 out["pairs"].append({**res, "nodes": [hosts[a], hosts[b]]})
             dist.barrier()
         if job.rank != 0 and out["pairs"]:
@@ -328,7 +339,8 @@ def _finish(job: _Job, checks: list[Check], extra: dict[str, Any]) -> str:
     addr, port = job.master
     report = {"status": status, "summary": text, "time": time.time(), "duration_s": time.monotonic() - job.t0,
               "world_size": job.world, "master": f"{addr}:{port}", "checks": [asdict(c) for c in checks],
-              "thresholds": {k: job.pf[k] for k in ("min_busbw_gbps", "probe_mib", "timeout_s", "min_free_gb")},
+              "thresholds": {k: job.pf[k] for k in ("min_busbw_gbps", "fail_below_median", "warn_below_median",
+                                                    "probe_mib", "probe_budget_s", "timeout_s", "min_free_gb")},
               **extra}
     atomic_write(job.rd.root / "preflight.txt", table(report))
     print(table(report), end="", flush=True)
@@ -426,7 +438,8 @@ def run_checks(job: _Job) -> str:
                 time.sleep(0.05)
             checks += [Check(**c) for c in json.loads(store.get(f"tools/{r}"))] if store.check([f"tools/{r}"]) else []
         bw = extra.get("bandwidth") or {}
-        checks += evaluate_bandwidth(bw.get("job"), bw.get("pairs", []), pf["min_busbw_gbps"])
+        checks += evaluate_bandwidth(bw.get("job"), bw.get("pairs", []), pf["min_busbw_gbps"],
+                                     pf["fail_below_median"], pf["warn_below_median"])
     status = _finish(job, checks, extra)
     store.set("final", status)
     with contextlib.suppress(RuntimeError):  # let the others disconnect before the server goes away

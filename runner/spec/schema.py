@@ -128,6 +128,7 @@ SCHEMA: dict[str, Any] = {
         "backoff_s": _f((int, float), 60, min=0),
         "force": _f(bool, False),
         "exclude_nodes_s": _f((int, float), 21600, min=0),
+        "owner_check_every_n_steps": _f(int, 20, **POS_INT),  # how often the ranks check they still own the run
     },
     "nonfinite": {
         "action": _f(str, "stop", choices=("stop", "skip")),
@@ -151,7 +152,10 @@ SCHEMA: dict[str, Any] = {
     "preflight": {
         "enabled": _f(bool, True),
         "min_busbw_gbps": _f((int, float, NONE), None, min=0),
+        "fail_below_median": _f((int, float), 0.5, min=0),  # a node below this x the median node's busbw fails
+        "warn_below_median": _f((int, float), 0.8, min=0),  # ... and below this warns
         "probe_mib": _f(int, 16, **POS_INT),
+        "probe_budget_s": _f((int, float), 3, min=0.1),  # the bandwidth probe's time; a slow link is cut short
         "timeout_s": _f(int, 10, **POS_INT),
         "min_free_gb": _f((int, float), 1, min=0),
         "paths": _f(list, []),

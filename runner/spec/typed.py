@@ -90,6 +90,7 @@ class Resume(TypedDict):
     backoff_s: float
     force: bool
     exclude_nodes_s: float
+    owner_check_every_n_steps: int
 
 
 class Alerts(TypedDict):
@@ -117,7 +118,10 @@ class Watchdog(TypedDict):
 class Preflight(TypedDict):
     enabled: bool
     min_busbw_gbps: float | None
+    fail_below_median: float
+    warn_below_median: float
     probe_mib: int
+    probe_budget_s: float
     timeout_s: int
     min_free_gb: float
     paths: list[str]
