@@ -63,7 +63,7 @@ class StopFlag:
         signal.signal(signal.SIGTERM, self.set)
 
 
-AGREE_S = 0.5  # aim: ranks compare stop flags about this often, whatever the step time
+AGREE_S = 0.1  # aim: ranks compare stop flags about this often (or every step, when slower)
 PROGRESS_S = 2.0  # progress.json is rewritten at most this often (and at every checkpoint)
 
 
@@ -73,7 +73,7 @@ class Agreement:
     At a check step every rank waits for the reduction it started at the previous check (long done by now), reads
     the verdict, and starts the next one, non-blocking: ``[stop flag, steps until the next check]``, reduced with
     MAX (rank 0 proposes the interval from its step time, so every rank agrees on the next check step). A signal
-    is acted on within two intervals (about a second); the stop step is the same on every rank, and the
+    is acted on within two intervals (0.2 s, or two steps); the stop step is the same on every rank, and the
     checkpoint is written there, so a preemption loses no step.
     """
 
