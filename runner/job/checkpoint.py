@@ -135,6 +135,16 @@ def wait_for_files(paths: list[Path], timeout_s: float) -> list[Path]:
     return missing
 
 
+SLOW_WRITE_ENV = "RUNNER_TEST_SLOW_WRITE"  # tests only: "STEP:SECONDS", a slow disk from that step on
+
+
+def pause_for_tests(step: int) -> None:
+    """Between writing a checkpoint's files and publishing it, when a test asks for a slow disk."""
+    at, _, seconds = os.environ.get(SLOW_WRITE_ENV, "").partition(":")
+    if at.isdigit() and step >= int(at):
+        time.sleep(float(seconds or 0))
+
+
 class Writer:
     """Writes one checkpoint at a time in a background thread, so training goes on while it is written.
 
@@ -146,15 +156,12 @@ class Writer:
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        self.slow_s = float(os.environ.get("RUNNER_TEST_SLOW_WRITE_S", "0"))  # tests: widen the write window
 
     def submit(self, write: Callable[[], None]) -> None:
         self.wait()
 
         def run() -> None:
             try:
-                if self.slow_s:
-                    time.sleep(self.slow_s)
                 write()
             except BaseException as e:  # noqa: BLE001 - handed to the training thread by wait()
                 self._error = e

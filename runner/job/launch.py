@@ -304,6 +304,7 @@ def make_callback(rd: RunDir, cfg: RunConfig, cfg_hash: str, flag: StopFlag, res
                 _save_bytes(rng, staging / f"rng-rank{rank:05d}.pt")
                 if rank != 0:
                     return
+                checkpoint.pause_for_tests(step)
                 missing = checkpoint.wait_for_files([staging / f"rng-rank{r:05d}.pt" for r in range(world)],
                                                     publish_timeout)
                 if missing:
