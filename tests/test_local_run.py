@@ -164,6 +164,7 @@ def test_each_attempt_logs_into_its_own_folder(tmp_path: Path) -> None:
     first, second = rd.rank_log(0, 1).read_text(), rd.rank_log(0, 2).read_text()
     assert "received SIGUSR2" in first and "resuming from" not in first
     assert "resuming from" in second and "received" not in second
+    assert "reused from the preflight" in second and "reused from" not in first  # same node and image, seconds later
     assert runner("logs", str(run), "--attempt", "1").stdout == first
     assert runner("logs", str(run)).stdout == second
     assert runner("logs", str(run), "--rank", "1", "--attempt", "1").stdout == rd.rank_log(1, 1).read_text()

@@ -392,7 +392,7 @@ def resume_point(rd: RunDir, cfg: RunConfig, cfg_hash: str, rank: int, attempt: 
     One reader instead of one per rank (a shared file system would serve the whole checkpoint world-size
     times). The verdict names its attempt and job, so a verdict left by an earlier attempt is never taken.
     """
-    verdict = rd.checkpoints / ".resume-verdict.json"
+    verdict = rd.logs / ".resume-verdict.json"
     me = {"attempt": attempt, "job": os.environ.get("SLURM_JOB_ID"),
           "restart": os.environ.get("SLURM_RESTART_COUNT", "0")}
     if rank == 0:
