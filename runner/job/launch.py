@@ -202,13 +202,15 @@ def _save_bytes(obj: Any, path: Path) -> None:
     atomic_write(path, buf.getvalue())
 
 
-def _snapshot(trainer: Any) -> dict[str, Any]:
-    """The full Lightning checkpoint as CPU copies that later steps cannot change (every rank calls it, as
-    ``Trainer.save_checkpoint`` does, for callbacks that synchronize in ``on_save_checkpoint``)."""
+def _snapshot(trainer: Any) -> dict[str, Any] | None:
+    """Rank 0: the full Lightning checkpoint as CPU copies that later steps cannot change. Every rank builds it,
+    as ``Trainer.save_checkpoint`` does, for callbacks that synchronize in ``on_save_checkpoint``."""
     import torch
     from lightning_utilities.core.apply_func import apply_to_collection
 
     ckpt = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+    if trainer.global_rank != 0:
+        return None
     return cast(dict[str, Any], apply_to_collection(ckpt, torch.Tensor,
                                                     lambda t: t.detach().to("cpu", copy=True)))
 
