@@ -423,3 +423,24 @@ def test_training_stops_before_the_first_step_on_a_wrong_interface(tmp_path: Pat
     alert = webhook.wait_for(1)[0]
     assert alert["event"] == "preflight_failed" and alert["exit_code"] == 77
     assert "eth9 not found" in alert["cause"] and webhook.secret not in json.dumps(alert)
+
+
+@pytest.mark.parametrize("change, reused", [
+    ({}, True),
+    ({"nodes": ["n2", "n1"]}, False),  # other nodes (or another order): measure again
+    ({"per_node": {"n1": ["eth0", "other-code", "p", "3.11"]}}, False),  # another image
+    ({"status": "warn"}, False),
+    ({"age_s": 120}, False),  # older than reuse_s
+    ({"reuse_s": 0}, False),  # reuse turned off
+])
+def test_a_restart_reuses_the_measurements_only_on_the_same_nodes_and_image(
+        tmp_path: Path, change: dict[str, object], reused: bool) -> None:
+    fingerprint = {"nodes": ["n1", "n2"], "world_size": 4, "per_node": {"n1": ["eth0", "c", "p", "3.11"]},
+                   "probe_mib": 16, "accelerator": "cpu"}
+    rd = RunDir(tmp_path)
+    now = {k: change.get(k, v) for k, v in fingerprint.items()}
+    previous = {"status": change.get("status", PASS), "time": time.time() - float(change.get("age_s", 5)),  # type: ignore[arg-type]
+                "fingerprint": fingerprint, "bandwidth": {"job": {"busbw_gbps": 1.0}}}
+    rd.preflight.write_text(json.dumps(previous))
+    job = preflight._Job(rd, {"preflight": {"reuse_s": change.get("reuse_s", 60)}}, 0, 0, 0, 4, None)  # type: ignore[arg-type, typeddict-item]
+    assert (preflight._reusable(job, now) is not None) is reused

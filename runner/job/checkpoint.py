@@ -10,8 +10,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import re
 import shutil
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +23,7 @@ from runner.rundir import atomic_write, read_json
 
 _STEP = re.compile(r"^step-(\d{7,})$")
 MARKER = "COMPLETE"
+MODEL = "model.ckpt"
 log = logging.getLogger(__name__)
 
 
@@ -51,12 +56,20 @@ def complete(root: Path, config_hash: str | None = None, force: bool = False) ->
 
 
 def verify(path: Path) -> str | None:
-    """None if every file matches the manifest's size and sha256, else what is wrong."""
+    """None if every file matches the manifest's size and sha256, else what is wrong.
+
+    A manifest must list the model, and every file must be a plain file inside the checkpoint directory: a
+    symlink (or a name with ``..``) could make a damaged or foreign file look verified.
+    """
     files = read_json(path / "manifest.json", {}).get("files")
     if not isinstance(files, dict) or not files:
         return "manifest lists no files"
+    if MODEL not in files:
+        return f"manifest does not list {MODEL}"
     for name, meta in files.items():
         f = path / name
+        if "/" in name or name in (".", "..") or f.is_symlink():
+            return f"{name} is not a plain file of the checkpoint directory (a symlink or a path)"
         if not f.is_file():
             return f"{name} is missing"
         if f.stat().st_size != meta.get("size") or _digest(f) != meta.get("sha256"):
@@ -110,3 +123,62 @@ def prune(root: Path, keep: int) -> None:
         m = re.search(r"(\d+)$", path.name)
         if m and int(m.group(1)) < newest:
             shutil.rmtree(path, ignore_errors=True)
+
+
+def wait_for_files(paths: list[Path], timeout_s: float) -> list[Path]:
+    """Wait until every path exists (written by other ranks, maybe on other nodes); returns the missing ones."""
+    deadline = time.monotonic() + timeout_s
+    missing = [p for p in paths if not p.exists()]
+    while missing and time.monotonic() < deadline:
+        time.sleep(0.05)
+        missing = [p for p in missing if not p.exists()]
+    return missing
+
+
+SLOW_WRITE_ENV = "RUNNER_TEST_SLOW_WRITE"  # tests only: "STEP:SECONDS", a slow disk from that step on
+
+
+def pause_for_tests(step: int) -> None:
+    """Between writing a checkpoint's files and publishing it, when a test asks for a slow disk."""
+    at, _, seconds = os.environ.get(SLOW_WRITE_ENV, "").partition(":")
+    if at.isdigit() and step >= int(at):
+        time.sleep(float(seconds or 0))
+
+
+class Writer:
+    """Writes one checkpoint at a time in a background thread, so training goes on while it is written.
+
+    ``submit`` first waits for the previous write (never two in flight), then starts the next one; ``wait``
+    re-raises a write's error on the training thread. A process killed mid-write leaves a staging directory
+    without ``COMPLETE``: the previous checkpoint stays the newest complete one.
+    """
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def submit(self, write: Callable[[], None]) -> None:
+        self.wait()
+
+        def run() -> None:
+            try:
+                write()
+            except BaseException as e:  # noqa: BLE001 - handed to the training thread by wait()
+                self._error = e
+
+        self._thread = threading.Thread(target=run, name="runner-checkpoint", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+
+def remove_staging(root: Path) -> None:
+    """Remove every staging directory: called before an attempt's first write, they are a dead attempt's."""
+    for path in root.glob(".staging-step-*"):
+        shutil.rmtree(path, ignore_errors=True)

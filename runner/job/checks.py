@@ -420,4 +420,8 @@ def table(report: Mapping[str, Any]) -> str:
         if c.get("note"):
             lines.append(f"    note: {c['note']}")
     lines.append(report.get("summary", ""))
+    if report.get("reused"):
+        r = report["reused"]
+        lines.append(f"reused from the preflight {r['age_s']:.0f} s ago (same nodes and image): "
+                     + ", ".join(r["parts"]))
     return "\n".join(lines) + "\n"

@@ -20,12 +20,14 @@ import signal
 import socket
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, cast
 
 from runner import __version__
 from runner.job import checkpoint, owner
+from runner.job.checks import ONLY_ENV
 from runner.log import setup as setup_logging
 from runner.rundir import ATTEMPT_ENV, EXIT_REQUEUE, EXIT_TERMINATED, RunDir, atomic_write, read_json
 from runner.spec.typed import RunConfig, read_resolved
@@ -45,12 +47,82 @@ class StopFlag:
         previous = signal.getsignal(sig)
 
         def handler(signum: int, frame: Any) -> None:
-            self.signum = signum
-            log.info("received %s; checkpointing at the next step", signal.Signals(signum).name)
+            self.set(signum)
             if callable(previous):
                 previous(signum, frame)
 
         signal.signal(sig, handler)
+
+    def set(self, signum: int, frame: Any = None) -> None:
+        self.signum = signum
+        log.info("received %s; checkpointing at the next agreed step", signal.Signals(signum).name)
+
+    def take_over_sigterm(self) -> None:
+        """Replace Lightning's SIGTERM handler (it broadcasts inside the handler and stops each rank on its own
+        flag): SIGTERM then stops the ranks at an agreed step, with a checkpoint, like the requeue signal.
+        Lightning's teardown puts back the handler that was there before ``fit``."""
+        signal.signal(signal.SIGTERM, self.set)
+
+
+AGREE_S = 0.1  # aim: ranks compare stop flags about this often (or every step, when slower)
+PROGRESS_S = 2.0  # progress.json is rewritten at most this often (and at every checkpoint)
+
+
+class Agreement:
+    """Decides, identically on every rank, at which step training stops, without a blocking collective per step.
+
+    At a check step every rank waits for the reduction it started at the previous check (long done by now), reads
+    the verdict, and starts the next one, non-blocking: ``[stop flag, steps until the next check]``, reduced with
+    MAX (rank 0 proposes the interval from its step time, so every rank agrees on the next check step). A signal
+    is acted on within two intervals (0.2 s, or two steps); the stop step is the same on every rank, and the
+    checkpoint is written there, so a preemption loses no step.
+    """
+
+    def __init__(self, flag: StopFlag) -> None:
+        self.flag = flag
+        self.next_check = -1
+        self.every = 1
+        self.work: Any = None
+        self.buf: Any = None
+        self.mark: tuple[float, int] | None = None
+
+    def check(self, trainer: Any, step: int) -> bool:
+        """Called at every optimizer step boundary with the global step; True when all ranks stop here."""
+        import torch
+        import torch.distributed as dist
+
+        local = self.flag.signum is not None
+        if not (dist.is_available() and dist.is_initialized()) or trainer.world_size == 1:
+            return local
+        if step < self.next_check:
+            return False
+        stop = False
+        if self.work is not None:
+            self.work.wait()
+            stop, self.every = bool(self.buf[0].item()), max(int(self.buf[1].item()), 1)
+            self.work = None
+        self.next_check = step + self.every
+        if stop:
+            return True
+        self.buf = torch.tensor([int(local), self.propose(step) if trainer.global_rank == 0 else 0],
+                                dtype=torch.int64, device=trainer.strategy.root_device)
+        self.work = dist.all_reduce(self.buf, op=dist.ReduceOp.MAX, async_op=True)
+        return False
+
+    def propose(self, step: int) -> int:
+        now = time.monotonic()
+        every = self.every
+        if self.mark is not None and step > self.mark[1]:
+            step_s = (now - self.mark[0]) / (step - self.mark[1])
+            every = int(min(max(AGREE_S / max(step_s, 1e-6), 1), 100))
+        self.mark = (now, step)
+        return every
+
+    def finish(self) -> None:
+        """At the end of training (every rank): complete the reduction still in flight."""
+        if self.work is not None:
+            self.work.wait()
+            self.work = None
 
 
 def ranks() -> tuple[int, int, int, int]:
@@ -131,23 +203,46 @@ def _save_bytes(obj: Any, path: Path) -> None:
     atomic_write(path, buf.getvalue())
 
 
+def _snapshot(trainer: Any) -> dict[str, Any] | None:
+    """Rank 0: the full Lightning checkpoint as CPU copies that later steps cannot change. Every rank builds it,
+    as ``Trainer.save_checkpoint`` does, for callbacks that synchronize in ``on_save_checkpoint``."""
+    import torch
+    from lightning_utilities.core.apply_func import apply_to_collection
+
+    ckpt = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+    if trainer.global_rank != 0:
+        return None
+    return cast(dict[str, Any], apply_to_collection(ckpt, torch.Tensor,
+                                                    lambda t: t.detach().to("cpu", copy=True)))
+
+
 def make_callback(rd: RunDir, cfg: RunConfig, cfg_hash: str, flag: StopFlag, resume_from: Path | None,
                   attempt: int) -> Any:
-    """The Lightning callback that owns checkpoints: periodic, on signal, RNG per rank, COMPLETE last."""
+    """The Lightning callback that owns checkpoints: periodic, on signal, RNG per rank, COMPLETE last.
+
+    A checkpoint costs the training thread one copy of the state; serializing, writing, fsyncing and hashing
+    happen in a background thread (``checkpoint.Writer``), one checkpoint at a time.
+    """
     import lightning as L
     import torch
+    from lightning.pytorch.strategies import DDPStrategy
 
     every, keep = cfg["checkpoint"]["every_n_steps"], cfg["checkpoint"]["keep_last"]
     acc = cfg["trainer"]["accumulate_grad_batches"]
     log_every = int(cast(dict[str, Any], cfg["trainer"]).get("log_every_n_steps", 50))  # an open Lightning argument
+    publish_timeout = float(cfg["network"]["pg_timeout_s"])  # other ranks' files, at most as long as a collective
 
     class RunnerCheckpoint(L.Callback):
         def __init__(self) -> None:
             self.last_saved = -1
             self.stopped_by_signal = False
             self.t0 = time.time()
+            self.agreement = Agreement(flag)
+            self.writer = checkpoint.Writer()
+            self.progress_at = 0.0
 
         def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+            flag.take_over_sigterm()
             self.last_saved = trainer.global_step
             self.t_start = time.time()
             saved = read_json(resume_from / "manifest.json", {}) if resume_from else {}
@@ -157,6 +252,7 @@ def make_callback(rd: RunDir, cfg: RunConfig, cfg_hash: str, flag: StopFlag, res
                 lost = max(int(before.get("step", 0)) - trainer.global_step, 0)
                 rd.record("train_start", step=trainer.global_step, lost_steps=lost, attempt=attempt,
                           resumed_from=str(resume_from) if resume_from else None)
+                checkpoint.remove_staging(rd.checkpoints)  # a dead attempt's half-written files
             if resume_from is not None:
                 rng = resume_from / f"rng-rank{trainer.global_rank:05d}.pt"
                 if rng.is_file():
@@ -167,12 +263,13 @@ def make_callback(rd: RunDir, cfg: RunConfig, cfg_hash: str, flag: StopFlag, res
         def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                                batch_idx: int) -> None:
             boundary = (batch_idx + 1) % acc == 0 or batch_idx + 1 == trainer.num_training_batches
-            stop = trainer.strategy.reduce_boolean_decision(flag.signum is not None, all=False)
-            step = trainer.global_step
             if not boundary:
                 return
+            step = trainer.global_step
+            stop = self.agreement.check(trainer, step)
             if trainer.global_rank == 0:
-                self.progress(step)
+                if time.monotonic() - self.progress_at >= PROGRESS_S:
+                    self.progress(step)
                 if step % log_every == 0 and step != self.last_saved:
                     loss = outputs["loss"].item() if isinstance(outputs, dict) else float("nan")
                     print(f"step {step} loss {loss:.6f} ({time.time() - self.t0:.1f}s)", flush=True)
@@ -182,25 +279,46 @@ def make_callback(rd: RunDir, cfg: RunConfig, cfg_hash: str, flag: StopFlag, res
                 self.stopped_by_signal = True
                 trainer.should_stop = True
 
+        def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+            self.agreement.finish()
+            self.writer.wait()  # the last checkpoint is complete before the launcher reports anything
+
         def save(self, trainer: L.Trainer, step: int) -> None:
-            root, rank = rd.checkpoints, trainer.global_rank
+            root, rank, world = rd.checkpoints, trainer.global_rank, trainer.world_size
+            self.writer.wait()  # never two writes in flight
             staging = checkpoint.staging_dir(root, step)
             if rank == 0:
+                self.progress(step)
+            if not isinstance(trainer.strategy, DDPStrategy):  # FSDP & co. gather inside save_checkpoint
                 staging.mkdir(parents=True, exist_ok=True)
-            trainer.strategy.barrier("runner-ckpt-mkdir")
-            trainer.save_checkpoint(staging / "model.ckpt")
-            _save_bytes(_rng_state(), staging / f"rng-rank{rank:05d}.pt")
-            trainer.strategy.barrier("runner-ckpt-written")
-            if rank == 0:
-                with open(staging / "model.ckpt", "rb") as f:
-                    os.fsync(f.fileno())
-                manifest = {"step": step, "epoch": trainer.current_epoch, "config_hash": cfg_hash,
-                            "world_size": trainer.world_size, "time": time.time(), "runner_version": __version__,
-                            "productive_s": self.productive()}
+                trainer.strategy.barrier("runner-ckpt-mkdir")
+                trainer.save_checkpoint(staging / checkpoint.MODEL)
+                state = None
+            else:
+                state = _snapshot(trainer)
+            rng = _rng_state()
+            manifest = {"step": step, "epoch": trainer.current_epoch, "config_hash": cfg_hash, "world_size": world,
+                        "time": time.time(), "runner_version": __version__, "productive_s": self.productive()}
+
+            def write() -> None:
+                staging.mkdir(parents=True, exist_ok=True)
+                if rank == 0 and state is not None:
+                    _save_bytes(state, staging / checkpoint.MODEL)
+                _save_bytes(rng, staging / f"rng-rank{rank:05d}.pt")
+                if rank != 0:
+                    return
+                checkpoint.pause_for_tests(step)
+                missing = checkpoint.wait_for_files([staging / f"rng-rank{r:05d}.pt" for r in range(world)],
+                                                    publish_timeout)
+                if missing:
+                    log.warning("checkpoint step-%07d not published: %s never written", step,
+                                ", ".join(p.name for p in missing))
+                    return
                 checkpoint.publish(root, step, manifest)
                 checkpoint.prune(root, keep)
                 log.info("checkpoint step-%07d complete", step)
-            trainer.strategy.barrier("runner-ckpt-published")
+
+            self.writer.submit(write)
             self.last_saved = step
 
         def productive(self) -> float:
@@ -208,8 +326,10 @@ def make_callback(rd: RunDir, cfg: RunConfig, cfg_hash: str, flag: StopFlag, res
             return round(self.base_productive + time.time() - self.t_start, 3)
 
         def progress(self, step: int) -> None:
-            """The last step reached, every step (rank 0): a restart compares it with its checkpoint to count
-            the steps a failure cost. Advisory, so no fsync; a rename keeps it whole."""
+            """The last step reached (rank 0), every few seconds and at every checkpoint: a restart compares it
+            with its checkpoint to count the steps a failure cost (a crash between two records counts up to
+            PROGRESS_S fewer). Advisory, so no fsync; a rename keeps it whole."""
+            self.progress_at = time.monotonic()
             tmp = rd.root / ".progress.json.tmp"
             tmp.write_text(json.dumps({"step": step, "time": time.time()}) + "\n")
             os.replace(tmp, rd.root / "progress.json")
@@ -224,12 +344,30 @@ def _strategy(cfg: RunConfig) -> Any:
     name = cfg["trainer"]["strategy"]
     if name == "fsdp":
         return FSDPStrategy(timeout=timeout)
-    # DDP regroups its gradient buckets after the first step of every process; a resumed run's first step
-    # would then all-reduce in another layout than the uninterrupted run did, and with more than two ranks
-    # the float sums differ. find_unused_parameters=True keeps the first layout for the whole run (at the
-    # cost of one autograd-graph walk per step), which makes resumes bitwise exact.
-    exact = cfg["checkpoint"]["exact_resume"]
-    return DDPStrategy(find_unused_parameters=name == "ddp_find_unused_parameters_true" or exact, timeout=timeout)
+    if name == "ddp_find_unused_parameters_true":  # the layout is never rebuilt in this mode
+        return DDPStrategy(find_unused_parameters=True, timeout=timeout)
+    if not cfg["checkpoint"]["exact_resume"]:
+        return DDPStrategy(timeout=timeout)
+
+    class FixedBucketsDDP(DDPStrategy):
+        """DDP whose gradient buckets have the same layout at every step of every process.
+
+        Plain DDP starts each process with all gradients in one bucket and, after the process's first backward,
+        rebuilds its buckets in the order the gradients became ready (``Reducer::rebuild_buckets``). A resumed
+        process's first step therefore all-reduces in another layout than the uninterrupted run did at that step,
+        and with more than two ranks a ring all-reduce then adds the ranks' values in another order: the weights
+        drift by an ulp. Here the rebuild happens once, at wrapping time, from the parameters' own order
+        (``_push_all_rebuilt_params``, what DDP's join hook does), so there is nothing left to restore. Cheaper
+        than ``find_unused_parameters=True`` (an autograd-graph walk every step), which was the earlier fix.
+        """
+
+        def configure_ddp(self) -> None:
+            super().configure_ddp()
+            reducer: Any = cast(Any, self.model).reducer
+            reducer._push_all_rebuilt_params()
+            reducer._rebuild_buckets()
+
+    return FixedBucketsDDP(timeout=timeout)
 
 
 def _reached_end(trainer: Any, tcfg: TrainerConfig) -> bool:
@@ -249,6 +387,29 @@ def _write_rank_info(rd: RunDir, rank: int, local: int, node: int, world: int, a
             "ifname": {k: os.environ.get(k) for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")},
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
     atomic_write(rd.root / "ranks" / f"rank-{rank:05d}.json", json.dumps(info, indent=2))
+
+
+def resume_point(rd: RunDir, cfg: RunConfig, cfg_hash: str, rank: int, attempt: int) -> tuple[int, Path] | None:
+    """The newest complete, verified checkpoint: rank 0 hashes the files, the other ranks wait for its verdict.
+
+    One reader instead of one per rank (a shared file system would serve the whole checkpoint world-size
+    times). The verdict names its attempt and job, so a verdict left by an earlier attempt is never taken.
+    """
+    verdict = rd.logs / ".resume-verdict.json"
+    me = {"attempt": attempt, "job": os.environ.get("SLURM_JOB_ID"),
+          "restart": os.environ.get("SLURM_RESTART_COUNT", "0")}
+    if rank == 0:
+        last = checkpoint.latest(rd.checkpoints, cfg_hash, cfg["resume"]["force"], check=True)
+        atomic_write(verdict, json.dumps({**me, "step": last[0] if last else None,
+                                          "path": str(last[1]) if last else None}))
+        return last
+    deadline = time.monotonic() + cfg["network"]["pg_timeout_s"]
+    while time.monotonic() < deadline:
+        got = read_json(verdict, {}) or {}
+        if all(got.get(k) == v for k, v in me.items()):
+            return (int(got["step"]), Path(got["path"])) if got.get("path") else None
+        time.sleep(0.05)
+    raise TimeoutError(f"rank 0 gave no checkpoint verdict in {verdict} within {cfg['network']['pg_timeout_s']} s")
 
 
 def train(rd: RunDir) -> int:
@@ -276,18 +437,19 @@ def train(rd: RunDir) -> int:
     import torch
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    # The preflight checks in their own short-lived process group (on their own port), before Lightning builds
-    # its process group: a bad node or interface stops the job here (exit 77).
-    code = preflight.in_job(rd, cfg, rank, local, node, world, ne)
-    if code is not None:
-        return code
-    import lightning as L  # after the checks: `runner preflight` needs no Lightning (5 s of imports per rank)
+    if os.environ.get(ONLY_ENV) == "1":  # `runner preflight`: the checks alone, without Lightning's imports
+        return preflight.in_job(rd, cfg, rank, local, node, world, ne) or 0
+    # The preflight checks run in their own short-lived process group (on their own port), in a thread, while
+    # this one imports Lightning, verifies the checkpoint and builds the model and data; they are joined before
+    # Lightning builds its process group: a bad node or interface stops the job there (exit 77), before any step.
+    checks = ThreadPoolExecutor(1, thread_name_prefix="runner-preflight")
+    preflight_done = checks.submit(preflight.in_job, rd, cfg, rank, local, node, world, ne)
+    import lightning as L
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     L.seed_everything(cfg["seed"] + rank, workers=True, verbose=False)
     cfg_hash = manifest["config_hash"]
-    last = checkpoint.latest(rd.checkpoints, cfg_hash, cfg["resume"]["force"], check=True) \
-        if cfg["resume"]["enabled"] else None
+    last = resume_point(rd, cfg, cfg_hash, rank, attempt) if cfg["resume"]["enabled"] else None
     model = instantiate(cfg["model"])
     data = instantiate(cfg["data"], dataloader=cfg["dataloader"], seed=cfg["seed"])
     callback = make_callback(rd, cfg, cfg_hash, flag, last[1] if last else None, attempt)
@@ -301,6 +463,10 @@ def train(rd: RunDir) -> int:
     trainer = L.Trainer(**tcfg, strategy=_strategy(cfg), plugins=plugins, callbacks=[owner_check, callback],
                         enable_checkpointing=False, logger=False, default_root_dir=str(rd.root),
                         use_distributed_sampler=False)
+    code = preflight_done.result()
+    checks.shutdown()
+    if code is not None:
+        return code
     if last:
         log.info("resuming from %s (step %d)", last[1], last[0])
     try:

@@ -332,6 +332,25 @@ def _evaluate_local(job: _Job, facts: list[dict[str, Any]]) -> list[Check]:
     return checks
 
 
+def _fingerprint(job: _Job, facts: list[dict[str, Any]], hosts: list[str]) -> dict[str, Any]:
+    """What a bandwidth measurement depends on: the nodes in order, their interfaces, code, packages, size."""
+    per_node = {f["host"]: [f.get("ifname"), (f.get("versions") or {}).get("code"),
+                            (f.get("versions") or {}).get("packages_hash"), (f.get("versions") or {}).get("python")]
+                for f in facts if f.get("local") == 0}
+    return {"nodes": hosts, "world_size": job.world, "per_node": per_node, "probe_mib": job.pf["probe_mib"],
+            "accelerator": job.cfg["trainer"]["accelerator"]}
+
+
+def _reusable(job: _Job, fingerprint: dict[str, Any]) -> dict[str, Any] | None:
+    """The previous report, when a restart lands on the same nodes and image within ``preflight.reuse_s``: its
+    bandwidth and tool measurements are taken instead of measured again (the node checks always run)."""
+    prev = read_json(job.rd.preflight, {}) or {}
+    age = time.time() - float(prev.get("time", 0))
+    if prev.get("status") != PASS or prev.get("fingerprint") != fingerprint or not 0 <= age <= job.pf["reuse_s"]:
+        return None
+    return prev
+
+
 def _finish(job: _Job, checks: list[Check], extra: dict[str, Any]) -> str:
     """Rank 0: status, report files, ledger, alert on failure."""
     status = report_status(checks, bool(job.pf["fail_on_warn"]))
@@ -409,12 +428,26 @@ def run_checks(job: _Job) -> str:
         leader_facts = sorted((f for f in all_facts if f.get("local") == 0), key=lambda f: f["node"])
         leaders, hosts = [f["rank"] for f in leader_facts], [f["host"] for f in leader_facts]
         go = not missing and worst(c.status for c in checks) != FAIL
-        store.set("decision", json.dumps({"go": go, "leaders": leaders, "hosts": hosts}))
+        fingerprint = _fingerprint(job, all_facts, hosts)
+        prev = _reusable(job, fingerprint) if go else None
+        store.set("decision", json.dumps({"go": go, "leaders": leaders, "hosts": hosts, "reuse": prev is not None}))
     else:
         store.wait(["decision"], wait)
         d = json.loads(store.get("decision"))
-        go, leaders, hosts = d["go"], d["leaders"], d["hosts"]
+        go, leaders, hosts, prev = d["go"], d["leaders"], d["hosts"], {} if d["reuse"] else None
     extra: dict[str, Any] = {"nodes": hosts, "backend": None}
+    if job.rank == 0:
+        extra["fingerprint"] = fingerprint
+    if prev is not None:  # a restart onto the same nodes and image: the measurements of a moment ago still hold
+        go = False
+        if job.rank == 0:
+            extra.update(backend=prev.get("backend"), bandwidth=prev.get("bandwidth") or {},
+                         tools=prev.get("tools", []),
+                         reused={"from": prev["time"], "age_s": round(time.time() - prev["time"], 1),
+                                 "parts": ["bandwidth", "tools"]})
+            bw = extra["bandwidth"]
+            checks += [Check(**c) for c in extra["tools"]]
+            checks += evaluate_bandwidth(bw.get("job"), bw.get("pairs", []), pf["min_busbw_gbps"])
     if go:
         try:
             backend, bw = _probe(job, store, leaders, hosts)
@@ -433,10 +466,12 @@ def run_checks(job: _Job) -> str:
         return status
     if go:
         deadline = time.monotonic() + tools_s
+        extra["tools"] = []
         for r in range(job.world):
             while not store.check([f"tools/{r}"]) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            checks += [Check(**c) for c in json.loads(store.get(f"tools/{r}"))] if store.check([f"tools/{r}"]) else []
+            extra["tools"] += json.loads(store.get(f"tools/{r}")) if store.check([f"tools/{r}"]) else []
+        checks += [Check(**c) for c in extra["tools"]]
         bw = extra.get("bandwidth") or {}
         checks += evaluate_bandwidth(bw.get("job"), bw.get("pairs", []), pf["min_busbw_gbps"],
                                      pf["fail_below_median"], pf["warn_below_median"])

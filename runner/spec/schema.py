@@ -160,5 +160,6 @@ SCHEMA: dict[str, Any] = {
         "min_free_gb": _f((int, float), 1, min=0),
         "paths": _f(list, []),
         "fail_on_warn": _f(bool, False),
+        "reuse_s": _f((int, float), 3600, min=0),
     },
 }

@@ -126,6 +126,7 @@ class Preflight(TypedDict):
     min_free_gb: float
     paths: list[str]
     fail_on_warn: bool
+    reuse_s: float
 
 
 class RunConfig(TypedDict):

@@ -1,0 +1,50 @@
+"""The models both sides of bench/train_overhead train: runner's example model and a ~50M-parameter MLP, each
+writing rank 0's step times (wall clock) to ``$BENCH_TIMES`` at the end of training."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from runner.dev.example import TinyRegressor
+
+
+class _Clock:
+    """Records time.time() at every optimizer step on rank 0; writes them at the end of training."""
+
+    times: list[float]
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.times.append(time.time())
+
+    def on_train_end(self) -> None:
+        path = os.environ.get("BENCH_TIMES")
+        if path and self.trainer.global_rank == 0:  # type: ignore[attr-defined]
+            with open(path, "w") as f:
+                json.dump({"times": self.times, "start_step": self.trainer.global_step - len(self.times)}, f)  # type: ignore[attr-defined]
+
+
+class Tiny(_Clock, TinyRegressor):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.times = []
+
+
+class Wide(_Clock, TinyRegressor):
+    """dim -> hidden x layers -> 1 with ReLU and dropout: 12 layers of 2048 are 50.4M parameters."""
+
+    def __init__(self, dim: int = 2048, hidden: int = 2048, layers: int = 12, lr: float = 0.001, **kwargs: Any):
+        super().__init__(dim=dim, hidden=hidden, lr=lr, **kwargs)
+        blocks: list[nn.Module] = []
+        for i in range(layers):
+            blocks += [nn.Linear(dim if i == 0 else hidden, hidden), nn.ReLU()]
+        self.net = nn.Sequential(*blocks, nn.Dropout(0.1), nn.Linear(hidden, 1))
+        self.times = []
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)

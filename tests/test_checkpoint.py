@@ -1,0 +1,79 @@
+"""Checkpoint verification on disk (no training): what a resume refuses to trust."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from runner.job import checkpoint
+
+
+def make(root: Path, files: dict[str, bytes], step: int = 10) -> Path:
+    """A complete checkpoint whose manifest lists `files` with their real sizes and hashes."""
+    staging = checkpoint.staging_dir(root, step)
+    staging.mkdir(parents=True)
+    for name, data in files.items():
+        (staging / name).write_bytes(data)
+    return checkpoint.publish(root, step, {"step": step, "config_hash": "h"})
+
+
+def test_a_good_checkpoint_verifies(tmp_path: Path) -> None:
+    path = make(tmp_path, {"model.ckpt": b"weights", "rng-rank00000.pt": b"rng"})
+    assert checkpoint.verify(path) is None
+    assert checkpoint.latest(tmp_path, "h", check=True) == (10, path)
+
+
+def test_a_manifest_without_the_model_is_refused(tmp_path: Path) -> None:
+    path = make(tmp_path, {"rng-rank00000.pt": b"rng"})
+    assert checkpoint.verify(path) == "manifest does not list model.ckpt"
+    assert checkpoint.latest(tmp_path, "h", check=True) is None
+
+
+def test_a_symlink_leaving_the_checkpoint_is_refused(tmp_path: Path) -> None:
+    """The link points at a file with exactly the listed size and hash: only its being a link can refuse it."""
+    outside = tmp_path / "elsewhere.ckpt"
+    outside.write_bytes(b"weights")
+    path = make(tmp_path / "ckpts", {"model.ckpt": b"weights", "rng-rank00000.pt": b"rng"})
+    (path / "model.ckpt").unlink()
+    (path / "model.ckpt").symlink_to(outside)
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["files"]["model.ckpt"]["sha256"] == hashlib.sha256(outside.read_bytes()).hexdigest()
+    assert "not a plain file" in (checkpoint.verify(path) or "")
+
+
+def test_a_manifest_naming_a_path_outside_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "secret").write_bytes(b"x")
+    path = make(tmp_path / "ckpts", {"model.ckpt": b"weights"})
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["files"]["../../secret"] = {"size": 1, "sha256": hashlib.sha256(b"x").hexdigest()}
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    assert "not a plain file" in (checkpoint.verify(path) or "")
+
+
+def test_one_write_in_flight_and_errors_reach_the_caller(tmp_path: Path) -> None:
+    import threading
+
+    import pytest
+
+    writer = checkpoint.Writer()
+    order: list[str] = []
+    gate = threading.Event()
+
+    def first() -> None:
+        gate.wait(5)
+        order.append("first")
+
+    writer.submit(first)
+    threading.Timer(0.3, gate.set).start()
+    writer.submit(lambda: order.append("second"))  # waits for the first to finish
+    writer.wait()
+    assert order == ["first", "second"]
+
+    def broken() -> None:
+        raise OSError("disk full")
+
+    writer.submit(broken)
+    with pytest.raises(OSError, match="disk full"):
+        writer.wait()
+    writer.wait()  # reported once
