@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from runner.rundir import EXIT_PREFLIGHT, EXIT_REQUEUE, EXIT_SUPERSEDED
+from runner.rundir import EXIT_HANG, EXIT_NONFINITE, EXIT_PREFLIGHT, EXIT_REQUEUE, EXIT_SUPERSEDED
 from runner.spec.typed import RunConfig
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -149,6 +149,27 @@ def restarts_used(events: Sequence[Mapping[str, Any]]) -> int:
     return max(ours, sum(1 for e in events if e["event"] == "start") - 1)
 
 
+# Outcomes that never consume resume.max_restarts: the run did nothing wrong (the schedule ended it).
+FREE = ("timeout", "preempted", "completed", "cancelled", "superseded")
+
+
+def failures(events: Sequence[Mapping[str, Any]], ended: bool = False) -> int:
+    """Attempts that failed (what resume.max_restarts limits): every exit whose outcome is not ``FREE``, plus
+    every attempt that started and never recorded its exit (its node died with the batch script). ``ended``:
+    Slurm says the last attempt is over, so a last start without an exit counts too."""
+    n, open_start = 0, False
+    for e in events:
+        if e["event"] == "start":
+            n += open_start
+            open_start = True
+        elif e["event"] == "exit":
+            open_start = False
+            n += e.get("outcome") not in FREE
+        elif e["event"] == "resubmitted" and e.get("by") == "user":
+            n, open_start = 0, False  # a person looked at it: a fresh budget
+    return n + (open_start and ended)
+
+
 def attempt(events: Sequence[Mapping[str, Any]]) -> int:
     """The number of the attempt now running (or the last one), counting from 1."""
     return restarts_used(events) + 1
@@ -179,32 +200,53 @@ def classify(rec: Records, rc: int, seconds_left: float | None, limits: Limits, 
         return "cancelled"
     if rc == EXIT_PREFLIGHT:
         return "preflight_failed"
+    if rc == EXIT_HANG:
+        return "hang"
+    if rc == EXIT_NONFINITE:
+        return "nan"
     if rc == EXIT_REQUEUE:
         near_limit = seconds_left is not None and seconds_left <= limits.signal_lead_s + NEAR_LIMIT_S
         return "timeout" if near_limit else "preempted"
     return "failed"
 
 
-def after_exit(outcome: str, attempt: int, job_id: str | None, limits: Limits) -> Decision:
-    """The exit hook's move after ``classify``: requeue the job itself, give up, or leave it (to cron)."""
+def after_exit(outcome: str, attempt: int, job_id: str | None, limits: Limits,
+               events: Sequence[Mapping[str, Any]] = (), bad_nodes: Sequence[str] = ()) -> Decision:
+    """The exit hook's move after ``classify``: requeue the job, resubmit it without its bad nodes, stop it for a
+    person, give up, or leave it (to cron).
+
+    ``events`` is the ledger with this exit already recorded (its ``crash``, if the launcher wrote one);
+    ``bad_nodes`` the nodes this attempt named (a hang's suspects, the preflight's failing nodes).
+    """
+    used = failures(events)
+    if outcome == "failed" and (loop := crash_loop(events)) is not None:
+        return Decision("stop", f"crash loop: {loop.get('type')} at {loop.get('frame')}, step {loop.get('step')}, "
+                                "in two attempts in a row")
+    if outcome == "nan":
+        return Decision("stop", "non-finite loss or gradients; the newest checkpoint holds finite weights")
+    if outcome in ("hang", "preflight_failed") and bad_nodes:
+        if used > limits.max_restarts:
+            return Decision("give_up", f"{outcome} after {used - 1} failed attempts")
+        return Decision("resubmit", f"{outcome}; resubmitted without {', '.join(bad_nodes)}")
     if outcome == "superseded":
         return Decision("skip", "superseded: another job owns the run; this one wrote no checkpoint")
     if outcome == "completed":
         return Decision("skip", "training finished")
     if outcome == "cancelled":
         return Decision("skip", "cancelled by the user")
-    if outcome in ("timeout", "preempted"):
-        if limits.requeue and job_id and attempt <= limits.max_restarts:
+    if outcome in ("timeout", "preempted"):  # never limited by resume.max_restarts
+        if limits.requeue and job_id:
             return Decision("requeue", f"{outcome}; requeued as attempt {attempt + 1}")
-        if attempt > limits.max_restarts:
-            return Decision("give_up", f"{outcome} after {attempt - 1} restarts")
         return Decision("skip", f"{outcome}; slurm.requeue is off, runner cron resubmits it")
+    if outcome == "hang":  # nobody named: the same nodes may do, cron resubmits (with backoff)
+        return Decision("skip", "hang: runner cron decides about resubmission (with backoff)")
     if outcome == "preflight_failed":  # a bad node or interface would fail again: a person must look
         return Decision("skip", "preflight failed: fix the node or interface it names, then `runner resume`")
     return Decision("skip", "failed: runner cron decides about resubmission (with backoff)")
 
 
-def next_step(outcome: str, decision: Decision, attempt: int, limits: Limits, requeued: bool | None = None) -> str:
+def next_step(outcome: str, decision: Decision, attempt: int, limits: Limits, requeued: bool | None = None,
+              events: Sequence[Mapping[str, Any]] | None = None) -> str:
     """What the exit hook's alert says happens next: what the hook did (``decision``; ``requeued`` whether
     ``scontrol requeue`` went through) and what ``runner cron`` will do with the run (``next_action``)."""
     if decision.action == "requeue":
@@ -214,11 +256,19 @@ def next_step(outcome: str, decision: Decision, attempt: int, limits: Limits, re
     if decision.action == "give_up":
         return f"not retried: {decision.reason} (resume.max_restarts={limits.max_restarts}); `runner resume` it " \
                "once the cause is fixed"
-    if outcome in ("failed", "timeout", "preempted"):  # left to cron, which counts the same restarts
-        if attempt - 1 < limits.max_restarts:
-            return f"runner cron resubmits it from the newest complete checkpoint (restart {attempt} of " \
+    if decision.action == "stop":
+        return f"stopped, not retried: {decision.reason}. `runner resume` it once the cause is fixed"
+    if decision.action == "resubmit":
+        return f"resubmitted at once: {decision.reason}; it resumes from the newest complete checkpoint"
+    if outcome in ("timeout", "preempted"):  # left to cron; never limited by resume.max_restarts
+        return "runner cron resubmits it from the newest complete checkpoint (time limits and preemptions do not " \
+               "count against resume.max_restarts)"
+    if outcome in ("failed", "hang"):  # left to cron, which counts the same failures
+        failed = attempt if events is None else failures(events)  # without a ledger: every attempt failed
+        if failed <= limits.max_restarts:
+            return f"runner cron resubmits it from the newest complete checkpoint (restart {failed} of " \
                    f"resume.max_restarts={limits.max_restarts})"
-        return f"not retried: {attempt - 1} restarts used of resume.max_restarts={limits.max_restarts}; " \
+        return f"not retried: {failed - 1} restarts used of resume.max_restarts={limits.max_restarts}; " \
                "`runner resume` it once the cause is fixed"
     if outcome == "preflight_failed":
         return "not retried (the same node would fail again): fix the node or interface it names, then `runner resume`"
@@ -237,6 +287,11 @@ def settled(rec: Records) -> Decision | None:
         return Decision("skip", "cancelled by the user")
     if "gave_up" in _names(rec.events):
         return Decision("skip", "already gave up")
+    for e in reversed(rec.events):  # stopped for a person (NaN, crash loop) since the last submission or resume
+        if e["event"] == "stopped":
+            return Decision("skip", f"stopped: {e.get('reason')}; waiting for `runner resume`")
+        if e["event"] == "submitted" or (e["event"] == "resubmitted" and e.get("by") == "user"):
+            break
     if not rec.job_id:
         return Decision("skip", "never submitted")
     outcomes = [e.get("outcome") for e in rec.events if e["event"] == "exit"]
@@ -272,11 +327,11 @@ def next_action(rec: Records, job: JobInfo | None, limits: Limits, now: float, a
     if state in SLURM_REQUEUES and limits.requeue and now < ended + REQUEUE_GRACE_S:
         # Slurm requeues a --requeue job itself after a node failure; resubmitting too would run it twice.
         return Decision("wait", f"{reason}; Slurm requeues it itself ({ended + REQUEUE_GRACE_S - now:.0f} s grace)")
-    used = restarts_used(rec.events)
-    if used >= limits.max_restarts:
-        return Decision("give_up", f"{reason}; {used} restarts used of resume.max_restarts={limits.max_restarts}")
+    failed = failures(rec.events, ended=True)
+    if failed > limits.max_restarts:
+        return Decision("give_up", f"{reason}; {failed - 1} restarts used of resume.max_restarts={limits.max_restarts}")
     last = max((e["time"] for e in rec.events if e["event"] in ("resubmitted", "requeued", "exit")), default=0.0)
-    delay = float(limits.backoff_s) * (2 ** max(used - 1, 0)) if used else 0.0
+    delay = float(limits.backoff_s) * (2 ** max(failed - 2, 0)) if failed > 1 else 0.0
     if now < last + delay:
         return Decision("wait", f"{reason}; backoff {delay:.0f} s, {last + delay - now:.0f} s left")
     return Decision("resubmit", reason)

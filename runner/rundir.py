@@ -195,4 +195,5 @@ EXIT_REQUEUE = 75  # checkpointed after the requeue signal: requeue me
 EXIT_TERMINATED = 76  # stopped (SIGTERM or early stop) before the end of training
 EXIT_PREFLIGHT = 77  # a preflight check failed: training never started
 EXIT_SUPERSEDED = 78  # another job owns the run now (its job_id): this one stopped without writing a checkpoint
+EXIT_NONFINITE = 80  # the non-finite guard stopped training (a NaN/inf loss or gradient) before a checkpoint of it
 EXIT_HANG = 79  # the hang watchdog stopped a job whose steps stopped advancing (hang.json says who, where)
