@@ -61,12 +61,25 @@ def handle(run: RunDir, jobs: Mapping[str, policy.JobInfo] | None = None, asked:
     if d.action == "resubmit" and jobs is not None:
         d = decide(run, cfg)  # act on a fresh answer: the one asked for all runs may be minutes old by now
     if d.action == "resubmit":
+        _remember_failed_node(run, (jobs or {}).get(records(run).job_id or ""))
         submit.resubmit(run, cfg, d.reason)
     elif d.action == "give_up":
         run.record("gave_up", reason=d.reason)
         alerts.notify(run.root, cfg["alerts"], "gave_up", attempt=policy.attempt(run.events()),
                       next_step=f"no further submissions: {d.reason}")
     return d
+
+
+def _remember_failed_node(run: RunDir, job: policy.JobInfo | None) -> None:
+    """A job that ended NODE_FAIL: the nodes Slurm now reports unhealthy are left out of the resubmission."""
+    from runner.host import nodes, slurm
+
+    if job is not None and policy.base_state(job.state) == "NODE_FAIL" and job.nodes:
+        bad = nodes.record(run.root.parent, slurm.unhealthy(job.nodes), "node_fail", run.name,
+                           f"job {job.job_id} ended NODE_FAIL")
+        if bad:
+            log.info("%s: job %s ended NODE_FAIL on %s: left out of the next jobs", run.name, job.job_id,
+                     ", ".join(bad))
 
 
 def _is_slurm_run(path: Path) -> bool:

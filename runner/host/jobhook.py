@@ -20,13 +20,16 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from runner import log as runner_log
 from runner import policy, proc
+from runner.errors import RunnerError
+from runner.host import nodes
 from runner.host.status import records
-from runner.rundir import EXIT_REQUEUE, RunDir, atomic_write, read_json
+from runner.rundir import ATTEMPT_ENV, EXIT_REQUEUE, RunDir, atomic_write, read_json
 from runner.spec.typed import read_resolved
 
 ALERT_BUDGET_S = 15.0  # the background sender's time; what it cannot send stays queued for runner cron
@@ -78,6 +81,25 @@ def _alerts(run: RunDir, event: str, decision: policy.Decision, requeued: bool |
     return out
 
 
+def _failure(run: RunDir, event: str, rec: policy.Records) -> tuple[dict[str, Any] | None, list[str], str | None]:
+    """What this attempt's own records say about its end: the launcher's crash record, the nodes a hang or the
+    preflight named, and the cause in words for those runner detected itself (hang, nan); from files the job
+    wrote, never from Slurm (which may not answer)."""
+    number = os.environ.get(ATTEMPT_ENV, "")
+    attempt = int(number) if number.isdigit() else (run.attempts() or [0])[-1]
+    crash = run.first_crash(attempt) if event == "failed" else None
+    report = read_json(run.root / "hang.json") if event == "hang" else read_json(run.preflight)
+    bad = nodes.named_by(event, report, attempt)
+    cause = None
+    if event == "hang" and isinstance(report, dict):
+        cause = str(report.get("summary", "hang"))
+    elif event == "nan":
+        last: Mapping[str, Any] = next((e for e in reversed(rec.events) if e["event"] == "nonfinite"), {})
+        cause = f"nan: non-finite {last.get('what', 'loss')} at step {last.get('step', '?')}; training stopped " \
+                "before any checkpoint of it"
+    return crash, bad, cause
+
+
 def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
     """Decide, requeue first (Slurm may end the job any second), then record, then queue the alerts."""
     from runner import alerts
@@ -95,16 +117,26 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
         run.record("superseded", job_id=job, owner=rec.job_id, exit_code=rc)
         log.info("job %s was superseded by job %s: no checkpoint written, nothing else recorded", job, rec.job_id)
         return 0
-    decision = policy.after_exit(event, attempt, job, limits)
+    crash, bad, own_cause = _failure(run, event, rec)
+    this_exit = {"event": "exit", "outcome": event, "crash": crash, "time": time.time()}
+    decision = policy.after_exit(event, attempt, job, limits, [*rec.events, this_exit], bad)
+    if decision.action == "stop" and crash:
+        own_cause = f"crash_loop: {crash.get('type')}: {crash.get('message')} at {crash.get('frame')}, step " \
+                    f"{crash.get('step')}, in two attempts in a row"
+    if bad:
+        nodes.record(run.root.parent, bad, "preflight" if event == "preflight_failed" else event, run.name,
+                     own_cause or "")
     requeued = None
     if decision.action == "requeue" and job:
         # Slurm ends the job (SIGTERM, then SIGKILL after KillWait) once it accepts the requeue: finish the records.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         out = proc.run(["scontrol", "requeue", job], timeout=REQUEUE_TIMEOUT_S, check=False)
         requeued = out.returncode == 0
-    step = policy.next_step(event, decision, attempt, limits, requeued)
+    step = policy.next_step(event, decision, attempt, limits, requeued, [*rec.events, this_exit])
     common = {"job_id": job or "", "attempt": attempt, "nodes": os.environ.get("SLURM_JOB_NODELIST", ""),
               "exit_code": rc, "next_step": step}
+    if own_cause:
+        common["cause"] = own_cause
     queued = [] if event == "cancelled" else _alerts(run, event, decision, requeued, **common)
     secrets = alerts.secrets_of(cfg["alerts"])
     status = {"exit_code": rc, "job_id": job, "attempt": attempt, "signal": signal_name, "event": event,
@@ -112,7 +144,8 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
     atomic_write(run.exit_status, json.dumps(status) + "\n")
     cause = queued[0].cause if queued else None
     run.record("exit", **alerts.redact_obj({"job_id": job, "exit_code": rc, "signal": signal_name, "outcome": event,
-                                            "attempt": attempt, "cause": cause}, secrets))
+                                            "attempt": attempt, "cause": cause, "crash": crash, "nodes": bad},
+                                           secrets))
     if requeued:
         run.record("requeued", job_id=job, reason=event, attempt=attempt + 1)
     elif requeued is False:
@@ -120,6 +153,15 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
         log.warning("scontrol requeue %s: %s; runner cron will resubmit the run", job, proc.last_line(out))
     elif decision.action == "give_up":
         run.record("gave_up", job_id=job, reason=decision.reason)
+    elif decision.action == "stop":
+        run.record("stopped", job_id=job, reason=decision.reason)
+    elif decision.action == "resubmit":  # without the nodes it named; the new job owns the run from now on
+        from runner.host import submit
+
+        try:
+            submit.resubmit(run, cfg, decision.reason)
+        except RunnerError as e:
+            log.warning("resubmission failed: %s; runner cron tries again", e)
     log.info("exit %s: %s: %s; next: %s", rc, event, decision.reason, step)
     sender = background.send_later(run.root, ALERT_BUDGET_S) if alerts.enqueue(run.root, cfg["alerts"], queued) \
         else None

@@ -109,3 +109,22 @@ def table(bad: dict[str, dict[str, Any]], now: float | None = None) -> str:
               str(e.get("detail", ""))[:60]) for n, e in sorted(bad.items())]
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4] for r in rows)
+
+
+def named_by(outcome: str, report: Any, attempt: int | None = None) -> list[str]:
+    """The nodes an attempt's own report blames: a hang's suspects (``hang.json`` of that attempt) or the nodes
+    whose preflight checks failed (``preflight.json``). Never every node of the job: when all are blamed, the
+    cause is the job (its config, its code, the network as a whole), and excluding them all would only leave it
+    pending forever."""
+    if not isinstance(report, dict):
+        return []
+    if outcome == "hang" and (attempt is None or report.get("attempt") == attempt):
+        named, hosts = report.get("nodes") or [], report.get("hosts") or []
+    elif outcome == "preflight_failed":
+        named = [c.get("node") for c in report.get("checks") or [] if isinstance(c, dict) and c.get("status") == "fail"]
+        hosts = report.get("nodes") or []
+    else:
+        return []
+    named = sorted({str(n).split(".")[0] for n in named if isinstance(n, str) and NODE_NAME.fullmatch(n)})
+    everyone = {str(n).split(".")[0] for n in hosts}
+    return [] if not named or (everyone and everyone <= set(named)) else named

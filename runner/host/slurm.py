@@ -256,3 +256,13 @@ def cancel(job_id: str) -> str | None:
     except SubmitError as e:
         return str(e)
     return None
+
+
+def unhealthy(nodelist: str) -> list[str]:
+    """The nodes of ``nodelist`` (a Slurm hostlist like ``n[1-3]``) that Slurm reports down, drained, failing or
+    not responding: the ones a NODE_FAIL blames. Empty when Slurm cannot be asked."""
+    hosts = _try(["scontrol", "show", "hostnames", nodelist])
+    bad = _try(["sinfo", "-h", "-N", "-t", "down,drain,fail,no_respond", "-o", "%N"])
+    if hosts is None or bad is None:
+        return []
+    return sorted(set(hosts.split()) & set(bad.split()))

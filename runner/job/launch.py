@@ -26,10 +26,18 @@ from pathlib import Path
 from typing import Any, cast
 
 from runner import __version__
-from runner.job import checkpoint, owner
+from runner.job import checkpoint, guards, owner, watchdog
 from runner.job.checks import ONLY_ENV
 from runner.log import setup as setup_logging
-from runner.rundir import ATTEMPT_ENV, EXIT_REQUEUE, EXIT_TERMINATED, RunDir, atomic_write, read_json
+from runner.rundir import (
+    ATTEMPT_ENV,
+    EXIT_NONFINITE,
+    EXIT_REQUEUE,
+    EXIT_TERMINATED,
+    RunDir,
+    atomic_write,
+    read_json,
+)
 from runner.spec.typed import RunConfig, read_resolved
 from runner.spec.typed import Trainer as TrainerConfig
 
@@ -217,7 +225,7 @@ def _snapshot(trainer: Any) -> dict[str, Any] | None:
 
 
 def make_callback(rd: RunDir, cfg: RunConfig, cfg_hash: str, flag: StopFlag, resume_from: Path | None,
-                  attempt: int) -> Any:
+                  attempt: int, guard: Any = None) -> Any:
     """The Lightning callback that owns checkpoints: periodic, on signal, RNG per rank, COMPLETE last.
 
     A checkpoint costs the training thread one copy of the state; serializing, writing, fsyncing and hashing
@@ -273,6 +281,8 @@ def make_callback(rd: RunDir, cfg: RunConfig, cfg_hash: str, flag: StopFlag, res
                 if step % log_every == 0 and step != self.last_saved:
                     loss = outputs["loss"].item() if isinstance(outputs, dict) else float("nan")
                     print(f"step {step} loss {loss:.6f} ({time.time() - self.t0:.1f}s)", flush=True)
+            if guard is not None and guard.tripped_at is not None:
+                return  # a non-finite step: training stops here, and nothing of this step is saved
             if step != self.last_saved and (step % every == 0 or stop):
                 self.save(trainer, step)
             if stop:
@@ -452,7 +462,8 @@ def train(rd: RunDir) -> int:
     last = resume_point(rd, cfg, cfg_hash, rank, attempt) if cfg["resume"]["enabled"] else None
     model = instantiate(cfg["model"])
     data = instantiate(cfg["data"], dataloader=cfg["dataloader"], seed=cfg["seed"])
-    callback = make_callback(rd, cfg, cfg_hash, flag, last[1] if last else None, attempt)
+    guard = guards.make_guard(rd, cfg["nonfinite"]["action"], cfg["nonfinite"]["max_skips"])
+    callback = make_callback(rd, cfg, cfg_hash, flag, last[1] if last else None, attempt, guard)
     plugins: list[Any] = []
     if under_slurm():
         from lightning.pytorch.plugins.environments import SLURMEnvironment
@@ -460,15 +471,22 @@ def train(rd: RunDir) -> int:
         plugins.append(SLURMEnvironment(auto_requeue=False))
     tcfg: dict[str, Any] = {k: v for k, v in cfg["trainer"].items() if k != "strategy"}  # + open arguments
     owner_check = owner.make_callback(rd, cfg["resume"]["owner_check_every_n_steps"])  # one trainer per run
-    trainer = L.Trainer(**tcfg, strategy=_strategy(cfg), plugins=plugins, callbacks=[owner_check, callback],
-                        enable_checkpointing=False, logger=False, default_root_dir=str(rd.root),
-                        use_distributed_sampler=False)
+    # The non-finite guard runs before the optimizer step and before the checkpoint callback; the watchdog's pulse
+    # first of all, so the stall clock stops before the last checkpoint is awaited at the end.
+    wd = watchdog.Watchdog(rd, rank, world, attempt, factor=cfg["watchdog"]["factor"],
+                           floor_s=cfg["watchdog"]["floor_s"]) if cfg["watchdog"]["enabled"] else None
+    pulse = [watchdog.make_pulse(wd)] if wd else []
+    trainer = L.Trainer(**tcfg, strategy=_strategy(cfg), plugins=plugins,
+                        callbacks=[*pulse, guard, owner_check, callback], enable_checkpointing=False, logger=False,
+                        default_root_dir=str(rd.root), use_distributed_sampler=False)
     code = preflight_done.result()
     checks.shutdown()
     if code is not None:
         return code
     if last:
         log.info("resuming from %s (step %d)", last[1], last[0])
+    if wd:
+        wd.start()  # armed from the first step on: imports, preflight and restore are not hangs
     try:
         trainer.fit(model, datamodule=data, ckpt_path=str(last[1] / "model.ckpt") if last else None)
     except SIGTERMException:
@@ -477,6 +495,15 @@ def train(rd: RunDir) -> int:
             return EXIT_REQUEUE
         log.warning("terminated (SIGTERM) before the end of training")
         return EXIT_TERMINATED
+    except Exception as e:  # the traceback still reaches the log; the record lets the exit hook spot a crash loop
+        guards.record_crash(rd, attempt, rank, trainer.global_step, e)
+        raise
+    finally:
+        if wd:
+            wd.stop()
+    if guard.tripped_at is not None:
+        log.error("stopped at step %d on a non-finite loss or gradient; exit %d", guard.tripped_at, EXIT_NONFINITE)
+        return EXIT_NONFINITE
     if callback.stopped_by_signal:
         log.info("stopped on signal at step %d; exit %d (requeue)", trainer.global_step, EXIT_REQUEUE)
         return EXIT_REQUEUE

@@ -236,12 +236,14 @@ class Watchdog:
                  if isinstance(b := read_json(p), dict)}
         summary = summarize(reports, self.world, hosts)
         summary.update(step=max(int(r.get("step", -1)) for r in reports.values()), attempt=self.attempt,
-                       time=time.time())
+                       time=time.time(), hosts=sorted(set(hosts.values())))
         atomic_write(self.rd.root / "hang.json", json.dumps(summary, indent=1))
         self.rd.record("hang", summary=summary["summary"], nodes=summary["nodes"], step=summary["step"])
         # The exit hook reads the agreed exit code from here (rank 0 may be the stuck one).
         atomic_write(self.rd.last_exit, json.dumps({"code": EXIT_HANG, "job_id": os.environ.get("SLURM_JOB_ID"),
-                                                    "time": time.time()}) + "\n")
+                                                    "time": time.time(),
+                                                    "restart_count": os.environ.get("SLURM_RESTART_COUNT", "0")})
+                     + "\n")
         log.error("%s", summary["summary"])
 
 
