@@ -612,6 +612,8 @@ def test_defaults_and_events(tmp_path):
         "completed",
         "cancelled",
         "preflight_failed",
+        "hang",
+        "nan",
     )
     defaults = {
         "enabled": True,

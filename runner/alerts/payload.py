@@ -30,6 +30,8 @@ NEXT_STEPS: dict[str, str] = {
     "completed": "Nothing: training finished.",
     "cancelled": "Nothing: the job was cancelled.",
     "preflight_failed": "Not retried (the same node would fail again): fix the failed check, then `runner resume`.",
+    "hang": "Resubmitted without the node it names, or by runner cron while resume.max_restarts allows.",
+    "nan": "Stopped, not retried: fix the model or data (learning rate?), then `runner resume`.",
 }
 
 _TITLES = {
@@ -42,6 +44,8 @@ _TITLES = {
     "completed": "completed",
     "cancelled": "cancelled",
     "preflight_failed": "failed preflight",
+    "hang": "hung",
+    "nan": "stopped on a NaN",
 }
 
 _EMOJI = {
@@ -54,6 +58,8 @@ _EMOJI = {
     "completed": ":white_check_mark:",
     "cancelled": ":heavy_multiplication_x:",
     "preflight_failed": ":warning:",
+    "hang": ":hourglass_flowing_sand:",
+    "nan": ":warning:",
 }
 
 _REDACTED = "[webhook URL redacted]"

@@ -474,7 +474,8 @@ def train(rd: RunDir) -> int:
     # The non-finite guard runs before the optimizer step and before the checkpoint callback; the watchdog's pulse
     # first of all, so the stall clock stops before the last checkpoint is awaited at the end.
     wd = watchdog.Watchdog(rd, rank, world, attempt, factor=cfg["watchdog"]["factor"],
-                           floor_s=cfg["watchdog"]["floor_s"]) if cfg["watchdog"]["enabled"] else None
+                           floor_s=cfg["watchdog"]["floor_s"], report_every_s=cfg["watchdog"]["straggler_report_s"]) \
+        if cfg["watchdog"]["enabled"] else None
     pulse = [watchdog.make_pulse(wd)] if wd else []
     trainer = L.Trainer(**tcfg, strategy=_strategy(cfg), plugins=plugins,
                         callbacks=[*pulse, guard, owner_check, callback], enable_checkpointing=False, logger=False,

@@ -11,7 +11,7 @@ from typing import Any
 
 # The run events an alert can be sent for (alerts.events picks; runner.alerts renders them).
 EVENTS: tuple[str, ...] = ("failed", "preempted", "requeued", "timeout", "resubmitted", "gave_up", "completed",
-                           "cancelled", "preflight_failed")
+                           "cancelled", "preflight_failed", "hang", "nan")
 
 REQUIRED = object()
 # Characters allowed in values that land in ``#SBATCH`` lines (sbatch parses those lines itself, so shell
@@ -138,6 +138,7 @@ SCHEMA: dict[str, Any] = {
         "enabled": _f(bool, True),
         "factor": _f((int, float), 10, min=2),
         "floor_s": _f((int, float), 30, min=1),
+        "straggler_report_s": _f((int, float), 30, min=1),
     },
     "alerts": {
         "enabled": _f(bool, True),

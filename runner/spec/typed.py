@@ -113,6 +113,7 @@ class Watchdog(TypedDict):
     enabled: bool
     factor: float
     floor_s: float
+    straggler_report_s: float
 
 
 class Preflight(TypedDict):
