@@ -74,3 +74,24 @@ def test_a_submission_under_the_root_leaves_the_remembered_nodes_out(tmp_path: P
     out = capsys.readouterr().out
     assert "command:       sbatch --parsable --exclude=n2 " in out
     assert "n2 left out" in out
+
+
+BLAME = [
+    # (outcome, report, nodes blamed)
+    ("hang", {"attempt": 2, "world": 4, "suspects": [{}], "nodes": ["n2"]}, ["n2"]),
+    ("hang", {"attempt": 2, "world": 2, "suspects": [{}], "nodes": ["n1"]}, ["n1"]),  # one node, one rank of two
+    ("hang", {"attempt": 1, "world": 4, "suspects": [{}], "nodes": ["n2"]}, []),  # an older attempt's report
+    ("hang", {"attempt": 2, "world": 2, "suspects": [{}, {}], "nodes": ["n1", "n2"]}, []),  # every rank
+    ("preflight_failed", {"nodes": ["n1", "n2", "n3"], "checks": [
+        {"node": "n2", "status": "fail"}, {"node": "n1", "status": "pass"}]}, ["n2"]),
+    ("preflight_failed", {"nodes": ["n1", "n2"], "checks": [
+        {"node": "n1", "status": "fail"}, {"node": "n2", "status": "fail"}]}, []),  # every node: the job's fault
+    ("preflight_failed", {"nodes": ["n1"], "checks": [{"node": "n1;reboot", "status": "fail"}]}, []),
+    ("failed", {"nodes": ["n1"]}, []),
+    ("hang", None, []),
+]
+
+
+@pytest.mark.parametrize(("outcome", "report", "blamed"), BLAME)
+def test_which_nodes_a_report_blames(outcome: str, report: object, blamed: list[str]) -> None:
+    assert nodes.named_by(outcome, report, 2) == blamed

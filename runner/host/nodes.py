@@ -112,14 +112,16 @@ def table(bad: dict[str, dict[str, Any]], now: float | None = None) -> str:
 
 
 def named_by(outcome: str, report: Any, attempt: int | None = None) -> list[str]:
-    """The nodes an attempt's own report blames: a hang's suspects (``hang.json`` of that attempt) or the nodes
-    whose preflight checks failed (``preflight.json``). Never every node of the job: when all are blamed, the
-    cause is the job (its config, its code, the network as a whole), and excluding them all would only leave it
-    pending forever."""
+    """The nodes an attempt's own report blames: a hang's suspects (``hang.json`` of that attempt; none when every
+    rank is one) or the nodes whose preflight checks failed (``preflight.json``; none when every node failed).
+    When all are blamed, the cause is the job (its config, its code, the network as a whole), and excluding
+    them all would only leave it pending."""
     if not isinstance(report, dict):
         return []
     if outcome == "hang" and (attempt is None or report.get("attempt") == attempt):
-        named, hosts = report.get("nodes") or [], report.get("hosts") or []
+        if len(report.get("suspects") or []) >= int(report.get("world") or 0):
+            return []  # every rank is a suspect: nothing tells a node apart
+        named, hosts = report.get("nodes") or [], list[Any]()
     elif outcome == "preflight_failed":
         named = [c.get("node") for c in report.get("checks") or [] if isinstance(c, dict) and c.get("status") == "fail"]
         hosts = report.get("nodes") or []

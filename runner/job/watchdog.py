@@ -236,7 +236,7 @@ class Watchdog:
                  if isinstance(b := read_json(p), dict)}
         summary = summarize(reports, self.world, hosts)
         summary.update(step=max(int(r.get("step", -1)) for r in reports.values()), attempt=self.attempt,
-                       time=time.time(), hosts=sorted(set(hosts.values())))
+                       time=time.time(), world=self.world)
         atomic_write(self.rd.root / "hang.json", json.dumps(summary, indent=1))
         self.rd.record("hang", summary=summary["summary"], nodes=summary["nodes"], step=summary["step"])
         # The exit hook reads the agreed exit code from here (rank 0 may be the stuck one).
