@@ -6,10 +6,11 @@ Nothing here reads a file, runs a command or reads the clock: the callers gather
 run directory's ledger, exit status, ``finished`` marker and job id; ``JobInfo``: Slurm's answer or None;
 ``Limits``: the config's values; ``now``), then act on the ``Decision`` or state they get back:
 
-- the batch script's exit hook (``runner.host.jobhook``): ``classify`` the step's end, then ``after_exit``;
+- the batch script's exit hook (``runner.host.jobhook``): ``classify`` the step's end, then ``after_exit``, and
+  ``next_step`` (what its alert says happens next, from the same decisions);
 - ``runner cron``: ``next_action`` (``settled`` says which runs need no Slurm answer at all);
 - ``runner status``: ``run_state`` (``asks_slurm`` says whether Slurm's view can change it);
-- ``runner resume``: ``resume_action``.
+- ``runner resume``: ``resume_action`` (never next to a live job).
 
 At most one job trains a run directory. The run's ``job_id`` file names its owner; a job that is not the owner
 is superseded and exits ``EXIT_SUPERSEDED`` without writing a checkpoint: the batch script checks before any

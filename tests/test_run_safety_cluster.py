@@ -14,7 +14,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,29 +21,19 @@ import pytest
 
 from runner.dev import devcluster
 from runner.rundir import EXIT_SUPERSEDED, RunDir
+from tests import test_failures
 from tests.ci import need
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[1]
-CONF = REPO / "conf" / "slurm-2node.yaml"
-BASE = ["checkpoint.every_n_steps=10", "checkpoint.keep_last=50", "model.step_time_s=0.1", "alerts.kind=json",
-        "alerts.backoff_s=0.2", "resume.backoff_s=0"]
 
 
-@pytest.fixture
-def hook(slurm_cluster: devcluster.Cluster) -> Iterator[Any]:
-    from tests.webhook_server import WebhookServer
-
-    server = WebhookServer(host=devcluster.CONTROLLER_ADDR)
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-def env_for(cluster: devcluster.Cluster, hook: Any) -> dict[str, str]:
-    return {**os.environ, **cluster.env(), "OMP_NUM_THREADS": "1", "RUNNER_WEBHOOK_URL": hook.url}
+# As the fault-injection tests: the webhook server on the cluster bridge's address, a run of the 2-node config
+# (80 steps of 0.1 s, a checkpoint every 10; overrides given here win).
+hook = test_failures.hook
+env_for, checkpoint_done, runner, submit = (test_failures.env_for, test_failures.checkpoint_done,
+                                            test_failures.runner, test_failures.submit)
 
 
 # Root without the capabilities that let it read and write anything: permission bits hold for it as for any user
@@ -52,19 +41,11 @@ def env_for(cluster: devcluster.Cluster, hook: Any) -> dict[str, str]:
 AS_A_USER = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--"]
 
 
-def runner(env: dict[str, str], *args: str, check: bool = True, as_user: bool = False,
-           timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    argv = [*(AS_A_USER if as_user else []), sys.executable, "-m", "runner", *args]
-    out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO)
-    if check:
-        assert out.returncode == 0, f"runner {' '.join(args)}:\n{out.stdout}{out.stderr}"
+def as_a_user(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    out = subprocess.run([*AS_A_USER, sys.executable, "-m", "runner", *args], capture_output=True, text=True,
+                         env=env, timeout=120, cwd=REPO)
+    assert out.returncode == 0, f"runner {' '.join(args)}:\n{out.stdout}{out.stderr}"
     return out
-
-
-def submit(env: dict[str, str], root: Path, *overrides: str) -> Path:
-    runner(env, "submit", str(CONF), f"run_root={root}", *BASE, *overrides)
-    [run] = root.glob("slurm-2node-*")
-    return run
 
 
 def events(run: Path) -> list[dict[str, Any]]:
@@ -80,10 +61,6 @@ def wait_for(what: str, pred: Any, timeout: float, run: Path) -> None:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}{logs}\n--- ledger\n"
                                  f"{(run / 'ledger.jsonl').read_text()}")
         time.sleep(0.1)
-
-
-def checkpoint_done(run: Path, step: int) -> bool:
-    return (run / "checkpoints" / f"step-{step:07d}" / "COMPLETE").exists()
 
 
 def published(run: Path) -> set[int]:
@@ -223,13 +200,13 @@ def test_broken_runs_never_stop_cron_from_the_others(slurm_cluster: devcluster.C
             f.write('[1, 2]\n"start"\n42\n{"event": 5}\n{"time": "x", "event": "exit"}\n')
         locked.chmod(0o000)
 
-        status = runner(env, "status", "--root", str(root), "--json", as_user=True)
+        status = as_a_user(env, "status", "--root", str(root), "--json")
         rows = {r["run"]: r for r in json.loads(status.stdout)}
         assert rows[run.name]["state"] == "failed"
         assert rows["bad-manifest"]["state"] == "unreadable" and "invalid JSON" in rows["bad-manifest"]["error"]
         assert rows["locked"]["state"] == "unreadable" and "Permission" in rows["locked"]["error"]
 
-        cron = runner(env, "cron", "--root", str(root), as_user=True)
+        cron = as_a_user(env, "cron", "--root", str(root))
         assert "Traceback" not in cron.stderr, cron.stderr
         assert f"{run.name}: resubmit: job" in cron.stdout, cron.stdout + cron.stderr
         problems = [line for line in cron.stderr.splitlines() if "cannot read" in line]
@@ -237,6 +214,6 @@ def test_broken_runs_never_stop_cron_from_the_others(slurm_cluster: devcluster.C
         assert any("bad-manifest" in line and "invalid JSON" in line for line in problems)
         assert any("locked" in line and "PermissionError" in line for line in problems)
         assert [e["event"] for e in events(run)].count("resubmitted") == 1
-        runner(env, "cancel", str(run), as_user=True)
+        as_a_user(env, "cancel", str(run))
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -198,9 +198,12 @@ def fake_slurm(monkeypatch: pytest.MonkeyPatch, outputs: dict[str, str | Excepti
     def run(argv: list[str], timeout: float = 60, check: bool = True, **kw: Any) -> subprocess.CompletedProcess[str]:
         calls.append(argv[0])
         calls.argv.append(argv)
-        out = outputs.get(argv[0], SubmitError(f"{argv[0]} failed (exit 1): slurm_load_jobs error: Invalid job id"))
+        out = outputs.get(argv[0], SubmitError(f"{argv[0]} failed (exit 1): slurm_load_jobs error: Invalid job id "
+                                                  "specified"))
         if isinstance(out, Exception):
-            raise out
+            if check:
+                raise out
+            return subprocess.CompletedProcess(argv, 1, "", str(out).split(": ", 1)[-1])  # as proc.run returns it
         return subprocess.CompletedProcess(argv, 0, out, "")
 
     monkeypatch.setattr(slurm.proc, "run", run)
@@ -318,6 +321,28 @@ def test_query_many_without_accounting_and_controller(monkeypatch: pytest.Monkey
     got = slurm.query_many(["6", "8"])
     assert (got["6"].state, got["6"].source) == ("PENDING", "scontrol")
     assert (got["8"].state, got["8"].source) == ("REQUEUED", "sacct")
+
+
+ASKED = [  # what each command answers -> ask_many's answer (None: Slurm could not be asked at all)
+    pytest.param({}, {}, id="no command knows the jobs: an answer (they are gone)"),
+    pytest.param({"sacct": "", "squeue": SubmitError("squeue: no answer within 15 s"),
+                  "scontrol": SubmitError("scontrol: no answer within 15 s")}, {}, id="accounting answered"),
+    pytest.param({"sacct": SubmitError("sacct failed (exit 1): sacct: error: Slurm accounting storage is disabled"),
+                  "squeue": SubmitError("squeue: no answer within 15 s"),
+                  "scontrol": SubmitError("scontrol failed (exit 1): slurm_load_jobs error: Unable to contact slurm "
+                                          "controller (connect failure)")}, None, id="nobody answered: cannot ask"),
+    pytest.param({"sacct": SubmitError("sacct: command not found"), "squeue": SubmitError("squeue: command not found"),
+                  "scontrol": SubmitError("scontrol: command not found")}, None, id="no Slurm commands: cannot ask"),
+]
+
+
+@pytest.mark.parametrize("outputs, answer", ASKED)
+def test_ask_many_tells_cannot_ask_from_does_not_know(monkeypatch: pytest.MonkeyPatch,
+                                                      outputs: dict[str, str | Exception], answer: Any) -> None:
+    """cron and resume must not read "Slurm could not be asked" as "the job is gone" (a second trainer)."""
+    fake_slurm(monkeypatch, outputs)
+    assert slurm.ask_many(["41", "42"]) == answer
+    assert slurm.query_many(["41", "42"]) == {}  # a view (status) shows what the run directory says
 
 
 def test_query_many_splits_long_lists(monkeypatch: pytest.MonkeyPatch) -> None:
