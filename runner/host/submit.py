@@ -65,6 +65,13 @@ def new_run_dir(cfg: spec.Config) -> RunDir:
     return RunDir(root)
 
 
+def data_module(cfg: spec.Config) -> dict[str, object]:
+    """What the manifest says about the data module: whether runner's ``dataloader`` settings reach it."""
+    takes = cfg.takes_dataloader
+    return {"target": cfg.data["data"]["_target_"], "takes_dataloader": takes,
+            "global_batch": cfg.global_batch if takes is not False else "the data module's own"}
+
+
 def check_image(cfg: spec.Config, image: str, allow_missing: bool = False) -> str | None:
     """Why this config's image cannot be used (missing, or built from a different spec), or None.
 
@@ -95,7 +102,7 @@ def plan(path: Path, overrides: list[str], allow_missing_image: bool = False) ->
                 "overrides": overrides, "scheduler": cfg.data["scheduler"], "image": image,
                 "world_size": cfg.world_size, "global_batch": cfg.global_batch,
                 "accumulate_grad_batches": cfg.accumulate, "git": git_provenance(path.resolve().parent),
-                "created": time.time(), "host": socket.gethostname()}
+                "created": time.time(), "host": socket.gethostname(), "data_module": data_module(cfg)}
     files = {"config.yaml": yaml.safe_dump(cfg.data, sort_keys=False),
              "manifest.json": json.dumps(manifest, indent=2) + "\n",
              "job.sbatch": render.sbatch(cfg, rd_path, image)}
@@ -107,6 +114,7 @@ def plan(path: Path, overrides: list[str], allow_missing_image: bool = False) ->
              f"{cfg.accumulate} accumulation"]
     if image_problem:
         notes.append(f"image check:   {image_problem} (runner submit refuses without --allow-missing-image)")
+    notes += [f"note:          {n}" for n in cfg.notes]
     return Plan(RunDir(rd_path), files, argv, cfg.data["scheduler"], cfg.world_size, notes, image_problem)
 
 
