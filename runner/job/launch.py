@@ -261,7 +261,7 @@ def train(rd: RunDir) -> int:
     setup_logging(stamped=True)  # a rank log is read later, next to other ranks' logs: every line has its time
     log.info("runner %s: rank %d/%d local %d node %d on %s, attempt %d", __version__, rank, world, local, node,
              socket.gethostname(), attempt)
-    from runner.job import netenv, preflight
+    from runner.job import honesty, netenv, preflight, targets
 
     # The NCCL/gloo environment before anything else: the interface is detected once on this node (names differ
     # between nodes) unless the config names it; rank 0 records every value in env.json.
@@ -280,7 +280,7 @@ def train(rd: RunDir) -> int:
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     # The preflight checks in their own short-lived process group (on their own port), before Lightning builds
     # its process group: a bad node or interface stops the job here (exit 77).
-    code = preflight.in_job(rd, cfg, rank, local, node, world, ne)
+    code = targets.check(cfg) or preflight.in_job(rd, cfg, rank, local, node, world, ne)  # imports: in the image
     if code is not None:
         return code
     L.seed_everything(cfg["seed"] + rank, workers=True, verbose=False)
@@ -296,7 +296,8 @@ def train(rd: RunDir) -> int:
 
         plugins.append(SLURMEnvironment(auto_requeue=False))
     tcfg: dict[str, Any] = {k: v for k, v in cfg["trainer"].items() if k != "strategy"}  # + open arguments
-    trainer = L.Trainer(**tcfg, strategy=_strategy(cfg), plugins=plugins, callbacks=[callback],
+    trainer = L.Trainer(**tcfg, strategy=_strategy(cfg), plugins=plugins,
+                        callbacks=[callback, honesty.callback(rd, cfg, rank, world)],
                         enable_checkpointing=False, logger=False, default_root_dir=str(rd.root),
                         use_distributed_sampler=False)
     if last:

@@ -102,6 +102,13 @@ class _Loader(yaml.SafeLoader):
 
     depth = 0
 
+    def fetch_flow_collection_start(self, token_class: Any) -> None:
+        """Refuse deep ``[[[[...`` while scanning: the scanner's look-ahead is quadratic in the flow depth."""
+        if self.flow_level >= MAX_DEPTH:
+            raise _Bound(None, None, f"found nesting deeper than {MAX_DEPTH} levels; expected a shallow config",
+                         self.get_mark())
+        super().fetch_flow_collection_start(token_class)
+
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
         self.depth += 1
         try:
@@ -177,7 +184,7 @@ def _check_graph(root: yaml.Node) -> tuple[int, str] | None:
             return size[id(node)]
         line = node.start_mark.line + 1
         if id(node) in active:
-            raise _Stop(line, f"found a recursive alias (a node that contains itself); expected a tree")
+            raise _Stop(line, "found a recursive alias (a node that contains itself); expected a tree")
         if depth > MAX_DEPTH:
             raise _Stop(line, f"found nesting deeper than {MAX_DEPTH} levels; expected a shallow config")
         active.add(id(node))

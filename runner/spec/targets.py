@@ -152,14 +152,24 @@ def resolve(target: str, base: Path) -> Found:
     return Found("missing_module", f"module {parts[0]!r} is not on this host")
 
 
+def _init(node: ast.AST | None) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    if isinstance(node, ast.ClassDef):
+        node = next((st for st in node.body if isinstance(st, ast.FunctionDef) and st.name == "__init__"), None)
+    return node if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
+
+
+def params(node: ast.AST | None) -> set[str] | None:
+    """The keyword arguments a class's ``__init__`` (or a function) takes; None when it takes ``**kwargs`` or
+    cannot be told statically (an inherited ``__init__``, a name bound by assignment)."""
+    fn = _init(node)
+    if fn is None or fn.args.kwarg is not None:
+        return None
+    return {arg.arg for arg in (*fn.args.args, *fn.args.kwonlyargs)} - {"self"}
+
+
 def accepts(node: ast.AST | None, name: str) -> bool | None:
     """Whether a class's ``__init__`` (or a function) takes ``name``; None when it cannot be told statically."""
-    fn = node
-    if isinstance(node, ast.ClassDef):
-        fn = next((st for st in node.body if isinstance(st, ast.FunctionDef) and st.name == "__init__"), None)
-    if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+    if _init(node) is None:
         return None
-    a = fn.args
-    if a.kwarg is not None:
-        return True
-    return any(arg.arg == name for arg in (*a.posonlyargs, *a.args, *a.kwonlyargs))
+    known = params(node)
+    return known is None or name in known

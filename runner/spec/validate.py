@@ -306,7 +306,14 @@ def check_targets(d: dict[str, Any], problems: Problems, base: Path) -> bool | N
         elif section == "data" and targets.accepts(found.node, "dataloader") is False:
             problems.note(f"data._target_: {target} does not take `dataloader`: dataloader.train/valid (batch_size, "
                           "shards, workers) are not applied and the global batch is the data module's own")
-        if section == "data" and found.status == "found":
+        if found.status != "found":
+            continue
+        known = targets.params(found.node)
+        if known is not None:
+            for arg in [k for k in d[section] if k != "_target_" and k not in known]:
+                problems.add(f"{section}.{arg}", arg, f"an argument of {target} ({', '.join(sorted(known)) or 'none'})",
+                             "remove it or check the spelling")
+        if section == "data":
             takes = targets.accepts(found.node, "dataloader")
     return takes
 
