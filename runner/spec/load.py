@@ -227,8 +227,9 @@ def parse_yaml(text: str, where: str) -> tuple[Any, yaml.Node | None]:
     if "\0" in text:
         line = text.count("\n", 0, text.index("\0")) + 1
         raise ConfigError([f"{where}:{line}: found a NUL byte; expected text. hint: is this a binary file?"])
-    loader = _Loader(text)
+    loader: _Loader | None = None
     try:
+        loader = _Loader(text)  # the reader refuses control characters here already
         node = loader.get_single_node()
         if node is None:
             return None, None
@@ -249,7 +250,8 @@ def parse_yaml(text: str, where: str) -> tuple[Any, yaml.Node | None]:
     except RecursionError:
         raise ConfigError([f"{where}: found nesting too deep to read; expected a shallow config"]) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def read_yaml(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
