@@ -5,8 +5,9 @@ and command-line overrides; ``runner validate``, ``submit --dry-run`` and ``buil
 (``runner.cli.main``) and must exit 0 or 2 without a traceback. What they render must pass ``bash -n`` (every
 case), and on a sample shellcheck and hadolint; an Apptainer definition or Dockerfile never gains a section or
 instruction that its template does not have. The seed is fixed (``derandomize``) and each test has a time budget,
-so CI is reproducible and bounded; ``RUNNER_FUZZ_EXAMPLES`` scales the number of cases and
-``RUNNER_FUZZ_COLLECT=1`` counts tracebacks by kind instead of stopping at the first (to survey a branch).
+so CI is reproducible and bounded. ``RUNNER_FUZZ_EXAMPLES`` and ``RUNNER_FUZZ_BUDGET`` scale the number of
+cases and the time budget; ``RUNNER_FUZZ_COLLECT=1`` counts tracebacks by kind instead of stopping at the first
+(to survey a branch).
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = yaml.safe_load((REPO / "conf" / "quickstart.yaml").read_text())
 SCALE = float(os.environ.get("RUNNER_FUZZ_EXAMPLES", "1"))
 COLLECT = os.environ.get("RUNNER_FUZZ_COLLECT") == "1"  # count tracebacks by kind instead of stopping at one
-BUDGET_S = {"validate": 30.0, "submit": 25.0, "build": 20.0}
+BUDGET_S = {cmd: s * float(os.environ.get("RUNNER_FUZZ_BUDGET", "1"))
+            for cmd, s in {"validate": 30.0, "submit": 25.0, "build": 20.0}.items()}
 COUNTS: Counter[str] = Counter()
 SAMPLES: dict[str, list[str]] = {"job.sbatch": [], "Dockerfile": []}
 
@@ -181,11 +183,10 @@ def fuzz_once(cmd: str, text: str, overrides: list[str], tmp: Path, t0: float) -
         return
     conf = tmp / "fuzz.yaml"
     conf.write_text(text)
-    argv = {"validate": ["validate", str(conf)],
-            "submit": ["submit", str(conf), "--dry-run", "--allow-missing-image", f"run_root={tmp}/runs"],
-            "build": ["build", str(conf), "--dry-run", f"container.image_dir={tmp}/images"]}[cmd]
-    # overrides before the extra arguments, so run_root/image_dir stay where the test puts them
-    argv = argv[:2] + overrides + argv[2:]
+    flags = {"validate": [], "submit": ["--dry-run", "--allow-missing-image"], "build": ["--dry-run"]}[cmd]
+    last = {"validate": [], "submit": [f"run_root={tmp}/runs"], "build": [f"container.image_dir={tmp}/images"]}[cmd]
+    # the test's own overrides last, so that run_root/image_dir stay in the test's directory
+    argv = [cmd, *flags, str(conf), *overrides, *last]
     COUNTS[f"{cmd}: cases"] += 1
     try:
         rc, out, err = call(argv)

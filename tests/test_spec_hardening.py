@@ -136,6 +136,13 @@ def test_reserved_env_names_refused(tmp_path: Path, name: str) -> None:
     assert "do not own" in one_problem(tmp_path, [f"env.{name}=x"], f"env.{name}")
 
 
+def test_runner_preflight_switch_is_allowed_in_env(tmp_path: Path) -> None:
+    from runner.job.checks import ONLY_ENV
+
+    assert schema.ENV_SWITCHES == (ONLY_ENV,)
+    spec.load(write(tmp_path, QUICKSTART_TEXT), [f"env.{ONLY_ENV}=1"])
+
+
 @pytest.mark.parametrize(("entry", "needle"), [
     ("/etc", "relative to the config's directory"), ("../outside", "relative to the config's directory"),
     ("missing_dir", "an existing file or directory")])

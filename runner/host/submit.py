@@ -266,7 +266,7 @@ def resize(run: RunDir, overrides: list[str]) -> str:
     staged = run.root / ".config.resize.yaml"
     atomic_write(staged, yaml.safe_dump(data, sort_keys=False))
     try:
-        after = spec.load(staged)
+        after = spec.load(staged, files=False)
     finally:
         staged.unlink(missing_ok=True)
     manifest = json.loads(run.manifest.read_text())

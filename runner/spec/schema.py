@@ -42,6 +42,7 @@ RESERVED_ENV = ("RUN_DIR", "RUNNER_PY", "IFS", "PATH", "BASH_ENV", "ENV", "SHELL
                 "GLOBIGNORE", "PS4", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "owner", "rc", "hook",
                 "step_pid", "got_signal")
 RESERVED_ENV_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "RUNNER_", "BASH_FUNC_")
+ENV_SWITCHES = ("RUNNER_PREFLIGHT_ONLY",)  # runner's own switch, set by `runner preflight`
 TRAINER_KEYS = (
     "accelerator", "strategy", "devices", "num_nodes", "precision", "max_epochs", "min_epochs", "max_steps",
     "min_steps", "max_time", "limit_train_batches", "limit_val_batches", "val_check_interval",

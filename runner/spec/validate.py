@@ -19,6 +19,7 @@ from runner.spec.schema import (
     APT_PACKAGE,
     CONTROL,
     ENV_NAME,
+    ENV_SWITCHES,
     EVENTS,
     GPU_ONLY,
     NONE,
@@ -228,7 +229,7 @@ def _check_strings(d: dict[str, Any], problems: Problems, base: Path | None) -> 
     for key, value in d["env"].items():
         if not ENV_NAME.fullmatch(str(key)):
             problems.add(f"env.{key}", key, "an environment variable name", "use letters, digits and _")
-        elif key in RESERVED_ENV or str(key).startswith(RESERVED_ENV_PREFIXES):
+        elif (key in RESERVED_ENV or str(key).startswith(RESERVED_ENV_PREFIXES)) and key not in ENV_SWITCHES:
             problems.add(f"env.{key}", key, "a name the batch script, Slurm or runner do not own",
                          f"{key} is set by the batch script or Slurm; names starting with "
                          f"{', '.join(RESERVED_ENV_PREFIXES)} are reserved")
