@@ -39,6 +39,8 @@ def _submit(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(plan)
         return 0
+    for note in plan.warnings:
+        logging.getLogger("runner.spec").warning("%s", note)
     return submit.execute(plan)
 
 

@@ -68,12 +68,20 @@ def test_boring_model_global_batch_and_exactness_are_told(tmp_path: Path) -> Non
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["data_module"] == {"target": "lightning.pytorch.demos.BoringDataModule",
                                        "takes_dataloader": False, "global_batch": "the data module's own"}
-    data = [e for e in RunDir(run).events() if e["event"] == "data"]
-    exactness = next(e for e in data if "exactness" in e)
-    measured = next(e for e in data if "global_batch" in e)
-    assert exactness["exactness"] == honesty.EPOCH_ONLY
+    [measured] = [e for e in RunDir(run).events() if e["event"] == "data"]
+    assert measured["exactness"] == honesty.EPOCH_ONLY
     # BoringDataModule's DataLoader has the default batch size 1: 1 x 2 ranks x 2 accumulation (the quickstart's),
     # not the config's own arithmetic (8 x 2 x 2 = 32).
     assert (measured["local_batch"], measured["global_batch"], measured["configured_global_batch"]) == (1, 4, 32)
     rank0 = next((run / "logs").rglob("rank-00000.log")).read_text()
     assert "global batch measured at the first step: 4" in rank0 and "epoch boundaries" in rank0
+
+
+@pytest.mark.slow
+def test_runner_data_module_is_exact_and_measured_as_configured(tmp_path: Path) -> None:
+    out, run = submit(tmp_path, "trainer.max_steps=3")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert json.loads((run / "manifest.json").read_text())["data_module"]["takes_dataloader"] is True
+    [measured] = [e for e in RunDir(run).events() if e["event"] == "data"]
+    assert measured["exactness"] == honesty.EXACT
+    assert measured["global_batch"] == measured["configured_global_batch"] == 32

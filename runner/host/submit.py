@@ -43,6 +43,7 @@ class Plan:
     world_size: int
     notes: list[str] = field(default_factory=list)
     image_problem: str | None = None
+    warnings: list[str] = field(default_factory=list)  # the config's notes (validation), said at submit too
 
     def __str__(self) -> str:
         lines = [f"run directory: {self.run.root}", f"scheduler:     {self.scheduler}",
@@ -115,7 +116,8 @@ def plan(path: Path, overrides: list[str], allow_missing_image: bool = False) ->
     if image_problem:
         notes.append(f"image check:   {image_problem} (runner submit refuses without --allow-missing-image)")
     notes += [f"note:          {n}" for n in cfg.notes]
-    return Plan(RunDir(rd_path), files, argv, cfg.data["scheduler"], cfg.world_size, notes, image_problem)
+    return Plan(RunDir(rd_path), files, argv, cfg.data["scheduler"], cfg.world_size, notes, image_problem,
+                cfg.notes)
 
 
 def write(p: Plan) -> None:

@@ -4,8 +4,9 @@ The config promises a global batch (``batch_size`` x ranks x accumulation) and b
 depend on the data module: one that does not take ``dataloader`` builds its own loaders, and a plain
 ``DataLoader`` cannot resume in the middle of an epoch. This callback measures the real global batch at the
 first step and checks whether the train loader can save its position (``state_dict``/``load_state_dict``, as
-torchdata's ``StatefulDataLoader`` and runner's example loader do); rank 0 logs both and records them in the
-ledger (event ``data``), where ``runner status`` and a reader of the run directory find them.
+torchdata's ``StatefulDataLoader`` and runner's example loader do); rank 0 logs both and records them in one
+ledger event (``data``: ``exactness`` is "exact" or "epoch boundaries only"), where ``runner status`` and a
+reader of the run directory find them.
 """
 
 from __future__ import annotations
@@ -45,29 +46,28 @@ def callback(rd: RunDir, cfg: RunConfig, rank: int, world: int) -> Any:
     configured = cfg["dataloader"]["train"]["batch_size"] * world * cfg["trainer"]["accumulate_grad_batches"]
 
     class Honesty(L.Callback):
+        exactness = ""
         measured = False
 
         def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-            exactness = EXACT if resumable(trainer.train_dataloader) else EPOCH_ONLY
-            if exactness != EXACT and rank == 0:
+            loader = trainer.train_dataloader
+            self.exactness = EXACT if resumable(loader) else EPOCH_ONLY
+            if self.exactness != EXACT and rank == 0:
                 log.warning("the train loader (%s) cannot save its position mid-epoch: a resume is exact only at "
-                            "epoch boundaries. hint: torchdata's StatefulDataLoader can",
-                            type(trainer.train_dataloader).__name__)
-            if rank == 0:
-                rd.record("data", exactness=exactness, loader=type(trainer.train_dataloader).__name__)
+                            "epoch boundaries. hint: torchdata's StatefulDataLoader can", type(loader).__name__)
 
         def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                                batch_idx: int) -> None:
-            if self.measured:
+            if self.measured or rank != 0:
                 return
             self.measured = True
             local = batch_len(batch)
-            if local is None or rank != 0:
-                return
-            real = local * world * trainer.accumulate_grad_batches
-            level = logging.INFO if real == configured else logging.WARNING
-            log.log(level, "global batch measured at the first step: %d = %d x %d ranks x %d accumulation "
-                    "(the config says %d)", real, local, world, trainer.accumulate_grad_batches, configured)
-            rd.record("data", global_batch=real, configured_global_batch=configured, local_batch=local)
+            acc = trainer.accumulate_grad_batches
+            real = None if local is None else local * world * acc
+            log.log(logging.INFO if real == configured else logging.WARNING,
+                    "global batch measured at the first step: %s = %s x %d ranks x %d accumulation (the config "
+                    "says %d)", real, local, world, acc, configured)
+            rd.record("data", exactness=self.exactness, global_batch=real, configured_global_batch=configured,
+                      local_batch=local)
 
     return Honesty()
