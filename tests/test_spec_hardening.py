@@ -192,6 +192,9 @@ def test_interpolation_is_memoised_and_bounded(tmp_path: Path) -> None:
     found = problems(write(tmp_path, text), [NOT_HERE])
     assert time.monotonic() - t0 < 1.0
     assert any("interpolated string under" in p for p in found)
+    chain = "".join(f"  c{i}: ${{model.c{i + 1}}}\n" for i in range(500)) + "  c500: 1\n"
+    found = problems(write(tmp_path, QUICKSTART_TEXT.replace("  lr: 0.05\n", "  lr: 0.05\n" + chain)), [NOT_HERE])
+    assert len(found) == 51 and "a chain of fewer than" in found[0] and found[-1].endswith("more problems like these")
     loop = problems(write(tmp_path, QUICKSTART_TEXT), [NOT_HERE, "model.x=${model.y}", "model.y=${model.x}"])
     assert loop and all("does not lead back to itself" in p for p in loop)
 

@@ -124,11 +124,11 @@ class _Loader(yaml.SafeLoader):
 _Loader.yaml_implicit_resolvers = {
     ch: [(tag, rx) for tag, rx in resolvers if not tag.endswith((":bool", ":int", ":float", ":timestamp"))]
     for ch, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-_Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+_Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)\Z"),
                               list("tTfF"))
-_Loader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(rf"^(?:{_INT_RE.pattern})$"),
+_Loader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(rf"^(?:{_INT_RE.pattern})\Z"),
                               list("-+0123456789"))
-_Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(rf"^(?:{_FLOAT_RE.pattern})$"),
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(rf"^(?:{_FLOAT_RE.pattern})\Z"),
                               list("-+0123456789."))
 
 
@@ -294,6 +294,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> None:
 
 MAX_INTERP_WORK = 10_000  # ${...} evaluations per config
 MAX_STRING = 1 << 16  # characters an interpolated string may grow to
+MAX_PROBLEMS = 50  # lines printed for one config; the rest are counted
+MAX_CHAIN = 150  # ${a} -> ${b} -> ... (each link is a few Python frames; the recursion limit is 1000)
 
 
 class _Interp:
@@ -321,6 +323,8 @@ class _Interp:
             cur = cur[part]
         if dotted in self.failed:
             raise self.failed[dotted]
+        if len(self.active) >= MAX_CHAIN:
+            raise _InterpError(f"a chain of fewer than {MAX_CHAIN} references")
         self.active.add(dotted)
         try:
             self.memo[dotted] = value = self.value(cur)
@@ -407,7 +411,8 @@ def load(path: str | Path, overrides: list[str] | None = None, run_dir: str = "$
     validate.check_rules(data, problems, base if files else None)
     takes = validate.check_targets(data, problems, base)
     if problems.items:
-        raise ConfigError(problems.items)
+        shown, more = problems.items[:MAX_PROBLEMS], len(problems.items) - MAX_PROBLEMS
+        raise ConfigError(shown + ([f"{path}: ... and {more} more problems like these"] if more > 0 else []))
     return Config(data=view(data), path=path, lines=lines, notes=problems.notes, takes_dataloader=takes)
 
 
