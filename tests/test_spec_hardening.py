@@ -6,6 +6,7 @@ Each test is one "Why" bullet of issue 13: it failed on the code before the fix.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 import typing
@@ -221,6 +222,14 @@ def test_reexported_class_resolves_without_import(tmp_path: Path) -> None:
     found = problems(path, ["model._target_=lightning.pytorch.demos.BoringModle", "data.batch=3"])
     assert len(found) == 2 and "BoringModle" in found[0] and "data.batch: found 'batch'; expected an argument" \
         in found[1]
+
+
+def test_static_resolution_imports_neither_torch_nor_lightning(tmp_path: Path) -> None:
+    path = write(tmp_path, BORING)
+    probe = ("import sys; from runner.cli import main; rc = main(['-q', 'validate', sys.argv[1]]); "
+             "print(rc, sorted(m for m in ('torch', 'lightning', 'numpy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True, text=True, timeout=60)
+    assert out.stdout.splitlines()[-1] == "0 []", out.stdout + out.stderr
 
 
 def test_module_not_on_host_is_a_note(tmp_path: Path) -> None:
