@@ -82,6 +82,8 @@ def test_duplicate_key_names_both_lines(tmp_path: Path) -> None:
     ("alerts.timeout_s=.nan", "alerts.timeout_s", "a finite number"),
     ("trainer.gradient_clip_val=.inf", "trainer.gradient_clip_val", "a finite number"),
     ("slurm.time=-5", "slurm.time", "a value >= 1"),
+    ("slurm.mem=-5", "slurm.mem", "a value >= 0"),
+    ("seed=4294967296", "seed", "a value <= 2147483648"),
     ("trainer.max_steps=0", "trainer.max_steps", "-1 (no limit) or a value >= 1"),
     ("trainer.strategy=fsdp", "trainer.strategy", "accelerator: cpu"),
     ("trainer.precision=16-mixed", "trainer.precision", "accelerator: cpu"),

@@ -60,6 +60,7 @@ class F:
     default: Any = REQUIRED
     choices: tuple[Any, ...] | None = None
     min: float | None = None
+    max: float | None = None
     pattern: re.Pattern[str] | None = None
     expect: str = ""
 
@@ -82,7 +83,7 @@ SCHEMA: dict[str, Any] = {
     "name": _f((str, NONE), None, pattern=NAME, expect="1 to 100 letters, digits, _ . -"),
     "num_nodes": _f(int, 1, **POS_INT),
     "num_device": _f(int, 1, **POS_INT),
-    "seed": _f(int, 0, min=0),
+    "seed": _f(int, 0, min=0, max=2 ** 31),  # rank r uses seed + r; Lightning replaces seeds beyond 2**32 - 1
     "scheduler": _f(str, "local", choices=("local", "slurm")),
     "run_root": _f(str, "runs", pattern=SBATCH_SAFE, expect="a path without spaces or shell characters"),
     "global_batch_size": _f((int, NONE), None, **POS_INT),
@@ -127,7 +128,7 @@ SCHEMA: dict[str, Any] = {
         "time": _f((str, int), "01:00:00", pattern=TIME, min=1,
                    expect="Slurm time like 01:00:00, 2-00:00:00 or minutes"),
         "cpus_per_task": _f(int, 4, **POS_INT),
-        "mem": _f((str, int, NONE), None, pattern=SBATCH_SAFE),
+        "mem": _f((str, int, NONE), None, pattern=SBATCH_SAFE, min=0),
         "gpus_per_node": _f((int, NONE), None, min=0),
         "extra_flags": _f(list, []),
         "signal": _f(str, "USR2", choices=("USR1", "USR2", "TERM", "INT", "HUP", "URG")),

@@ -87,6 +87,8 @@ def _leaf_problem(value: Any, spec: F) -> tuple[str, str] | None:
         return "one of " + ", ".join(map(str, spec.choices)), ""
     if spec.min is not None and isinstance(value, (int, float)) and value < spec.min:
         return f"a value >= {spec.min:g}", "counts and sizes must be positive"
+    if spec.max is not None and isinstance(value, (int, float)) and value > spec.max:
+        return f"a value <= {spec.max:.0f}", ""
     if spec.pattern and isinstance(value, str) and not spec.pattern.fullmatch(value):
         return spec.expect or f"a value matching {spec.pattern.pattern}", ""
     return None
