@@ -77,6 +77,9 @@ FRAGMENTS = st.sampled_from([
     "seed: !!timestamp 2020-01-01\n", "seed: !!python/name:os.system\n", "\tseed: 1\n", "seed: [1, 2\n",
     "trainer: {max_steps: 0x10}\n", "env: {X: 2020-01-01, Y: off, Z: 0o17}\n", "a: " + "[" * 70 + "]" * 70 + "\n",
     "slurm: {time: 90:00}\n", "name: " + "n" * 150 + "\n", "? [a, b]\n: c\n", "{a: 1, a: 2}\n",
+    "seed: " + "9" * 5000 + "\n", "seed: 1\0\n", "container: {workdir: \"/w\\nRUN id\"}\n",
+    "container: {python: \"python\\n%post\\n  id\"}\n", "container: {base_image: \"u\\nRUN id\"}\n",
+    "env: {RUN_DIR: /tmp, IFS: x}\n", "run_root: /etc/passwd\n", "container: {code: [/etc, ../x]}\n",
     "bomb: &x [1, 1, 1, 1, 1, 1, 1, 1]\nb2: &y [*x, *x, *x, *x, *x, *x, *x, *x]\nb3: &z [*y, *y, *y, *y, *y, *y, *y]\n"
     "b4: [*z, *z, *z, *z, *z, *z, *z, *z, *z, *z, *z, *z, *z, *z, *z, *z, *z, *z, *z, *z]\n",
 ])

@@ -285,3 +285,27 @@ def test_flags_and_overrides_in_any_order(tmp_path: Path, argv: list[str],
     assert cli.main(argv) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     assert "seed: 3" in out or "max_steps: 5" in out or "Dockerfile" in out
+
+
+@pytest.mark.parametrize(("target", "status"), [
+    ("pkg.Direct", "found"), ("pkg.Renamed", "found"), ("pkg.Star", "found"), ("pkg.sub.deep.Deep", "found"),
+    ("pkg.Missing", "missing_name"), ("pkg.sub", "missing_name"), ("lazy.Anything", "unknown"),
+    ("absent_pkg.X", "missing_module"), ("not a target", "invalid"), ("pkg.CONST", "found"),
+    ("lightning.pytorch.demos.BoringModel", "found"), ("torch.nn.Linear", "found"),
+])
+def test_static_resolution_table(tmp_path: Path, target: str, status: str) -> None:
+    from runner.spec import targets
+
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    (tmp_path / "pkg" / "__init__.py").write_text(
+        "from .impl import Direct\nfrom .impl import Other as Renamed\nfrom .stars import *\n"
+        "if True:\n    CONST = 1\n")
+    (tmp_path / "pkg" / "impl.py").write_text("class Direct:\n    pass\nclass Other:\n    pass\n")
+    (tmp_path / "pkg" / "stars.py").write_text("def Star(x):\n    return x\n")
+    (tmp_path / "pkg" / "sub" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "sub" / "deep.py").write_text("class Deep:\n    def __init__(self, a, *, b=1): ...\n")
+    (tmp_path / "lazy.py").write_text("def __getattr__(name):\n    raise AttributeError(name)\n")
+    found = targets.resolve(target, tmp_path)
+    assert found.status == status, found
+    if target == "pkg.sub.deep.Deep":
+        assert targets.params(found.node) == {"a", "b"} and targets.accepts(found.node, "dataloader") is False

@@ -123,16 +123,18 @@ def _lookup(mod: _Module, attr: str, base: Path, hops: int) -> Found:
                     target = find_module(src, base)
                     if target is None:
                         if alias.name == "*":
+                            dynamic = True
                             continue
                         return Found("unknown", f"{src} is not on this host")
                     found = _lookup(target, attr if alias.name == "*" else alias.name, base, hops + 1)
                     if alias.name != "*" or found.status == "found":
                         return found
+                    dynamic |= found.status == "unknown"  # a star import from a module we cannot read
         elif isinstance(st, ast.Import):
             if any((a.asname or a.name) == attr for a in st.names):
                 return Found("missing_name", f"{attr} is a module")
     if dynamic:
-        return Found("unknown", f"{mod.name} defines __getattr__")
+        return Found("unknown", f"{mod.name} defines __getattr__ or star-imports a module that cannot be read")
     return Found("missing_name", f"no class or function {attr!r} in {mod.source}")
 
 

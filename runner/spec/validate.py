@@ -258,7 +258,7 @@ def _check_strings(d: dict[str, Any], problems: Problems, base: Path | None) -> 
         if event not in EVENTS:
             problems.add(f"alerts.events[{i}]", event, "one of " + ", ".join(EVENTS))
     if base is not None and isinstance(d["run_root"], str) and d["run_root"]:
-        blocker = not_a_directory(base / d["run_root"])
+        blocker = not_a_directory(Path(d["run_root"]))  # relative to where runner runs, as submit resolves it
         if blocker:
             problems.add("run_root", d["run_root"], "a directory (or a path that can be created)",
                          f"{blocker} is a file")
