@@ -158,6 +158,8 @@ def test_container_code_inside_the_project_and_present(tmp_path: Path, entry: st
 
 # --- bounded loading ----------------------------------------------------------------------------------------------
 
+# A hang guard, not a speed claim (before the limits these took 35 s to minutes); bench/config_limits times them.
+HANG_S = 10.0
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
     f"{c}: &{c} [{', '.join(['*' + p] * 10)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True))
 
@@ -176,7 +178,7 @@ def test_hostile_yaml_is_one_line_fast(tmp_path: Path, text: str, needle: str) -
     assert len(BOMB) < 2048
     t0 = time.monotonic()
     [line] = problems(write(tmp_path, text))
-    assert time.monotonic() - t0 < 1.0
+    assert time.monotonic() - t0 < HANG_S
     assert needle in line
 
 
@@ -188,12 +190,12 @@ def test_interpolation_is_memoised_and_bounded(tmp_path: Path) -> None:
     text = QUICKSTART_TEXT.replace("  lr: 0.05\n", "  lr: 0.05\n  a0: 1\n" + levels)
     t0 = time.monotonic()
     cfg = spec.load(write(tmp_path, text), [NOT_HERE])
-    assert time.monotonic() - t0 < 1.0 and cfg.data["model"]["a20"] == 2 ** 20
+    assert time.monotonic() - t0 < HANG_S and cfg.data["model"]["a20"] == 2 ** 20
     strings = "".join(f"  s{i}: ${{model.s{i - 1}}}${{model.s{i - 1}}}\n" for i in range(1, 40))
     text = QUICKSTART_TEXT.replace("  lr: 0.05\n", "  lr: 0.05\n  s0: xx\n" + strings)
     t0 = time.monotonic()
     found = problems(write(tmp_path, text), [NOT_HERE])
-    assert time.monotonic() - t0 < 1.0
+    assert time.monotonic() - t0 < HANG_S
     assert any("interpolated string under" in p for p in found)
     chain = "".join(f"  c{i}: ${{model.c{i + 1}}}\n" for i in range(500)) + "  c500: 1\n"
     found = problems(write(tmp_path, QUICKSTART_TEXT.replace("  lr: 0.05\n", "  lr: 0.05\n" + chain)), [NOT_HERE])
