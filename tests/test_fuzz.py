@@ -56,7 +56,7 @@ def _leaves(schema: dict[str, Any], prefix: str = "") -> list[str]:
 KEYS = _leaves(SCHEMA) + ["env.NCCL_X", "env.PATH", "env.SLURM_JOB_ID", "env.a-b", "model.dim", "model.lr",
                           "data.num_samples", "trainer.gradient_clip_val", "trainer.max_time", "dataloader.valid",
                           "dataloader", "container", "slurm", "env", "parallel", "trainer", "model", "unknown_key",
-                          "model._target_", "data._target_"]
+                          "model._target_", "data._target_", "dataloader.test", "trainer.x.y", "env.A.B"]
 HOSTILE = st.sampled_from([
     "$(id)", "`id`", "a b", "x\ny", "x\r", "\t", "'", '"', "\\", ";rm -rf /", "${run_dir}", "${nope}",
     "${num_nodes * 1000000000000}", "${num_nodes * num_nodes * 99999999999}", "${seed}", "${name}${name}",
@@ -67,7 +67,8 @@ HOSTILE = st.sampled_from([
     "\x1b[31m", "null", "~", "[", "{", "}", "- a", "a: b", "#x", "!!python/object/apply:os.system ['id']",
 ]) | st.text(max_size=30)
 SCALAR = st.none() | st.booleans() | st.integers(-(2 ** 70), 2 ** 70) | st.integers(-3, 70) | \
-    st.floats(allow_nan=True, allow_infinity=True) | HOSTILE
+    st.floats(allow_nan=True, allow_infinity=True) | HOSTILE | st.dates() | st.binary(max_size=4) | \
+    st.sets(st.integers(0, 3), max_size=2)
 VALUE = st.recursive(SCALAR, lambda c: st.lists(c, max_size=3) | st.dictionaries(HOSTILE, c, max_size=3),
                      max_leaves=6)
 FRAGMENTS = st.sampled_from([

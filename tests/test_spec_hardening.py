@@ -104,9 +104,9 @@ def test_precision_and_strategy_lists_match_installed_lightning() -> None:
 
 def test_all_problems_at_once_including_cross_field_after_a_schema_error(tmp_path: Path) -> None:
     found = problems(write(tmp_path, QUICKSTART_TEXT), ["seed=x", "trainer.devices=3", "trainer.strategy=fsdp",
-                                                          "container=oops"])
+                                                          "container=oops", "dataloader.test=5"])
     keys = sorted(p.split(": ")[1] for p in found)
-    assert keys == ["container", "seed", "trainer.devices", "trainer.strategy"], found
+    assert keys == ["container", "dataloader.test", "seed", "trainer.devices", "trainer.strategy"], found
 
 
 def test_defaults_never_fail_on_a_block_the_user_did_not_write(tmp_path: Path) -> None:
@@ -173,6 +173,9 @@ BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
     ("seed: 1\0\n", "NUL byte"),
     ("seed: !!int 1:00\n", "expected an integer"),
     ("seed: !!bool maybe\n", "true or false"),
+    ("model: {x: !!set {a, b}}\n", "found a 'set' value; expected plain YAML"),
+    ("model: {x: !!binary aGk=}\n", "found a 'binary' value"),
+    ("model: {x: 2020-01-01, y: !!timestamp 2020-01-01}\n", "found a 'timestamp' value"),
 ])
 def test_hostile_yaml_is_one_line_fast(tmp_path: Path, text: str, needle: str) -> None:
     assert len(BOMB) < 2048

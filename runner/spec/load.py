@@ -166,6 +166,13 @@ def _construct_float(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> float:
     return {".inf": float("inf"), "-.inf": float("-inf"), ".nan": float("nan")}.get(low) or float(text)
 
 
+def _construct_refused(loader: yaml.SafeLoader, node: yaml.Node) -> None:
+    raise _scalar_error(node, f"found a {node.tag.rpartition(':')[2]!r} value; expected plain YAML (mappings, lists, "
+                              "strings, numbers, true/false, null)")
+
+
+for _tag in ("set", "binary", "timestamp", "omap", "pairs"):  # nothing in a config needs them; JSON cannot hold them
+    _Loader.add_constructor(f"tag:yaml.org,2002:{_tag}", _construct_refused)
 _Loader.add_constructor("tag:yaml.org,2002:bool", _construct_bool)
 _Loader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 _Loader.add_constructor("tag:yaml.org,2002:float", _construct_float)

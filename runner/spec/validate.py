@@ -150,7 +150,8 @@ def check_rules(d: dict[str, Any], problems: Problems, base: Path | None = None)
     if world is not None and _ints(tr["num_nodes"]) and tr["num_nodes"] != nodes:
         problems.add("trainer.num_nodes", tr["num_nodes"], f"{nodes} (= num_nodes)",
                      "set trainer.num_nodes: ${num_nodes}")
-    for split, loader in d["dataloader"].items():
+    for split in ("train", "valid"):  # (an unknown split was reported by the schema check)
+        loader = d["dataloader"][split]
         # Unset sharding is derived, so a block the user did not write never fails.
         if loader["dist_world_size"] is None and world is not None:
             loader["dist_world_size"] = world
