@@ -65,6 +65,7 @@ def test_boring_model_global_batch_and_exactness_are_told(tmp_path: Path) -> Non
     conf.write_text(yaml.safe_dump(data))
     out, run = submit(tmp_path, "trainer.max_steps=3", conf=conf)
     assert out.returncode == 0, out.stdout + out.stderr
+    assert "does not take `dataloader`" in out.stderr  # said at submit, before anything runs
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["data_module"] == {"target": "lightning.pytorch.demos.BoringDataModule",
                                        "takes_dataloader": False, "global_batch": "the data module's own"}
