@@ -32,7 +32,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runner import cli
-from runner.spec.schema import SCHEMA
+from runner.spec.schema import CONTROL, SCHEMA
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = yaml.safe_load((REPO / "conf" / "quickstart.yaml").read_text())
@@ -96,9 +96,10 @@ def _set(d: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 # Values a valid config may hold that still reach a script: they must come out quoted, never as shell code.
-PRINTABLE = st.text(st.characters(min_codepoint=32, max_codepoint=0x2FF, blacklist_characters="\x7f"), max_size=40)
+PRINTABLE = st.text(st.characters(min_codepoint=32, max_codepoint=0x2FF, blacklist_characters="\x7f",
+                                  blacklist_categories=("Cc",)), max_size=40)
 VALID_ISH = st.sampled_from([
-    ("env.NCCL_X", PRINTABLE), ("env.MY_VAR", HOSTILE.filter(lambda v: not re.search(r"[\x00-\x1f\x7f]", v))),
+    ("env.NCCL_X", PRINTABLE), ("env.MY_VAR", HOSTILE.filter(lambda v: not CONTROL.search(v))),
     ("container.pip", st.lists(PRINTABLE.filter(bool), max_size=3)),
     ("slurm.partition", st.from_regex(r"[A-Za-z0-9_.:,=@/+%\-\[\]]{1,20}", fullmatch=True)),
     ("name", st.from_regex(r"[A-Za-z0-9_.\-]{1,100}", fullmatch=True)),

@@ -128,6 +128,7 @@ def test_defaults_never_fail_on_a_block_the_user_did_not_write(tmp_path: Path) -
     ('container.apt=["-oAPT::Update::Pre-Invoke::=id"]', "container.apt[0]"),
     ('container.binds=["/data:/etc"]', "container.binds[0]"),
     ('container.pip=["x\\ty"]', "container.pip[0]"),
+    ('container.pip=["x\\Ny"]', "container.pip[0]"),  # NEL (U+0085): a line break to some readers
 ])
 def test_no_newline_or_odd_value_reaches_a_script(tmp_path: Path, override: str, key: str) -> None:
     one_problem(tmp_path, [override], key)

@@ -27,7 +27,9 @@ IMAGE_REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-/:@]{0,254}\Z")
 ABS_PATH = re.compile(r"/[A-Za-z0-9_.\-/+@%]{0,254}\Z")
 COMMAND = re.compile(r"[A-Za-z0-9_.\-/+]{1,255}\Z")
 APT_PACKAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9+.:=~/\-]{0,127}\Z")  # never an option (-o ...)
-CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # no value that reaches a script may carry one, newline included
+# No value that reaches a script may carry a control character (C0, DEL, C1 such as NEL) or a Unicode line
+# separator: newline included, and nothing another tool might read as one.
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 # Strategies runner can launch (a subset of Lightning 2.6's StrategyRegistry; tests/test_spec_hardening.py checks
 # it against the installed Lightning). The login node never imports Lightning, so these are data.
 STRATEGIES = ("ddp", "ddp_find_unused_parameters_true", "fsdp")
