@@ -237,10 +237,13 @@ def _tool(name: str) -> str:
     return exe
 
 
-def test_fuzz_samples_pass_shellcheck_and_hadolint(tmp_path: Path) -> None:
-    """Runs after the fuzz tests (file order): the rendered samples they kept go through the slow linters."""
-    if not SAMPLES["job.sbatch"] or not SAMPLES["Dockerfile"]:
-        pytest.skip("run with the fuzz tests above: they collect the samples")
+def test_fuzz_samples_pass_shellcheck_and_hadolint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rendered samples the fuzz tests above kept (or, run alone, a short fuzz run) go through the slow linters."""
+    monkeypatch.chdir(tmp_path)
+    for cmd, name in (("submit", "job.sbatch"), ("build", "Dockerfile")):
+        if not SAMPLES[name]:
+            _fuzz(cmd, 60)(tmp=tmp_path, t0=time.monotonic())
+        assert SAMPLES[name], f"no {name} rendered"
     conf = tmp_path / "hadolint.yaml"
     conf.write_text("failure-threshold: warning\n")
     for i, script in enumerate(SAMPLES["job.sbatch"]):
