@@ -19,12 +19,11 @@ from runner.errors import ConfigError, RunnerError
 
 
 def _validate(args: argparse.Namespace) -> int:
-    import yaml
 
     from runner import spec
 
     cfg = spec.load(args.config, args.overrides)
-    print(yaml.safe_dump(cfg.data, sort_keys=False), end="")
+    print(spec.dump(cfg.data), end="")
     for note in cfg.notes:
         logging.getLogger("runner.spec").warning("%s", note)
     print(f"# world size {cfg.world_size}; global batch {cfg.global_batch} = {cfg.local_batch} (batch_size) x "

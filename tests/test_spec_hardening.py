@@ -315,3 +315,11 @@ def test_static_resolution_table(tmp_path: Path, target: str, status: str) -> No
     assert found.status == status, found
     if target == "pkg.sub.deep.Deep":
         assert targets.params(found.node) == {"a", "b"} and targets.accepts(found.node, "dataloader") is False
+
+
+def test_written_config_reads_back_the_same_with_both_yaml_readers() -> None:
+    from runner.spec.load import parse_yaml
+
+    data = {"a": "1e3", "b": "0o17", "c": "2:00:00", "d": "on", "e": "010", "f": 1e3, "g": "2020-01-01", "h": "True"}
+    text = spec.dump(data)
+    assert parse_yaml(text, "x")[0] == data and yaml.safe_load(text) == data  # the job reads config.yaml with 1.1

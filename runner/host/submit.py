@@ -104,7 +104,7 @@ def plan(path: Path, overrides: list[str], allow_missing_image: bool = False) ->
                 "world_size": cfg.world_size, "global_batch": cfg.global_batch,
                 "accumulate_grad_batches": cfg.accumulate, "git": git_provenance(path.resolve().parent),
                 "created": time.time(), "host": socket.gethostname(), "data_module": data_module(cfg)}
-    files = {"config.yaml": yaml.safe_dump(cfg.data, sort_keys=False),
+    files = {"config.yaml": spec.dump(cfg.data),
              "manifest.json": json.dumps(manifest, indent=2) + "\n",
              "job.sbatch": render.sbatch(cfg, rd_path, image)}
     if cfg.data["scheduler"] == "slurm":
@@ -266,7 +266,7 @@ def resize(run: RunDir, overrides: list[str]) -> str:
     if data.get("global_batch_size"):
         data["trainer"]["accumulate_grad_batches"] = None
     staged = run.root / ".config.resize.yaml"
-    atomic_write(staged, yaml.safe_dump(data, sort_keys=False))
+    atomic_write(staged, spec.dump(data))
     try:
         after = spec.load(staged, files=False)
     finally:
@@ -275,7 +275,7 @@ def resize(run: RunDir, overrides: list[str]) -> str:
     if after.hash() != manifest["config_hash"] and not data["resume"]["force"]:
         raise SubmitError(f"resume {run.name}: the new layout changes the global batch ({before.global_batch} -> "
                           f"{after.global_batch}); expected the same. hint: set global_batch_size in the config")
-    atomic_write(run.config, yaml.safe_dump(after.data, sort_keys=False))
+    atomic_write(run.config, spec.dump(after.data))
     atomic_write(run.script, render.sbatch(after, run.root, manifest.get("image", "none")))
     manifest.update(world_size=after.world_size, accumulate_grad_batches=after.accumulate)
     atomic_write(run.manifest, json.dumps(manifest, indent=2) + "\n")

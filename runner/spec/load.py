@@ -178,6 +178,21 @@ _Loader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 _Loader.add_constructor("tag:yaml.org,2002:float", _construct_float)
 
 
+class _Dumper(yaml.SafeDumper):
+    """Quotes every string that either YAML 1.1 (the job's reader) or runner's 1.2 loader would read as something
+    else, so a written config reads back the same with both (``1e3`` and ``0o17`` stay strings)."""
+
+
+for _ch, _resolvers in _Loader.yaml_implicit_resolvers.items():
+    for _tag, _rx in _resolvers:
+        _Dumper.add_implicit_resolver(_tag, _rx, [_ch])
+
+
+def dump(data: Any) -> str:
+    """YAML text of a config (``config.yaml`` in a run directory, ``runner validate``'s output)."""
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False)
+
+
 def _check_graph(root: yaml.Node) -> tuple[int, str] | None:
     """Why the composed document is unsafe to build (alias bomb, recursion, depth, duplicate key), or None.
 
