@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -18,12 +19,13 @@ from runner.errors import ConfigError, RunnerError
 
 
 def _validate(args: argparse.Namespace) -> int:
-    import yaml
 
     from runner import spec
 
     cfg = spec.load(args.config, args.overrides)
-    print(yaml.safe_dump(cfg.data, sort_keys=False), end="")
+    print(spec.dump(cfg.data), end="")
+    for note in cfg.notes:
+        logging.getLogger("runner.spec").warning("%s", note)
     print(f"# world size {cfg.world_size}; global batch {cfg.global_batch} = {cfg.local_batch} (batch_size) x "
           f"{cfg.world_size} (ranks) x {cfg.accumulate} (accumulate_grad_batches); config hash {cfg.hash()}")
     return 0
@@ -36,6 +38,8 @@ def _submit(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(plan)
         return 0
+    for note in plan.warnings:
+        logging.getLogger("runner.spec").warning("%s", note)
     return submit.execute(plan)
 
 
@@ -83,8 +87,13 @@ def _resume(args: argparse.Namespace) -> int:
 
 def _cron(args: argparse.Namespace) -> int:
     from runner.host import cron
+    from runner.spec.validate import not_a_directory
 
     roots = [Path(r) for r in (args.root or ["runs"])]
+    for root in roots:
+        if blocker := not_a_directory(root):
+            raise ConfigError([f"--root {root}: {blocker} is a file; expected a directory of runs. hint: pass "
+                               "the run root, e.g. --root runs"])
     return cron.install(roots, args.yes) if args.install else cron.run_once(roots)
 
 
@@ -202,8 +211,19 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    """Parse the command line; ``key=value`` overrides may come before, between or after the flags."""
+    p = parser()
+    args, extra = p.parse_known_args(argv)
+    if extra and hasattr(args, "overrides") and not any(e.startswith("-") for e in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        p.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    args = parse(argv)
     log.setup(args.verbosity)
     try:
         return int(args.fn(args))

@@ -53,7 +53,6 @@ def test_quickstart_resolves_interpolation_and_global_batch(tmp_path: Path) -> N
     (["container.ngc_tag=latest"], "container.ngc_tag", "NGC release tag"),
     (["trainer.devices=${num_devices}"], "trainer.devices", "interpolation"),
     (["model._target_=runner.dev.example.NoSuchModel"], "model._target_", "NoSuchModel"),
-    (["data._target_=nowhere_pkg.Data"], "data._target_", "nowhere_pkg"),
     (["global_batch_size=20"], "global_batch_size", "multiple of batch_size x world size = 16"),
     (["slurm.partition=gpu;rm -rf"], "slurm.partition", "found 'gpu;rm -rf'"),
     (["slurm.extra_flags=[--mail-user=a b]"], "slurm.extra_flags[0]", "sbatch flag"),

@@ -136,11 +136,11 @@ def test_hostile_env_values_stay_literal(values: list[str], tmp_path: Path) -> N
 
 
 def test_hostile_values_outside_env_are_rejected_or_quoted(tmp_path: Path) -> None:
-    bad = spec.load(GOLDEN_CONF, ["container.apt=[\"x; touch /tmp/pwned\"]"], run_dir=str(RUN_DIR))
+    bad = spec.load(GOLDEN_CONF, ["container.pip=[\"x; touch /tmp/pwned\"]"], run_dir=str(RUN_DIR))
     dockerfile = render.dockerfile(bad, "H")
     assert "'x; touch /tmp/pwned'" in dockerfile
     for override in ["slurm.account=a$(id)", "slurm.extra_flags=[\"--comment=$(id)\"]", "name=a b",
-                     "network.ifname=eth0;id"]:
+                     "network.ifname=eth0;id", "container.apt=[\"x; touch /tmp/pwned\"]"]:
         with pytest.raises(ConfigError):
             spec.load(GOLDEN_CONF, [override])
 

@@ -11,7 +11,9 @@ import pytest
 from runner.spec import load, schema, typed
 
 # Values that validation derives, so the typed view is narrower than what a user may write.
-DERIVED = {("trainer", "accumulate_grad_batches"): (int,), ("name",): (str,)}
+DERIVED = {("trainer", "accumulate_grad_batches"): (int,), ("name",): (str,),
+           **{("dataloader", split, key): (int,) for split in ("train", "valid")
+              for key in ("total_shards", "dist_world_size")}}
 
 
 def _sections() -> list[tuple[tuple[str, ...], dict[str, Any], type]]:

@@ -45,6 +45,7 @@ class Plan:
     image_problem: str | None = None
     sbatch_extra: list[str] = field(default_factory=list)  # --exclude for the nodes this root remembers as bad
     private: dict[str, str] = field(default_factory=dict)  # written mode 0600, never printed (the git diff)
+    warnings: list[str] = field(default_factory=list)  # the config's notes (validation), said at submit too
 
     def __str__(self) -> str:
         lines = [f"run directory: {self.run.root}", f"scheduler:     {self.scheduler}",
@@ -67,6 +68,13 @@ def new_run_dir(cfg: spec.Config) -> RunDir:
         raise SubmitError(f"run directory {root}: found characters sbatch cannot read in #SBATCH lines; expected a "
                           "path of letters, digits and _.-/ hint: set run_root to such a path")
     return RunDir(root)
+
+
+def data_module(cfg: spec.Config) -> dict[str, object]:
+    """What the manifest says about the data module: whether runner's ``dataloader`` settings reach it."""
+    takes = cfg.takes_dataloader
+    return {"target": cfg.data["data"]["_target_"], "takes_dataloader": takes,
+            "global_batch": cfg.global_batch if takes is not False else "the data module's own"}
 
 
 def check_image(cfg: spec.Config, image: str, allow_missing: bool = False) -> str | None:
@@ -102,8 +110,8 @@ def plan(path: Path, overrides: list[str], allow_missing_image: bool = False) ->
         "runner_version": __version__, "config_hash": cfg.hash(), "config_file": str(path.resolve()),
         "overrides": overrides, "scheduler": cfg.data["scheduler"], "image": image, "world_size": cfg.world_size,
         "global_batch": cfg.global_batch, "accumulate_grad_batches": cfg.accumulate, "git": git,
-        "created": time.time(), "host": socket.gethostname()}, secrets)
-    files = {"config.yaml": yaml.safe_dump(cfg.data, sort_keys=False),
+        "created": time.time(), "host": socket.gethostname(), "data_module": data_module(cfg)}, secrets)
+    files = {"config.yaml": spec.dump(cfg.data),
              "manifest.json": json.dumps(manifest, indent=2) + "\n",
              "job.sbatch": render.sbatch(cfg, rd_path, image)}
     extra: list[str] = []
@@ -118,9 +126,10 @@ def plan(path: Path, overrides: list[str], allow_missing_image: bool = False) ->
         notes.append(f"bad nodes:     {extra[0].split('=', 1)[1]} left out (`runner nodes` lists why)")
     if image_problem:
         notes.append(f"image check:   {image_problem} (runner submit refuses without --allow-missing-image)")
+    notes += [f"note:          {n}" for n in cfg.notes]
     private = {"git.diff": alerts.redact(diff, secrets)} if diff else {}
     return Plan(RunDir(rd_path), files, argv, cfg.data["scheduler"], cfg.world_size, notes, image_problem,
-                private=private, sbatch_extra=extra)
+                private=private, sbatch_extra=extra, warnings=cfg.notes)
 
 
 def write(p: Plan) -> None:
@@ -272,16 +281,16 @@ def resize(run: RunDir, overrides: list[str]) -> str:
     if data.get("global_batch_size"):
         data["trainer"]["accumulate_grad_batches"] = None
     staged = run.root / ".config.resize.yaml"
-    atomic_write(staged, yaml.safe_dump(data, sort_keys=False))
+    atomic_write(staged, spec.dump(data))
     try:
-        after = spec.load(staged)
+        after = spec.load(staged, files=False)
     finally:
         staged.unlink(missing_ok=True)
     manifest = json.loads(run.manifest.read_text())
     if after.hash() != manifest["config_hash"] and not data["resume"]["force"]:
         raise SubmitError(f"resume {run.name}: the new layout changes the global batch ({before.global_batch} -> "
                           f"{after.global_batch}); expected the same. hint: set global_batch_size in the config")
-    atomic_write(run.config, yaml.safe_dump(after.data, sort_keys=False))
+    atomic_write(run.config, spec.dump(after.data))
     atomic_write(run.script, render.sbatch(after, run.root, manifest.get("image", "none")))
     manifest.update(world_size=after.world_size, accumulate_grad_batches=after.accumulate)
     atomic_write(run.manifest, json.dumps(manifest, indent=2) + "\n")

@@ -432,7 +432,7 @@ def train(rd: RunDir) -> int:
     setup_logging(stamped=True)  # a rank log is read later, next to other ranks' logs: every line has its time
     log.info("runner %s: rank %d/%d local %d node %d on %s, attempt %d", __version__, rank, world, local, node,
              socket.gethostname(), attempt)
-    from runner.job import netenv, preflight
+    from runner.job import honesty, netenv, preflight, targets
 
     # The NCCL/gloo environment before anything else: the interface is detected once on this node (names differ
     # between nodes) unless the config names it; rank 0 records every value in env.json.
@@ -457,6 +457,11 @@ def train(rd: RunDir) -> int:
     import lightning as L
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+    code = targets.check(cfg)  # every _target_ imports here, in the image (the login node only read the source)
+    if code is not None:
+        preflight_done.result()  # the checks' collectives finish on every rank before this one leaves
+        checks.shutdown()
+        return code
     L.seed_everything(cfg["seed"] + rank, workers=True, verbose=False)
     cfg_hash = manifest["config_hash"]
     last = resume_point(rd, cfg, cfg_hash, rank, attempt) if cfg["resume"]["enabled"] else None
@@ -478,8 +483,9 @@ def train(rd: RunDir) -> int:
         if cfg["watchdog"]["enabled"] else None
     pulse = [watchdog.make_pulse(wd)] if wd else []
     trainer = L.Trainer(**tcfg, strategy=_strategy(cfg), plugins=plugins,
-                        callbacks=[*pulse, guard, owner_check, callback], enable_checkpointing=False, logger=False,
-                        default_root_dir=str(rd.root), use_distributed_sampler=False)
+                        callbacks=[*pulse, guard, owner_check, callback, honesty.callback(rd, cfg, rank, world)],
+                        enable_checkpointing=False, logger=False, default_root_dir=str(rd.root),
+                        use_distributed_sampler=False)
     code = preflight_done.result()
     checks.shutdown()
     if code is not None:

@@ -34,6 +34,8 @@ class Config:
     data: RunConfig
     path: Path
     lines: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # warnings from validation (printed, recorded in the manifest)
+    takes_dataloader: bool | None = None  # whether data._target_ takes `dataloader` (None: not known statically)
 
     @property
     def name(self) -> str:
@@ -74,31 +76,215 @@ class Config:
 
 
 def _line_map(node: yaml.Node, prefix: str = "", out: dict[str, int] | None = None) -> dict[str, int]:
-    """Map each dotted key path to its 1-based line in the YAML file."""
+    """Map each dotted key path to its 1-based line in the YAML file (the graph was bounded by ``_check_graph``)."""
     out = {} if out is None else out
     if isinstance(node, yaml.MappingNode):
         for k, v in node.value:
             path = f"{prefix}.{k.value}" if prefix else str(k.value)
-            out[path] = k.start_mark.line + 1
+            out.setdefault(path, k.start_mark.line + 1)
             _line_map(v, path, out)
     return out
 
 
+# Bounds on what a config may make the loader do: a few KB of aliases must not expand to millions of nodes.
+MAX_BYTES = 1 << 20
+MAX_NODES = 100_000
+MAX_DEPTH = 64
+MAX_INT = 1 << 63  # Slurm, torch and JSON readers all stop at 64 bits
+_INT_RE = re.compile(r"[-+]?[0-9]+|0x[0-9a-fA-F]+|0o[0-7]+")
+_FLOAT_RE = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?|[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN)")
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.2 core-schema scalars: ``2:00:00`` stays a string (YAML 1.1 reads base-60 7200), ``on``/``yes``
+    stay strings, ``010`` is ten, dates stay strings; integers are bounded; nesting stops at MAX_DEPTH while
+    composing (before Python's recursion limit)."""
+
+    depth = 0
+
+    def fetch_flow_collection_start(self, token_class: Any) -> None:
+        """Refuse deep ``[[[[...`` while scanning: the scanner's look-ahead is quadratic in the flow depth."""
+        if self.flow_level >= MAX_DEPTH:
+            raise _Bound(None, None, f"found nesting deeper than {MAX_DEPTH} levels; expected a shallow config",
+                         self.get_mark())
+        super().fetch_flow_collection_start(token_class)
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        self.depth += 1
+        try:
+            if self.depth > MAX_DEPTH:
+                mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
+                raise _Bound(None, None, f"found nesting deeper than {MAX_DEPTH} levels; expected a shallow config",
+                             mark)
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+
+_Loader.yaml_implicit_resolvers = {
+    ch: [(tag, rx) for tag, rx in resolvers if not tag.endswith((":bool", ":int", ":float", ":timestamp"))]
+    for ch, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)\Z"),
+                              list("tTfF"))
+_Loader.add_implicit_resolver("tag:yaml.org,2002:int", re.compile(rf"^(?:{_INT_RE.pattern})\Z"),
+                              list("-+0123456789"))
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(rf"^(?:{_FLOAT_RE.pattern})\Z"),
+                              list("-+0123456789."))
+
+
+class _Bound(yaml.MarkedYAMLError):
+    """A value the loader refuses (not a syntax error): its message is the whole line."""
+
+
+def _scalar_error(node: yaml.Node, what: str) -> yaml.MarkedYAMLError:
+    return _Bound(None, None, what, node.start_mark)
+
+
+def _construct_bool(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> bool:
+    text = str(loader.construct_scalar(node)).lower()
+    if text not in ("true", "false"):
+        raise _scalar_error(node, f"found {text[:20]!r} tagged as a boolean; expected true or false")
+    return text == "true"
+
+
+def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    text = str(loader.construct_scalar(node))
+    if len(text) > 25 or not _INT_RE.fullmatch(text):
+        raise _scalar_error(node, f"found integer {text[:20]!r}{'...' if len(text) > 20 else ''}; expected an "
+                                  f"integer below 2**63")
+    value = int(text[2:], {"x": 16, "o": 8}[text[1]]) if text[:2] in ("0x", "0o") else int(text, 10)
+    if abs(value) >= MAX_INT:
+        raise _scalar_error(node, f"found integer {text[:20]!r}; expected an integer below 2**63")
+    return value
+
+
+def _construct_float(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> float:
+    text = str(loader.construct_scalar(node))
+    if len(text) > 40 or not _FLOAT_RE.fullmatch(text):
+        raise _scalar_error(node, f"found number {text[:20]!r}; expected a decimal number like 0.5")
+    low = text.lower().lstrip("+")
+    return {".inf": float("inf"), "-.inf": float("-inf"), ".nan": float("nan")}.get(low) or float(text)
+
+
+def _construct_refused(loader: yaml.SafeLoader, node: yaml.Node) -> None:
+    raise _scalar_error(node, f"found a {node.tag.rpartition(':')[2]!r} value; expected plain YAML (mappings, lists, "
+                              "strings, numbers, true/false, null)")
+
+
+for _tag in ("set", "binary", "timestamp", "omap", "pairs"):  # nothing in a config needs them; JSON cannot hold them
+    _Loader.add_constructor(f"tag:yaml.org,2002:{_tag}", _construct_refused)
+_Loader.add_constructor("tag:yaml.org,2002:bool", _construct_bool)
+_Loader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+_Loader.add_constructor("tag:yaml.org,2002:float", _construct_float)
+
+
+class _Dumper(yaml.SafeDumper):
+    """Quotes every string that either YAML 1.1 (the job's reader) or runner's 1.2 loader would read as something
+    else, so a written config reads back the same with both (``1e3`` and ``0o17`` stay strings)."""
+
+
+for _ch, _resolvers in _Loader.yaml_implicit_resolvers.items():
+    for _tag, _rx in _resolvers:
+        _Dumper.add_implicit_resolver(_tag, _rx, [_ch])
+
+
+def dump(data: Any) -> str:
+    """YAML text of a config (``config.yaml`` in a run directory, ``runner validate``'s output)."""
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False)
+
+
+def _check_graph(root: yaml.Node) -> tuple[int, str] | None:
+    """Why the composed document is unsafe to build (alias bomb, recursion, depth, duplicate key), or None.
+
+    Aliases make the node graph a DAG: sizes are memoised per node, so the check is linear in the file.
+    """
+    size: dict[int, int] = {}
+    active: set[int] = set()
+
+    def walk(node: yaml.Node, depth: int) -> int:
+        if id(node) in size:
+            return size[id(node)]
+        line = node.start_mark.line + 1
+        if id(node) in active:
+            raise _Stop(line, "found a recursive alias (a node that contains itself); expected a tree")
+        if depth > MAX_DEPTH:
+            raise _Stop(line, f"found nesting deeper than {MAX_DEPTH} levels; expected a shallow config")
+        active.add(id(node))
+        total = 1
+        if isinstance(node, yaml.MappingNode):
+            first: dict[Any, int] = {}
+            for k, v in node.value:
+                if isinstance(k, yaml.ScalarNode) and k.tag != "tag:yaml.org,2002:merge":
+                    if k.value in first:
+                        raise _Stop(k.start_mark.line + 1, f"key {str(k.value)[:60]!r} is given twice "
+                                    f"(first at line {first[k.value]}); expected each key once. hint: keep one")
+                    first[k.value] = k.start_mark.line + 1
+                total += walk(k, depth + 1) + walk(v, depth + 1)
+        elif isinstance(node, yaml.SequenceNode):
+            total += sum(walk(v, depth + 1) for v in node.value)
+        active.discard(id(node))
+        if total > MAX_NODES:
+            raise _Stop(line, f"found aliases that expand to more than {MAX_NODES} values; expected a "
+                        "plain config. hint: remove the nested aliases")
+        size[id(node)] = total
+        return total
+
+    try:
+        walk(root, 0)
+    except _Stop as e:
+        return e.line, e.what
+    return None
+
+
+class _Stop(Exception):
+    def __init__(self, line: int, what: str):
+        super().__init__(what)
+        self.line, self.what = line, what
+
+
+def parse_yaml(text: str, where: str) -> tuple[Any, yaml.Node | None]:
+    """Parse YAML text with the bounded 1.2-style loader; every failure is one ConfigError line."""
+    if len(text) > MAX_BYTES:
+        raise ConfigError([f"{where}: found {len(text)} bytes; expected a config under {MAX_BYTES} bytes"])
+    if "\0" in text:
+        line = text.count("\n", 0, text.index("\0")) + 1
+        raise ConfigError([f"{where}:{line}: found a NUL byte; expected text. hint: is this a binary file?"])
+    loader: _Loader | None = None
+    try:
+        loader = _Loader(text)  # the reader refuses control characters here already
+        node = loader.get_single_node()
+        if node is None:
+            return None, None
+        bad = _check_graph(node)
+        if bad:
+            raise ConfigError([f"{where}:{bad[0]}: {bad[1]}"])
+        return loader.construct_document(node), node
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark
+        at = f":{mark.line + 1}" if mark else ""
+        problem = " ".join(str(e.problem or e.context or "syntax error").split())
+        if isinstance(e, _Bound):
+            raise ConfigError([f"{where}{at}: {problem}"]) from None
+        raise ConfigError([f"{where}{at}: YAML syntax error: {problem}. hint: check indentation and quoting"]) \
+            from None
+    except yaml.YAMLError as e:
+        raise ConfigError([f"{where}: YAML error: {' '.join(str(e).split())[:200]}"]) from None
+    except RecursionError:
+        raise ConfigError([f"{where}: found nesting too deep to read; expected a shallow config"]) from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+
+
 def read_yaml(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
-    """Parse a YAML mapping, turning syntax errors into one-line ConfigErrors with a line number."""
+    """Parse a YAML mapping, turning every problem into one-line ConfigErrors with a line number."""
     try:
         text = path.read_text()
     except OSError as e:
         raise ConfigError([f"{path}: cannot read config: {e.strerror}. hint: check the path"]) from None
-    try:
-        data = yaml.safe_load(text)
-        node = yaml.compose(text)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark
-        line = f":{mark.line + 1}" if mark else ""
-        problem = (e.problem or "syntax error").replace("\n", " ")
-        raise ConfigError([f"{path}{line}: YAML syntax error: {problem}. hint: check indentation and quoting"]) \
-            from None
+    except UnicodeDecodeError:
+        raise ConfigError([f"{path}: found bytes that are not UTF-8; expected a text file"]) from None
+    data, node = parse_yaml(text, str(path))
     if not isinstance(data, dict):
         raise ConfigError([f"{path}: found {type(data).__name__} at top level; expected a mapping of keys"])
     return data, _line_map(node) if node else {}
@@ -120,89 +306,136 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> None:
         if not sep or not key:
             raise ConfigError([f"override {item!r}: found no '='; expected key.path=value. hint: trainer.max_steps=10"])
         try:
-            value = yaml.safe_load(raw) if raw else ""
-        except yaml.YAMLError:
-            value = raw
+            value = parse_yaml(raw, f"override {key}")[0] if raw else ""
+        except ConfigError as e:
+            if "YAML syntax error" not in str(e):
+                raise
+            value = raw  # not YAML (e.g. an unbalanced bracket): the text itself
         _set(data, key.strip(), value)
 
 
-def _lookup(root: dict[str, Any], dotted: str) -> Any:
-    cur: Any = root
-    for part in dotted.split("."):
-        if not isinstance(cur, dict) or part not in cur:
-            raise KeyError(dotted)
-        cur = cur[part]
-    return cur
+MAX_INTERP_WORK = 10_000  # ${...} evaluations per config
+MAX_STRING = 1 << 16  # characters an interpolated string may grow to
+MAX_PROBLEMS = 50  # lines printed for one config; the rest are counted
+MAX_CHAIN = 150  # ${a} -> ${b} -> ... (each link is a few Python frames; the recursion limit is 1000)
 
 
-def _eval(expr: str, root: dict[str, Any], builtins: dict[str, Any]) -> Any:
-    """Evaluate ``a.b`` or small integer arithmetic like ``num_nodes * num_device`` (no calls, no attributes)."""
-    tree = ast.parse(expr.strip(), mode="eval")
+class _Interp:
+    """``${...}`` resolution, memoised per key (a chain of 20 references is 20 evaluations, not 2**20) and
+    bounded: a cycle, a string or number that grows without bound, or too much work is one problem line."""
 
-    def ev(n: ast.AST) -> Any:
-        if isinstance(n, ast.Expression):
-            return ev(n.body)
-        if isinstance(n, ast.Constant) and isinstance(n.value, (int, float)):
+    def __init__(self, root: dict[str, Any], builtins: dict[str, Any]):
+        self.root, self.builtins = root, builtins
+        self.memo: dict[str, Any] = {}
+        self.active: set[str] = set()
+        self.failed: dict[str, _InterpError] = {}
+        self.work = 0
+
+    def key(self, dotted: str) -> Any:
+        if dotted in self.builtins:
+            return self.builtins[dotted]
+        if dotted in self.memo:
+            return self.memo[dotted]
+        if dotted in self.active:
+            raise _InterpError(f"a reference that does not lead back to itself (${{{dotted}}} does)")
+        cur: Any = self.root
+        for part in dotted.split("."):
+            if not isinstance(cur, dict) or part not in cur:
+                raise _InterpError("an interpolation of an existing key (e.g. ${num_device})")
+            cur = cur[part]
+        if dotted in self.failed:
+            raise self.failed[dotted]
+        if len(self.active) >= MAX_CHAIN:
+            raise _InterpError(f"a chain of fewer than {MAX_CHAIN} references")
+        self.active.add(dotted)
+        try:
+            self.memo[dotted] = value = self.value(cur)
+        except _InterpError as e:
+            self.failed[dotted] = e
+            raise
+        finally:
+            self.active.discard(dotted)
+        return value
+
+    def value(self, value: Any) -> Any:
+        if not isinstance(value, str) or "${" not in value:
+            return value
+        whole = _INTERP.fullmatch(value.strip())
+        if whole:
+            return self.expr(whole.group(1))
+        out = _INTERP.sub(lambda m: str(self.expr(m.group(1))), value)
+        if len(out) > MAX_STRING:
+            raise _InterpError(f"an interpolated string under {MAX_STRING} characters")
+        return out
+
+    def expr(self, expr: str) -> Any:
+        """``a.b`` or small integer arithmetic like ``num_nodes * num_device`` (no calls, no attributes)."""
+        self.work += 1
+        if self.work > MAX_INTERP_WORK or len(expr) > 200:
+            raise _InterpError(f"interpolations within the work limit ({MAX_INTERP_WORK} evaluations)")
+        try:
+            tree = ast.parse(expr.strip(), mode="eval").body
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            raise _InterpError("an interpolation of an existing key (e.g. ${num_device})") from None
+        return self.node(tree)
+
+    def node(self, n: ast.AST) -> Any:
+        if isinstance(n, ast.Constant) and type(n.value) is int:
             return n.value
         if isinstance(n, (ast.Name, ast.Attribute)):
-            name = ast.unparse(n)
-            if name in builtins:
-                return builtins[name]
-            value = _lookup(root, name)
-            return _resolve_value(value, root, builtins, {name})
+            return self.key(ast.unparse(n))
         if isinstance(n, ast.BinOp) and type(n.op) in _OPS:
-            return _OPS[type(n.op)](ev(n.left), ev(n.right))
-        raise ValueError(expr)
-
-    return ev(tree)
-
-
-def _resolve_value(value: Any, root: dict[str, Any], builtins: dict[str, Any], seen: set[str]) -> Any:
-    if not isinstance(value, str) or "${" not in value:
-        return value
-    whole = _INTERP.fullmatch(value.strip())
-    if whole:
-        key = whole.group(1).strip()
-        if key in seen:
-            raise RecursionError(key)
-        return _eval(key, root, builtins)
-    return _INTERP.sub(lambda m: str(_eval(m.group(1), root, builtins)), value)
+            left, right = self.node(n.left), self.node(n.right)
+            if type(left) is not int or type(right) is not int:
+                raise _InterpError("integers on both sides of + - * //")
+            if isinstance(n.op, ast.FloorDiv) and right == 0:
+                raise _InterpError("a non-zero divisor")
+            result = _OPS[type(n.op)](left, right)
+            if abs(result) >= MAX_INT:
+                raise _InterpError("a result below 2**63")
+            return result
+        raise _InterpError("an interpolation of an existing key (e.g. ${num_device})")
 
 
-def _resolve_all(node: Any, root: dict[str, Any], builtins: dict[str, Any], problems: Problems, path: str) -> Any:
+class _InterpError(Exception):
+    pass
+
+
+def _resolve_all(node: Any, interp: _Interp, problems: Problems, path: str) -> Any:
     if isinstance(node, dict):
-        return {k: _resolve_all(v, root, builtins, problems, f"{path}.{k}" if path else str(k))
-                for k, v in node.items()}
+        return {k: _resolve_all(v, interp, problems, f"{path}.{k}" if path else str(k)) for k, v in node.items()}
     if isinstance(node, list):
-        return [_resolve_all(v, root, builtins, problems, path) for v in node]
+        return [_resolve_all(v, interp, problems, path) for v in node]
     try:
-        return _resolve_value(node, root, builtins, set())
-    except (KeyError, ValueError, SyntaxError, RecursionError, TypeError, ZeroDivisionError):
-        problems.add(path, node, "an interpolation of an existing key (e.g. ${num_device})",
-                     "check the spelling of the key inside ${...}")
+        return interp.value(node)
+    except _InterpError as e:
+        problems.add(path, node, str(e), "check the key inside ${...}")
         return node
 
 
+def load(path: str | Path, overrides: list[str] | None = None, run_dir: str = "${run_dir}",
+         files: bool = True) -> Config:
+    """Read, override, interpolate and validate a config; raise ConfigError listing every problem.
 
-def load(path: str | Path, overrides: list[str] | None = None, run_dir: str = "${run_dir}") -> Config:
-    """Read, override, interpolate and validate a config; raise ConfigError listing every problem."""
+    ``files``: check paths the config names on this machine (``container.code`` next to the config, ``run_root``);
+    False for a run directory's own resolved config, which was checked when it was submitted."""
     path = Path(path)
     data, lines = read_yaml(path)
     apply_overrides(data, overrides or [])
     problems = Problems(path, lines)
     validate.check_parallel(data, problems)
     data.setdefault("name", None)
-    builtins = {"run_dir": run_dir}
-    data = _resolve_all(data, data, builtins, problems, "")
+    data = _resolve_all(data, _Interp(data, {"run_dir": run_dir}), problems, "")
     if data.get("name") is None:
-        data["name"] = re.sub(r"[^A-Za-z0-9_.\-]", "-", path.stem)
+        data["name"] = re.sub(r"[^A-Za-z0-9_.\-]", "-", path.stem)[:100] or "run"
     validate.check_schema(data, SCHEMA, problems)
-    if not problems.items:
-        validate.check_rules(data, problems)
-        validate.check_targets(data, problems, path.resolve().parent)
+    base = path.resolve().parent
+    validate.check_rules(data, problems, base if files else None)
+    takes = validate.check_targets(data, problems, base)
     if problems.items:
-        raise ConfigError(problems.items)
-    return Config(data=view(data), path=path, lines=lines)
+        shown, more = problems.items[:MAX_PROBLEMS], len(problems.items) - MAX_PROBLEMS
+        raise ConfigError(shown + ([f"{path}: ... and {more} more problems like these"] if more > 0 else []))
+    return Config(data=view(data), path=path, lines=lines, notes=problems.notes, takes_dataloader=takes)
 
 
 def from_dict(data: dict[str, Any], path: Path) -> Config:

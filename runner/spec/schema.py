@@ -16,11 +16,35 @@ EVENTS: tuple[str, ...] = ("failed", "preempted", "requeued", "timeout", "resubm
 REQUIRED = object()
 # Characters allowed in values that land in ``#SBATCH`` lines (sbatch parses those lines itself, so shell
 # quoting cannot protect them): reject anything else instead of guessing how sbatch would read it.
-SBATCH_SAFE = re.compile(r"^[A-Za-z0-9_.:,=@/+%\-\[\]]*$")
-NGC_TAG = re.compile(r"^\d{2}\.(0[1-9]|1[0-2])$")
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$")
+# Patterns end in \Z, never $ ($ also matches before a trailing newline); validation uses fullmatch.
+SBATCH_SAFE = re.compile(r"[A-Za-z0-9_.:,=@/+%\-\[\]]*\Z")
+NGC_TAG = re.compile(r"\d{2}\.(0[1-9]|1[0-2])\Z")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+TIME = re.compile(r"(\d+-)?\d{1,2}(:\d{2}){0,2}\Z")
+NAME = re.compile(r"[A-Za-z0-9_.\-]{1,100}\Z")  # the run directory is NAME-YYYYmmdd-HHMMSS[-N]: well under 255
+# Values written unquoted into the Dockerfile (ARG, COPY, ENV, WORKDIR) and the Apptainer definition.
+IMAGE_REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-/:@]{0,254}\Z")
+ABS_PATH = re.compile(r"/[A-Za-z0-9_.\-/+@%]{0,254}\Z")
+COMMAND = re.compile(r"[A-Za-z0-9_.\-/+]{1,255}\Z")
+APT_PACKAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9+.:=~/\-]{0,127}\Z")  # never an option (-o ...)
+# No value that reaches a script may carry a control character (C0, DEL, C1 such as NEL) or a Unicode line
+# separator: newline included, and nothing another tool might read as one.
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# Strategies runner can launch (a subset of Lightning 2.6's StrategyRegistry; tests/test_spec_hardening.py checks
+# it against the installed Lightning). The login node never imports Lightning, so these are data.
 STRATEGIES = ("ddp", "ddp_find_unused_parameters_true", "fsdp")
+# Every value Lightning 2.6 accepts for Trainer(precision=...) (_PRECISION_INPUT), aliases included.
+PRECISIONS: tuple[str | int, ...] = (
+    "transformer-engine", "transformer-engine-float16", "16-true", "16-mixed", "bf16-true", "bf16-mixed",
+    "32-true", "64-true", "64", "32", "16", "bf16", 64, 32, 16)
+GPU_ONLY = {"trainer.strategy": ("fsdp",),  # Lightning's FSDP needs CUDA
+            "trainer.precision": ("16-mixed", "16", 16, "transformer-engine", "transformer-engine-float16")}
+# Environment names the batch script or Slurm own: a config that sets them would break the job or be ignored.
+RESERVED_ENV = ("RUN_DIR", "RUNNER_PY", "IFS", "PATH", "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "CDPATH",
+                "GLOBIGNORE", "PS4", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "owner", "rc", "hook",
+                "step_pid", "got_signal")
+RESERVED_ENV_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "RUNNER_", "BASH_FUNC_")
+ENV_SWITCHES = ("RUNNER_PREFLIGHT_ONLY",)  # runner's own switch, set by `runner preflight`
 TRAINER_KEYS = (
     "accelerator", "strategy", "devices", "num_nodes", "precision", "max_epochs", "min_epochs", "max_steps",
     "min_steps", "max_time", "limit_train_batches", "limit_val_batches", "val_check_interval",
@@ -38,6 +62,7 @@ class F:
     default: Any = REQUIRED
     choices: tuple[Any, ...] | None = None
     min: float | None = None
+    max: float | None = None
     pattern: re.Pattern[str] | None = None
     expect: str = ""
 
@@ -49,18 +74,18 @@ def _f(types: type | tuple[type, ...], default: Any = REQUIRED, **kw: Any) -> F:
 NONE = type(None)
 POS_INT = {"min": 1}
 _LOADER = {
-    "total_shards": _f(int, 1, **POS_INT),
-    "dist_world_size": _f(int, 1, **POS_INT),
+    "total_shards": _f((int, NONE), None, **POS_INT),  # None: derived (= dist_world_size)
+    "dist_world_size": _f((int, NONE), None, **POS_INT),  # None: derived (= num_nodes x num_device)
     "batch_size": _f(int, 8, **POS_INT),
     "num_workers": _f(int, 0, min=0),
 }
 
 # The schema: dicts are sections, F are leaves, "*" means free-form (kwargs passed through).
 SCHEMA: dict[str, Any] = {
-    "name": _f((str, NONE), None, pattern=re.compile(r"^[A-Za-z0-9_.\-]+$"), expect="letters, digits, _ . -"),
+    "name": _f((str, NONE), None, pattern=NAME, expect="1 to 100 letters, digits, _ . -"),
     "num_nodes": _f(int, 1, **POS_INT),
     "num_device": _f(int, 1, **POS_INT),
-    "seed": _f(int, 0, min=0),
+    "seed": _f(int, 0, min=0, max=2 ** 31),  # rank r uses seed + r; Lightning replaces seeds beyond 2**32 - 1
     "scheduler": _f(str, "local", choices=("local", "slurm")),
     "run_root": _f(str, "runs", pattern=SBATCH_SAFE, expect="a path without spaces or shell characters"),
     "global_batch_size": _f((int, NONE), None, **POS_INT),
@@ -69,7 +94,7 @@ SCHEMA: dict[str, Any] = {
         "devices": _f(int, REQUIRED, **POS_INT),
         "num_nodes": _f(int, REQUIRED, **POS_INT),
         "strategy": _f(str, "ddp", choices=STRATEGIES),
-        "precision": _f((str, int), "32-true"),
+        "precision": _f((str, int), "32-true", choices=PRECISIONS),
         "max_steps": _f(int, -1, min=-1),
         "max_epochs": _f((int, NONE), None, min=-1),
         "accumulate_grad_batches": _f((int, NONE), None, **POS_INT),
@@ -80,8 +105,9 @@ SCHEMA: dict[str, Any] = {
     "dataloader": {"train": dict(_LOADER), "valid": dict(_LOADER)},
     "container": {
         "ngc_tag": _f(str, "24.10", pattern=NGC_TAG, expect="an NGC release tag like 24.10 (YY.MM)"),
-        "base_image": _f((str, NONE), None),
-        "apt": _f(list, []),
+        "base_image": _f((str, NONE), None, pattern=IMAGE_REF, expect="an image reference like "
+                         "nvcr.io/nvidia/pytorch:24.10-py3"),
+        "apt": _f(list, []),  # items: APT_PACKAGE
         "pip": _f(list, []),
         "nccl_tests": _f(bool, False),
         "perftest": _f(bool, False),
@@ -92,8 +118,8 @@ SCHEMA: dict[str, Any] = {
         "image": _f((str, NONE), None),
         "allow_missing_image": _f(bool, False),
         "binds": _f(list, []),
-        "python": _f(str, "python"),
-        "workdir": _f(str, "/workspace"),
+        "python": _f(str, "python", pattern=COMMAND, expect="a command or path like python3 (no spaces)"),
+        "workdir": _f(str, "/workspace", pattern=ABS_PATH, expect="an absolute path like /workspace (no spaces)"),
         "code": _f(list, ["runner"]),
     },
     "slurm": {
@@ -101,9 +127,10 @@ SCHEMA: dict[str, Any] = {
         "account": _f((str, NONE), None, pattern=SBATCH_SAFE),
         "qos": _f((str, NONE), None, pattern=SBATCH_SAFE),
         "constraint": _f((str, NONE), None, pattern=SBATCH_SAFE),
-        "time": _f((str, int), "01:00:00", pattern=TIME, expect="Slurm time like 01:00:00, 2-00:00:00 or minutes"),
+        "time": _f((str, int), "01:00:00", pattern=TIME, min=1,
+                   expect="Slurm time like 01:00:00, 2-00:00:00 or minutes"),
         "cpus_per_task": _f(int, 4, **POS_INT),
-        "mem": _f((str, int, NONE), None, pattern=SBATCH_SAFE),
+        "mem": _f((str, int, NONE), None, pattern=SBATCH_SAFE, min=0),
         "gpus_per_node": _f((int, NONE), None, min=0),
         "extra_flags": _f(list, []),
         "signal": _f(str, "USR2", choices=("USR1", "USR2", "TERM", "INT", "HUP", "URG")),

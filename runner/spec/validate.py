@@ -9,16 +9,37 @@ from __future__ import annotations
 import copy
 import difflib
 import json
-import re
+import math
 from pathlib import Path
 from typing import Any
 
-from runner.spec.schema import ENV_NAME, EVENTS, NONE, REQUIRED, SBATCH_SAFE, TRAINER_KEYS
+from runner.spec import targets
+from runner.spec.schema import (
+    ABS_PATH,
+    APT_PACKAGE,
+    CONTROL,
+    ENV_NAME,
+    ENV_SWITCHES,
+    EVENTS,
+    GPU_ONLY,
+    NONE,
+    REQUIRED,
+    RESERVED_ENV,
+    RESERVED_ENV_PREFIXES,
+    SBATCH_SAFE,
+    TRAINER_KEYS,
+    F,
+)
 
 
 class Problems:
     def __init__(self, path: Path, lines: dict[str, int]):
-        self.path, self.lines, self.items = path, lines, []  # type: ignore[var-annotated]
+        self.path, self.lines = path, lines
+        self.items: list[str] = []
+        self.notes: list[str] = []  # warnings: not errors, printed by validate and recorded by submit
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
 
     def add(self, key: str, found: Any, expected: str, hint: str = "") -> None:
         line = self.lines.get(key) or self.lines.get(key.rsplit(".", 1)[0]) or 0
@@ -32,6 +53,9 @@ def _show(v: Any) -> str:
         return repr(v) if len(v) < 60 else repr(v[:57] + "...")
     return "nothing" if v is REQUIRED else repr(v)
 
+
+
+BAD = object()  # a leaf that failed its schema check: cross-field rules skip it instead of tripping over it
 
 
 def _type_ok(value: Any, types: tuple[type, ...]) -> bool:
@@ -48,8 +72,30 @@ def _type_name(types: tuple[type, ...]) -> str:
     return " or ".join(names.get(t, t.__name__) for t in types)
 
 
+def _leaf_problem(value: Any, spec: F) -> tuple[str, str] | None:
+    """What is wrong with one leaf value, as (expected, hint), or None."""
+    if not _type_ok(value, spec.types):
+        hint = ""
+        if str in spec.types and isinstance(value, (int, float)) and not isinstance(value, bool):
+            hint = f"quote it: YAML reads {value!r} as a number"
+        elif bool in spec.types and isinstance(value, str) and value.lower() in ("yes", "no", "on", "off"):
+            hint = "write true or false (YAML 1.2: yes/no/on/off are strings)"
+        return spec.expect or _type_name(spec.types), hint
+    if isinstance(value, float) and not math.isfinite(value):
+        return "a finite number", "infinite and NaN values are not allowed"
+    if spec.choices and value not in spec.choices:
+        return "one of " + ", ".join(map(str, spec.choices)), ""
+    if spec.min is not None and isinstance(value, (int, float)) and value < spec.min:
+        return f"a value >= {spec.min:g}", "counts and sizes must be positive"
+    if spec.max is not None and isinstance(value, (int, float)) and value > spec.max:
+        return f"a value <= {spec.max:.0f}", ""
+    if spec.pattern and isinstance(value, str) and not spec.pattern.fullmatch(value):
+        return spec.expect or f"a value matching {spec.pattern.pattern}", ""
+    return None
+
+
 def check_schema(data: dict[str, Any], schema: dict[str, Any], problems: Problems, prefix: str = "") -> None:
-    """Check types and unknown keys, filling defaults in place."""
+    """Check types and unknown keys, filling defaults in place; a bad leaf becomes ``BAD``."""
     free = schema.get("*")
     for key in list(data):
         path = f"{prefix}{key}"
@@ -71,42 +117,48 @@ def check_schema(data: dict[str, Any], schema: dict[str, Any], problems: Problem
                 sub = data[key] = {}
             if not isinstance(sub, dict):
                 problems.add(path, sub, "a mapping")
+                sub = data[key] = {}
+                check_schema(sub, spec, Problems(problems.path, {}), path + ".")  # defaults only, for the rules
                 continue
             check_schema(sub, spec, problems, path + ".")
             continue
         if key not in data:
             if spec.default is REQUIRED:
                 problems.add(path, REQUIRED, _type_name(spec.types), f"add {path} to the config")
+                data[key] = BAD
             else:
                 data[key] = copy.deepcopy(spec.default)
             continue
-        value = data[key]
-        if not _type_ok(value, spec.types):
-            quote = str in spec.types and isinstance(value, (int, float)) and not isinstance(value, bool)
-            problems.add(path, value, spec.expect or _type_name(spec.types),
-                         f"quote it: YAML reads {value!r} as a number" if quote else "")
-        elif spec.choices and value not in spec.choices:
-            problems.add(path, value, "one of " + ", ".join(map(str, spec.choices)))
-        elif spec.min is not None and isinstance(value, (int, float)) and value < spec.min:
-            problems.add(path, value, f"a value >= {spec.min:g}", "counts and sizes must be positive")
-        elif spec.pattern and isinstance(value, str) and not spec.pattern.match(value):
-            problems.add(path, value, spec.expect or f"a value matching {spec.pattern.pattern}")
+        wrong = _leaf_problem(data[key], spec)
+        if wrong:
+            problems.add(path, data[key], *wrong)
+            data[key] = BAD
 
 
-def check_rules(d: dict[str, Any], problems: Problems) -> None:
-    """Cross-field rules: the ESPnet3 sharding rules, devices/num_nodes agreement, batch arithmetic."""
+def _ints(*values: Any) -> bool:
+    return all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+
+
+def check_rules(d: dict[str, Any], problems: Problems, base: Path | None = None) -> None:
+    """Cross-field rules, run even after schema errors (a ``BAD`` value is skipped): the ESPnet3 sharding rules,
+    devices/num_nodes agreement, batch arithmetic, accelerator-dependent choices, and every string that reaches a
+    script. ``base``: the config's directory, for ``container.code`` and ``run_root`` (None: not checked)."""
     nodes, ndev, tr = d["num_nodes"], d["num_device"], d["trainer"]
-    if not all(isinstance(x, int) for x in (nodes, ndev, tr.get("devices"), tr.get("num_nodes"))):
-        return
-    world = nodes * ndev
-    if tr["devices"] != ndev:
+    world = nodes * ndev if _ints(nodes, ndev) else None
+    if world is not None and _ints(tr["devices"]) and tr["devices"] != ndev:
         problems.add("trainer.devices", tr["devices"], f"{ndev} (= num_device)", "set trainer.devices: ${num_device}")
-    if tr["num_nodes"] != nodes:
+    if world is not None and _ints(tr["num_nodes"]) and tr["num_nodes"] != nodes:
         problems.add("trainer.num_nodes", tr["num_nodes"], f"{nodes} (= num_nodes)",
                      "set trainer.num_nodes: ${num_nodes}")
-    for split, loader in d["dataloader"].items():
-        dws, shards = loader.get("dist_world_size"), loader.get("total_shards")
-        if not isinstance(dws, int) or not isinstance(shards, int) or dws < 1:
+    for split in ("train", "valid"):  # (an unknown split was reported by the schema check)
+        loader = d["dataloader"][split]
+        # Unset sharding is derived, so a block the user did not write never fails.
+        if loader["dist_world_size"] is None and world is not None:
+            loader["dist_world_size"] = world
+        if loader["total_shards"] is None:
+            loader["total_shards"] = loader["dist_world_size"]
+        dws, shards = loader["dist_world_size"], loader["total_shards"]
+        if world is None or not _ints(dws, shards):
             continue
         if dws != world:
             problems.add(f"dataloader.{split}.dist_world_size", dws, f"{world} (= num_nodes x num_device)",
@@ -115,11 +167,28 @@ def check_rules(d: dict[str, Any], problems: Problems) -> None:
             up = -(-shards // dws) * dws
             problems.add(f"dataloader.{split}.total_shards", shards, f"a multiple of dist_world_size={dws}",
                          f"use total_shards: {up}")
-    local, acc, glob = d["dataloader"]["train"].get("batch_size"), tr.get("accumulate_grad_batches"), \
-        d.get("global_batch_size")
-    if not isinstance(local, int) or local < 1:
+    _check_batch(d, world, problems)
+    for key in ("max_steps", "max_epochs"):
+        if tr[key] == 0 and _ints(tr[key]):
+            problems.add(f"trainer.{key}", 0, "-1 (no limit) or a value >= 1", "0 trains nothing")
+    if tr["max_steps"] == -1 and tr["max_epochs"] is None:
+        problems.add("trainer.max_steps", None, "trainer.max_steps or trainer.max_epochs", "set trainer.max_steps")
+    if tr["accelerator"] == "cpu":
+        for key, gpu_only in GPU_ONLY.items():
+            value = tr[key.split(".")[1]]
+            if value in gpu_only and value is not BAD:
+                problems.add(key, value, "a value that runs on accelerator: cpu",
+                             "bf16-mixed or 32-true on CPU" if "precision" in key else "use ddp on CPU, or "
+                             "accelerator: gpu")
+    _check_strings(d, problems, base)
+
+
+def _check_batch(d: dict[str, Any], world: int | None, problems: Problems) -> None:
+    tr = d["trainer"]
+    local, acc, glob = d["dataloader"]["train"]["batch_size"], tr["accumulate_grad_batches"], d["global_batch_size"]
+    if world is None or not _ints(local) or acc is BAD or glob is BAD:
         return
-    if glob is not None and isinstance(glob, int):
+    if glob is not None:
         per_step = local * world
         if glob % per_step:
             problems.add("global_batch_size", glob, f"a multiple of batch_size x world size = {per_step}",
@@ -131,57 +200,126 @@ def check_rules(d: dict[str, Any], problems: Problems) -> None:
             tr["accumulate_grad_batches"] = glob // per_step
     elif acc is None:
         tr["accumulate_grad_batches"] = 1
-    if tr["max_steps"] == -1 and tr.get("max_epochs") is None:
-        problems.add("trainer.max_steps", None, "trainer.max_steps or trainer.max_epochs", "set trainer.max_steps")
+
+
+# Sections whose strings reach the sbatch script, the Dockerfile or the Apptainer definition.
+_SCRIPT_SECTIONS = ("name", "run_root", "container", "slurm", "env", "network", "alerts", "preflight")
+
+
+def _walk(value: Any, path: str) -> Any:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _walk(v, f"{path}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _walk(v, f"{path}[{i}]")
+    else:
+        yield path, value
+
+
+def _check_strings(d: dict[str, Any], problems: Problems, base: Path | None) -> None:
+    for section in _SCRIPT_SECTIONS:
+        for path, value in _walk(d.get(section), section):
+            if isinstance(value, str) and CONTROL.search(value):
+                problems.add(path, value, "a single line without control characters", "remove the newline or tab")
+    for path, value in _walk({k: v for k, v in d.items() if k not in ("model", "data")}, ""):
+        if isinstance(value, float) and not math.isfinite(value):
+            problems.add(path.lstrip("."), value, "a finite number", "infinite and NaN values are not allowed")
     slurm = d["slurm"]
-    for i, flag in enumerate(slurm.get("extra_flags") or []):
-        if not isinstance(flag, str) or not flag.startswith("--") or not SBATCH_SAFE.match(flag):
+    for i, flag in enumerate(slurm["extra_flags"] if isinstance(slurm["extra_flags"], list) else []):
+        if not isinstance(flag, str) or not flag.startswith("--") or not SBATCH_SAFE.fullmatch(flag):
             problems.add(f"slurm.extra_flags[{i}]", flag, "an sbatch flag like --mail-type=END (no spaces/quotes)")
     for key, value in d["env"].items():
-        if not ENV_NAME.match(str(key)):
+        if not ENV_NAME.fullmatch(str(key)):
             problems.add(f"env.{key}", key, "an environment variable name", "use letters, digits and _")
+        elif (key in RESERVED_ENV or str(key).startswith(RESERVED_ENV_PREFIXES)) and key not in ENV_SWITCHES:
+            problems.add(f"env.{key}", key, "a name the batch script, Slurm or runner do not own",
+                         f"{key} is set by the batch script or Slurm; names starting with "
+                         f"{', '.join(RESERVED_ENV_PREFIXES)} are reserved")
         elif not isinstance(value, (str, int, float, bool)):
             problems.add(f"env.{key}", value, "a string or number")
-    for key in ("apt", "pip", "binds", "code"):
-        for i, item in enumerate(d["container"].get(key) or []):
-            if not isinstance(item, str) or not item or "\n" in item:
+    c = d["container"]
+    item_patterns = {"apt": (APT_PACKAGE, "a Debian package name like htop or pkg=1.2"),
+                     "binds": (ABS_PATH, "an absolute path like /shared/data (no spaces, : or ,)"),
+                     "pip": (None, ""), "code": (None, "")}
+    for key, (pattern, expect) in item_patterns.items():
+        for i, item in enumerate(c[key] if isinstance(c[key], list) else []):
+            if not isinstance(item, str) or not item:
                 problems.add(f"container.{key}[{i}]", item, "a non-empty single-line string")
-    for i, event in enumerate(d["alerts"].get("events") or []):
+            elif CONTROL.search(item):
+                continue  # reported once, with every other string that reaches a script
+            elif pattern and not pattern.fullmatch(item):
+                problems.add(f"container.{key}[{i}]", item, expect)
+            elif key == "code" and base is not None:
+                _check_code(item, f"container.code[{i}]", base, problems)
+    for i, path in enumerate(d["preflight"]["paths"] if isinstance(d["preflight"]["paths"], list) else []):
+        if not isinstance(path, str) or not path:
+            problems.add(f"preflight.paths[{i}]", path, "a path")
+    for i, event in enumerate(d["alerts"]["events"] if isinstance(d["alerts"]["events"], list) else []):
         if event not in EVENTS:
             problems.add(f"alerts.events[{i}]", event, "one of " + ", ".join(EVENTS))
+    if base is not None and isinstance(d["run_root"], str) and d["run_root"]:
+        blocker = not_a_directory(Path(d["run_root"]))  # relative to where runner runs, as submit resolves it
+        if blocker:
+            problems.add("run_root", d["run_root"], "a directory (or a path that can be created)",
+                         f"{blocker} is a file")
 
 
-def check_targets(d: dict[str, Any], problems: Problems, base: Path) -> None:
-    """Check that each ``_target_`` imports, without importing heavy modules on the CLI path.
+def _check_code(entry: str, key: str, base: Path, problems: Problems) -> None:
+    """``container.code``: ``runner`` (this package) or a path relative to the config's directory, inside it."""
+    if entry == "runner":
+        return
+    rel = Path(entry)
+    if rel.is_absolute() or ".." in rel.parts:
+        problems.add(key, entry, "a path relative to the config's directory, inside it",
+                     "copy or link the code next to the config")
+    elif not (base / rel).exists():
+        problems.add(key, entry, f"an existing file or directory under {base}", "check the path")
 
-    We find the module's file with importlib's finder and look for the name in its source; importing the
-    module would import torch (2-5 s) on every ``runner validate``.
-    """
-    import importlib.util
-    import sys
 
-    if str(base) not in sys.path:
-        sys.path.insert(0, str(base))
+def not_a_directory(path: Path) -> Path | None:
+    """The first existing part of ``path`` that is not a directory (so that mkdir -p would fail), or None."""
+    for p in (path, *path.parents):
+        if p.exists() or p.is_symlink():
+            return None if p.is_dir() else p
+    return None
+
+
+def check_targets(d: dict[str, Any], problems: Problems, base: Path) -> bool | None:
+    """Each ``_target_`` found statically (``runner.spec.targets``), never imported: a name that is surely not
+    there is a problem; a module that is not on this host is a note (the job checks it in the image).
+
+    Returns whether the data module takes ``dataloader`` (None: not known statically)."""
+    takes = None
     for section in ("model", "data"):
-        target = d.get(section, {}).get("_target_")
+        target = d[section].get("_target_")
         if not isinstance(target, str):
             continue
-        mod_name, _, attr = target.rpartition(".")
-        try:
-            spec = importlib.util.find_spec(mod_name) if mod_name else None
-        except (ImportError, ValueError):
-            spec = None
-        if spec is None or not spec.origin:
-            problems.add(f"{section}._target_", target, "an importable module.Class path",
-                         f"module {mod_name or target!r} was not found on PYTHONPATH")
+        key = f"{section}._target_"
+        found = targets.resolve(target, base)
+        if found.status == "invalid":
+            problems.add(key, target, found.detail)
+        elif found.status == "missing_name":
+            problems.add(key, target, "a class or function that exists", f"{found.detail}; check the spelling")
+        elif found.status == "missing_module":
+            problems.note(f"{key}: {target} cannot be checked here ({found.detail}); the job imports it in the "
+                          "image before training")
+        elif found.status == "unknown":
+            problems.note(f"{key}: {target} could not be checked statically ({found.detail}); the job imports it "
+                          "before training")
+        elif section == "data" and targets.accepts(found.node, "dataloader") is False:
+            problems.note(f"data._target_: {target} does not take `dataloader`: dataloader.train/valid (batch_size, "
+                          "shards, workers) are not applied and the global batch is the data module's own")
+        if found.status != "found":
             continue
-        try:
-            source = Path(spec.origin).read_text()
-        except OSError:
-            continue
-        if not re.search(rf"^(class|def)\s+{re.escape(attr)}\b|^{re.escape(attr)}\s*=", source, re.M):
-            problems.add(f"{section}._target_", target, f"a class or function {attr!r} in {mod_name}",
-                         "check the name's spelling")
+        known = targets.params(found.node)
+        if known is not None:
+            for arg in [k for k in d[section] if k != "_target_" and k not in known]:
+                problems.add(f"{section}.{arg}", arg, f"an argument of {target} ({', '.join(sorted(known)) or 'none'})",
+                             "remove it or check the spelling")
+        if section == "data":
+            takes = targets.accepts(found.node, "dataloader")
+    return takes
 
 
 def check_parallel(data: dict[str, Any], problems: Problems) -> None:
