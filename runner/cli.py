@@ -88,6 +88,16 @@ def _preflight(args: argparse.Namespace) -> int:
     return preflight.cli(args.config, args.overrides, args.wait)
 
 
+def _parallel(args: argparse.Namespace) -> int:
+    from runner.parallel import run
+
+    plan = run.plan(args.config, args.overrides)
+    if args.dry_run:
+        print(plan)
+        return 0
+    return run.execute(plan)
+
+
 def _dev_cluster(args: argparse.Namespace) -> int:
     from runner.dev import devcluster
 
@@ -166,6 +176,10 @@ def parser() -> argparse.ArgumentParser:
     sp = cmd("preflight", _preflight, "run the preflight checks as a short job (or locally) and print the report")
     config_args(sp)
     sp.add_argument("--wait", type=float, default=600, help="seconds to wait for the report (default: 600)")
+    sp = cmd("parallel", _parallel, "run a config's parallel: workload (ESPnet3 provider/forward) on Dask; "
+             "a rerun skips done items")
+    config_args(sp)
+    sp.add_argument("--dry-run", action="store_true", help="print the plan (run directory, items left, workers)")
     sp = cmd("dev-cluster", _dev_cluster, "a local multi-node Slurm cluster for trying the sbatch path (root)")
     sp.add_argument("action", choices=("up", "status", "down"))
     sp.add_argument("--nodes", type=int, default=2)

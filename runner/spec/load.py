@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from runner.errors import ConfigError
-from runner.spec import validate
+from runner.spec import parallel, validate
 from runner.spec.schema import SCHEMA
 from runner.spec.typed import RunConfig, view
 from runner.spec.validate import Problems
@@ -63,7 +63,7 @@ class Config:
         """
         d: dict[str, Any] = copy.deepcopy(dict(self.data))
         for key in ("name", "num_nodes", "num_device", "scheduler", "run_root", "slurm", "alerts", "preflight",
-                    "resume", "env", "network", "container"):
+                    "resume", "env", "network", "container", "parallel"):
             d.pop(key, None)
         for key in ("devices", "num_nodes", "accumulate_grad_batches"):
             d["trainer"].pop(key, None)
@@ -184,8 +184,13 @@ def _resolve_all(node: Any, root: dict[str, Any], builtins: dict[str, Any], prob
 
 
 
-def load(path: str | Path, overrides: list[str] | None = None, run_dir: str = "${run_dir}") -> Config:
-    """Read, override, interpolate and validate a config; raise ConfigError listing every problem."""
+def load(path: str | Path, overrides: list[str] | None = None, run_dir: str = "${run_dir}",
+         kind: str = "train") -> Config:
+    """Read, override, interpolate and validate a config; raise ConfigError listing every problem.
+
+    ``kind="parallel"`` (``runner parallel``) checks only what a Dask workload reads (``SCHEMA_PARALLEL``):
+    its ``data`` then holds no training sections, and the training properties of Config do not apply.
+    """
     path = Path(path)
     data, lines = read_yaml(path)
     apply_overrides(data, overrides or [])
@@ -196,9 +201,12 @@ def load(path: str | Path, overrides: list[str] | None = None, run_dir: str = "$
     data = _resolve_all(data, data, builtins, problems, "")
     if data.get("name") is None:
         data["name"] = re.sub(r"[^A-Za-z0-9_.\-]", "-", path.stem)
-    validate.check_schema(data, SCHEMA, problems)
+    validate.check_schema(data, SCHEMA if kind == "train" else parallel.SCHEMA_PARALLEL, problems)
     if not problems.items:
-        validate.check_rules(data, problems)
+        if kind == "train":
+            validate.check_rules(data, problems)
+        else:
+            parallel.check(data["parallel"], problems, need_workload=True)
         validate.check_targets(data, problems, path.resolve().parent)
     if problems.items:
         raise ConfigError(problems.items)

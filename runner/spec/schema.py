@@ -20,6 +20,8 @@ SBATCH_SAFE = re.compile(r"^[A-Za-z0-9_.:,=@/+%\-\[\]]*$")
 NGC_TAG = re.compile(r"^\d{2}\.(0[1-9]|1[0-2])$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$")
+TARGET = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
+PARALLEL_ENVS = ("local", "local_gpu", "slurm")
 STRATEGIES = ("ddp", "ddp_find_unused_parameters_true", "fsdp")
 TRAINER_KEYS = (
     "accelerator", "strategy", "devices", "num_nodes", "precision", "max_epochs", "min_epochs", "max_steps",
@@ -137,6 +139,18 @@ SCHEMA: dict[str, Any] = {
         "timeout_s": _f((int, float), 5, min=0.1),
         "retries": _f(int, 3, min=0),
         "backoff_s": _f((int, float), 1.0, min=0),
+    },
+    # ESPnet3's helper workloads on Dask (`runner parallel`), apart from trainer: runner.spec.parallel.
+    "parallel": {
+        "env": _f(str, "local", choices=PARALLEL_ENVS),
+        "n_workers": _f(int, 1, **POS_INT),
+        "options": {"*": True},  # Dask's: threads_per_worker (local); dask-jobqueue's queue, cores, ... (slurm)
+        "provider": {"*": True},  # _target_ + kwargs: builds each worker's environment once
+        "forward": _f((str, NONE), None, pattern=TARGET, expect="module.function: forward(idx, **env)"),
+        "reduce": _f((str, NONE), None, pattern=TARGET, expect="module.function: reduce(results)"),
+        "items": _f((int, NONE), None, min=0),
+        "chunk_size": _f(int, 100, **POS_INT),
+        "retries": _f(int, 2, min=0),
     },
     "preflight": {
         "enabled": _f(bool, True),

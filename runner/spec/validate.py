@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from runner.spec import parallel
 from runner.spec.schema import ENV_NAME, EVENTS, NONE, REQUIRED, SBATCH_SAFE, TRAINER_KEYS
 
 
@@ -149,6 +150,7 @@ def check_rules(d: dict[str, Any], problems: Problems) -> None:
     for i, event in enumerate(d["alerts"].get("events") or []):
         if event not in EVENTS:
             problems.add(f"alerts.events[{i}]", event, "one of " + ", ".join(EVENTS))
+    parallel.check(d["parallel"], problems, need_workload=False)
 
 
 def check_targets(d: dict[str, Any], problems: Problems, base: Path) -> None:
@@ -162,8 +164,11 @@ def check_targets(d: dict[str, Any], problems: Problems, base: Path) -> None:
 
     if str(base) not in sys.path:
         sys.path.insert(0, str(base))
-    for section in ("model", "data"):
-        target = d.get(section, {}).get("_target_")
+    par = d.get("parallel") or {}
+    targets = [(f"{s}._target_", (d.get(s) or {}).get("_target_")) for s in ("model", "data")]
+    targets += [("parallel.provider._target_", (par.get("provider") or {}).get("_target_")),
+                ("parallel.forward", par.get("forward")), ("parallel.reduce", par.get("reduce"))]
+    for key, target in targets:
         if not isinstance(target, str):
             continue
         mod_name, _, attr = target.rpartition(".")
@@ -172,7 +177,7 @@ def check_targets(d: dict[str, Any], problems: Problems, base: Path) -> None:
         except (ImportError, ValueError):
             spec = None
         if spec is None or not spec.origin:
-            problems.add(f"{section}._target_", target, "an importable module.Class path",
+            problems.add(key, target, "an importable module.Class path",
                          f"module {mod_name or target!r} was not found on PYTHONPATH")
             continue
         try:
@@ -180,17 +185,20 @@ def check_targets(d: dict[str, Any], problems: Problems, base: Path) -> None:
         except OSError:
             continue
         if not re.search(rf"^(class|def)\s+{re.escape(attr)}\b|^{re.escape(attr)}\s*=", source, re.M):
-            problems.add(f"{section}._target_", target, f"a class or function {attr!r} in {mod_name}",
+            problems.add(key, target, f"a class or function {attr!r} in {mod_name}",
                          "check the name's spelling")
 
 
 def check_parallel(data: dict[str, Any], problems: Problems) -> None:
     """ESPnet3's ``parallel`` block is for Dask workloads; trainer settings there are a classic mistake."""
-    par = data.pop("parallel", None)
-    if par is None:
+    par = data.get("parallel")
+    if not isinstance(par, dict):
         return
-    flat = json.dumps(par)
-    misplaced = [k for k in TRAINER_KEYS if f'"{k}"' in flat]
-    hint = "`parallel` is for Dask workloads in ESPnet3; DDP settings go under trainer:"
-    problems.add("parallel", ", ".join(misplaced) or par, "trainer settings under trainer:", hint)
-
+    options = par.get("options") if isinstance(par.get("options"), dict) else {}
+    misplaced = [k for k in TRAINER_KEYS if k in par or k in options]
+    if misplaced:
+        hint = "`parallel` is for Dask workloads in ESPnet3; DDP settings go under trainer:"
+        problems.add("parallel", ", ".join(misplaced), "trainer settings under trainer:", hint)
+    for key in misplaced:  # said once, here
+        par.pop(key, None)
+        options.pop(key, None)

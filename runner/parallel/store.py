@@ -1,0 +1,87 @@
+"""A parallel run's results in its run directory: one JSON file per chunk, written atomically.
+
+``parallel/chunks/chunk-NNNNNN.json`` holds ``{"results": {idx: value}, "failed": {idx: error}}``. A chunk file
+is replaced whole (temp file, fsync, rename), so a kill, a cancel or a full disk leaves the previous version
+or the new one; an item is done when its chunk file holds its result. Only the driver writes here, one chunk
+at a time, so every item is in the output exactly once however often a lost worker's chunk was recomputed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from runner.rundir import RunDir, atomic_write, read_json
+
+
+@dataclass(frozen=True)
+class Store:
+    run: RunDir
+
+    @property
+    def root(self) -> Path:
+        return self.run.root / "parallel"
+
+    @property
+    def chunks(self) -> Path:
+        return self.root / "chunks"
+
+    @property
+    def result(self) -> Path:  # the workload's reduce over every item (when it has one)
+        return self.root / "result.json"
+
+    @property
+    def lock(self) -> Path:  # held by the driver working on the run
+        return self.root / "lock"
+
+    @property
+    def driver(self) -> Path:  # pid and host of the driver (`runner cancel` signals it)
+        return self.root / "driver.json"
+
+    def chunk_path(self, index: int) -> Path:
+        return self.chunks / f"chunk-{index:06d}.json"
+
+    def read(self, index: int) -> tuple[dict[int, Any], dict[int, str]]:
+        """(results, failed) of one chunk; empty when it was never written."""
+        data = read_json(self.chunk_path(index), {}) or {}
+        return ({int(k): v for k, v in data.get("results", {}).items()},
+                {int(k): str(v) for k, v in data.get("failed", {}).items()})
+
+    def write(self, index: int, results: dict[int, Any], failed: dict[int, str]) -> None:
+        data = {"chunk": index, "results": {str(k): results[k] for k in sorted(results)},
+                "failed": {str(k): failed[k] for k in sorted(failed)}}
+        atomic_write(self.chunk_path(index), json.dumps(data, separators=(",", ":")) + "\n")
+
+    def merge(self, index: int, results: dict[int, Any], failed: dict[int, str]) -> None:
+        """Add a chunk's new results to what it already holds; an item that now succeeded is no longer failed."""
+        old_results, old_failed = self.read(index)
+        old_results.update(results)
+        old_failed.update(failed)
+        self.write(index, old_results, {k: v for k, v in old_failed.items() if k not in old_results})
+
+    def _files(self) -> list[Path]:
+        return sorted(self.chunks.glob("chunk-*.json")) if self.chunks.is_dir() else []
+
+    def items(self) -> Iterator[tuple[int, Any]]:
+        """Every (idx, value) done, in item order."""
+        for path in self._files():
+            data = read_json(path, {}) or {}
+            yield from sorted((int(k), v) for k, v in data.get("results", {}).items())
+
+    def counts(self) -> tuple[int, int]:
+        """(items done, items failed), for `runner status`."""
+        done = failed = 0
+        for path in self._files():
+            data = read_json(path, {}) or {}
+            done += len(data.get("results", {}))
+            failed += len(data.get("failed", {}))
+        return done, failed
+
+    def failures(self) -> dict[int, str]:
+        out: dict[int, str] = {}
+        for path in self._files():
+            out.update({int(k): str(v) for k, v in (read_json(path, {}) or {}).get("failed", {}).items()})
+        return dict(sorted(out.items()))
