@@ -89,7 +89,7 @@ def _preflight(args: argparse.Namespace) -> int:
 
 
 def _parallel(args: argparse.Namespace) -> int:
-    from runner.parallel import run
+    from runner.host import parallel as run
 
     plan = run.plan(args.config, args.overrides)
     if args.dry_run:

@@ -8,7 +8,13 @@ at a time, so every item is in the output exactly once however often a lost work
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
+import signal
+import socket
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,3 +91,38 @@ class Store:
         for path in self._files():
             out.update({int(k): str(v) for k, v in (read_json(path, {}) or {}).get("failed", {}).items()})
         return dict(sorted(out.items()))
+
+    def driver_alive(self) -> bool:
+        """Whether a `runner parallel` holds this run's lock (a killed driver's lock is released by the kernel)."""
+        if not self.lock.exists():
+            return False
+        with open(self.lock, "a+") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(f, fcntl.LOCK_UN)
+            return False
+
+    def status(self, state: str, items: int) -> dict[str, Any]:
+        """`runner status` fields of a parallel run; a driver that died without a word is a failed run."""
+        done, failed = self.counts()
+        fields: dict[str, Any] = {"kind": "parallel", "items_total": items, "items_done": done, "items_failed": failed}
+        if state in ("running", "pending") and not self.driver_alive():
+            fields |= {"state": "failed", "last_outcome": "failed",
+                       "last_cause": "the driver is gone (killed?); run `runner parallel` again to continue"}
+        return fields
+
+    def stop_driver(self, wait_s: float) -> bool:
+        """SIGTERM the driver (`runner cancel`) when it runs on this host; True once it let go of the run."""
+        who = read_json(self.driver, {}) or {}
+        if not self.driver_alive():
+            return True
+        if who.get("host") != socket.gethostname():
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(who["pid"]), signal.SIGTERM)
+        deadline = time.monotonic() + wait_s
+        while self.driver_alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return not self.driver_alive()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import difflib
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -194,7 +193,7 @@ def check_parallel(data: dict[str, Any], problems: Problems) -> None:
     par = data.get("parallel")
     if not isinstance(par, dict):
         return
-    options = par.get("options") if isinstance(par.get("options"), dict) else {}
+    options: dict[str, Any] = par["options"] if isinstance(par.get("options"), dict) else {}
     misplaced = [k for k in TRAINER_KEYS if k in par or k in options]
     if misplaced:
         hint = "`parallel` is for Dask workloads in ESPnet3; DDP settings go under trainer:"

@@ -1,6 +1,6 @@
 """``runner parallel CONF``: plan a workload's run as a value, then drive it on Dask from this machine.
 
-The driver runs here (the login node, or a laptop) and never imports the workload: the workers do
+The driver runs here (the login node, or a laptop: hence runner.host) and never imports the workload: the workers do
 (``runner.parallel.worker``). ``env: local`` and ``local_gpu`` start worker processes on this machine;
 ``env: slurm`` starts them as Slurm jobs (dask-jobqueue) in the same image, runtime and binds as training.
 The driver alone writes results (``runner.parallel.store``), so a lost worker costs a recomputed chunk, never
@@ -31,8 +31,8 @@ from runner.errors import RunnerError
 from runner.log import one_line
 from runner.parallel import plan as P
 from runner.parallel.store import Store
-from runner.rundir import RunDir, atomic_write
-from runner.spec.typed import Parallel, RunConfig
+from runner.rundir import RunDir, atomic_write, read_json
+from runner.spec.typed import Parallel
 
 log = logging.getLogger(__name__)
 LOG_EVERY_S = 10.0  # progress lines when stderr is not a terminal
@@ -115,8 +115,8 @@ def plan(path: Path, overrides: list[str]) -> Plan:
     if par["env"] == "slurm":
         from runner.host.render import q
 
-        prologue = [f"export RUNNER_RUN_DIR={q(run.root)}", f"export OMP_NUM_THREADS={q(par['options'].get('cores', 1))}",
-                    *(f"export {k}={q(v)}" for k, v in sorted(cfg.data["env"].items()))]
+        env = {"RUNNER_RUN_DIR": run.root, "OMP_NUM_THREADS": par["options"].get("cores", 1), **cfg.data["env"]}
+        prologue = [f"export {k}={q(v)}" for k, v in env.items()]
         p.cluster_kwargs = P.slurm_kwargs(par, cfg.data["slurm"], job_name=f"par-{name}"[:64],
                                           log_dir=str(run.logs / "workers"), python=_worker_python(cfg, run),
                                           prologue=prologue)
@@ -151,7 +151,7 @@ def _locked(store: Store) -> Iterator[None]:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            who = (json.loads(store.driver.read_text()) if store.driver.exists() else {})
+            who = read_json(store.driver, {}) or {}
             raise RunnerError(f"run {store.run.name}: found another `runner parallel` working on it (pid "
                               f"{who.get('pid', '?')} on {who.get('host', '?')}); expected one at a time. "
                               "hint: wait for it, or `runner cancel` it") from None
@@ -164,14 +164,14 @@ def _locked(store: Store) -> Iterator[None]:
 def _cluster(p: Plan) -> Any:
     par = p.par
     if par["env"] == "slurm":
-        from dask_jobqueue import SLURMCluster
+        from dask_jobqueue.slurm import SLURMCluster
 
         try:
             cluster = SLURMCluster(**p.cluster_kwargs)
         except (TypeError, ValueError) as e:
             raise RunnerError(f"parallel.options: dask-jobqueue refused them: {one_line(e)}. "
                               "hint: see dask-jobqueue's SLURMCluster arguments") from None
-        cluster.scale(jobs=par["n_workers"])
+        cluster.scale(jobs=par["n_workers"])  # type: ignore[no-untyped-call]
         return cluster
     from distributed import Nanny, Scheduler, SpecCluster
 
@@ -181,7 +181,7 @@ def _cluster(p: Plan) -> Any:
     common = {"host": "127.0.0.1", "dashboard": False, "silence_logs": logging.ERROR, "nthreads": threads, **extra}
     workers = {f"worker-{i}": {"cls": Nanny, "options": {**common, "env": env}} for i, env in enumerate(envs)}
     scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard": False, "dashboard_address": None}}
-    return SpecCluster(workers=workers, scheduler=scheduler, silence_logs=logging.ERROR)
+    return SpecCluster(workers=workers, scheduler=scheduler, silence_logs=logging.ERROR)  # type: ignore[no-untyped-call]
 
 
 class _Progress:
@@ -217,13 +217,13 @@ def _drive(p: Plan, attempt: int) -> None:
 
     par, store = p.par, Store(p.run)
     progress = _Progress(p.done, p.total)
-    with _cluster(p) as cluster, Client(cluster) as client:
+    with _cluster(p) as cluster, Client(cluster) as client:  # type: ignore[no-untyped-call]
         log.info("cluster up (%s); %d items in %d chunks", p.workers, p.items_left, len(p.left))
         futures = {client.submit(worker.run_chunk, par["provider"], par["forward"], items, par["retries"],
                                  key=f"chunk-{chunk.index}-attempt-{attempt}", pure=False): (chunk, items)
                    for chunk, items in p.left}
         try:
-            for fut in as_completed(futures):
+            for fut in as_completed(futures):  # type: ignore[no-untyped-call]
                 chunk, items = futures[fut]
                 if fut.status == "error":  # the task itself was lost (e.g. its workers kept dying)
                     results, failed = {}, {i: one_line(cast(BaseException, fut.exception())) for i in items}
@@ -272,7 +272,7 @@ def _alert(p: Plan, event: str, log_path: Path, **fields: Any) -> None:
     from runner import alerts
 
     tail = log_path.read_text(errors="replace").splitlines()[-20:] if log_path.exists() else []
-    alerts.notify(p.run.root, cast(RunConfig, p.cfg.data)["alerts"], event, log_tail=tail, **fields)
+    alerts.notify(p.run.root, p.cfg.data["alerts"], event, log_tail=tail, **fields)
 
 
 def execute(p: Plan) -> int:
