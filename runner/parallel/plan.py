@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from runner.spec.parallel import OPTIONS
 from runner.spec.typed import Parallel
 
 
@@ -60,7 +61,8 @@ def slurm_kwargs(par: Parallel, slurm: Mapping[str, Any], *, job_name: str, log_
         defaults["queue"] = slurm["partition"]
     if slurm.get("account"):
         defaults["account"] = slurm["account"]
-    return {**defaults, **par["options"], "job_name": job_name, "log_directory": log_dir, "python": python,
+    options = {k: v for k, v in par["options"].items() if k in OPTIONS["slurm"]}
+    return {**defaults, **options, "job_name": job_name, "log_directory": log_dir, "python": python,
             "job_script_prologue": prologue}
 
 

@@ -19,6 +19,8 @@ OPTIONS = {
     "slurm": ("queue", "account", "cores", "memory", "processes", "walltime", "job_extra_directives", "job_mem",
               "job_cpu", "interface", "death_timeout", "worker_extra_args", "local_directory", "scheduler_options"),
 }
+# Options of the other envs are accepted and left unused, so one config switches env with an override.
+KNOWN = tuple(dict.fromkeys(k for keys in OPTIONS.values() for k in keys))
 # The sections a parallel run reads; the training sections may be present (and are checked by `runner validate`).
 SHARED = ("name", "run_root", "container", "slurm", "env", "alerts", "parallel")
 SCHEMA_PARALLEL: dict[str, Any] = {**{k: SCHEMA[k] for k in SHARED}, "*": tuple(k for k in SCHEMA if k not in SHARED)}
@@ -40,11 +42,11 @@ def _strings(value: Any) -> list[str]:
 
 def check(par: Mapping[str, Any], problems: Adds, need_workload: bool) -> None:
     """The block's rules beyond types: options known for its env, safe for job scripts; a workload to run."""
-    env, options = par.get("env"), par.get("options") or {}
-    known = OPTIONS.get(str(env), ())
+    options = par.get("options") or {}
     for key, value in options.items():
-        if key not in known:
-            problems.add(f"parallel.options.{key}", key, f"an option of env {env}", f"known: {', '.join(known)}")
+        if key not in KNOWN:
+            problems.add(f"parallel.options.{key}", key, "an option of Dask (local) or dask-jobqueue (slurm)",
+                         f"known: {', '.join(KNOWN)}")
         # dask-jobqueue writes these into #SBATCH lines and the worker's command line without quoting.
         bad = [s for s in _strings(value) if not SBATCH_SAFE.match(s)]
         if bad:
