@@ -230,3 +230,42 @@ def test_validate_and_dry_run_never_import_dask(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "10000 left" in out.stdout
+
+
+# -- Slurm (real dask-jobqueue on the dev cluster) -----------------------------------------------------------------
+
+
+def _jobs(name: str, *flags: str) -> list[str]:
+    out = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i", *flags], capture_output=True, text=True, timeout=10)
+    return out.stdout.split()
+
+
+@pytest.mark.slurm
+def test_slurm_worker_jobs_one_cancelled_midway_every_item_once(slurm_cluster: Any, tmp_path: Path) -> None:
+    args = [f"run_root={tmp_path}", "parallel.env=slurm", "parallel.n_workers=2", "parallel.items=2000",
+            "parallel.provider.num_samples=2000", "parallel.provider.sleep_s=0.005", "parallel.chunk_size=50",
+            f"slurm.partition={slurm_cluster.partition}", "slurm.time=00:10:00"]
+    run = run_of(tmp_path, *args)
+    name = driver.plan(CONF, args).cluster_kwargs["job_name"]
+    proc = start(*args)
+    deadline = time.monotonic() + 120
+    while len(running := _jobs(name, "-t", "RUNNING")) < 2:  # two worker jobs, each a Slurm job
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the 2 worker jobs did not start"
+        time.sleep(0.2)
+    wait_for_chunks(run, 4, proc)
+    subprocess.run(["scancel", running[0]], check=True, timeout=10)  # one worker job dies mid-way
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert indices(run) == list(range(2000))  # every item exactly once, though a worker died holding chunks
+    assert Store(run).counts() == (2000, 0)
+    deadline = time.monotonic() + 30
+    while _jobs(name, "-t", "PENDING,RUNNING"):  # the driver cancels its other worker job when it is done
+        assert time.monotonic() < deadline, "a worker job outlived the run"
+        time.sleep(0.5)
+    sacct = subprocess.run(["sacct", "-X", "-n", "-P", "-j", running[0], "--format=State"], capture_output=True,
+                           text=True, timeout=10).stdout
+    assert "CANCELLED" in sacct
+    assert list((run.logs / "workers").glob("*.err"))  # the worker jobs' own output, in the run directory
+    again = runner("parallel", str(CONF), *args)
+    assert again.returncode == 0 and "nothing to do" in again.stdout
