@@ -269,3 +269,22 @@ def test_slurm_worker_jobs_one_cancelled_midway_every_item_once(slurm_cluster: A
     assert list((run.logs / "workers").glob("*.err"))  # the worker jobs' own output, in the run directory
     again = runner("parallel", str(CONF), *args)
     assert again.returncode == 0 and "nothing to do" in again.stdout
+
+
+def test_local_gpu_workers_each_see_their_own_gpu(tmp_path: Path) -> None:
+    """Real Dask workers with env local_gpu: each one's CUDA_VISIBLE_DEVICES holds one of the visible GPUs
+    (this machine has none; the pinning is the variable, which is what CUDA reads)."""
+    (tmp_path / "gpu_probe.py").write_text(
+        "import os, time\n"
+        "def forward(idx):\n"
+        "    time.sleep(0.01)\n"
+        "    return os.environ.get('CUDA_VISIBLE_DEVICES')\n")
+    conf = tmp_path / "gpu.yaml"
+    conf.write_text(f"run_root: {tmp_path}\nparallel:\n  env: local_gpu\n  n_workers: 2\n"
+                    "  forward: gpu_probe.forward\n  items: 200\n  chunk_size: 5\n")
+    out = subprocess.run([sys.executable, "-m", "runner", "parallel", str(conf)], capture_output=True, text=True,
+                         timeout=120, env={**_env(), "CUDA_VISIBLE_DEVICES": "3,7"}, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    [run] = [RunDir(p) for p in tmp_path.glob("gpu-*")]
+    seen = [v for _, v in Store(run).items()]
+    assert len(seen) == 200 and set(seen) == {"3", "7"}
