@@ -3,6 +3,7 @@ from dask-jobqueue on the dev cluster. The example workload is runner.dev.stats 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -219,6 +220,9 @@ def test_a_parallel_block_next_to_trainer_validates() -> None:
     plain = load(REPO / "conf" / "quickstart.yaml")
     assert cfg.hash() == plain.hash()  # the parallel block is not part of the training trajectory
     assert any("parallel: found 'strategy'" in p for p in _problems(Path(), ["parallel.strategy=ddp"], "train"))
+    out = runner("validate", str(CONF))
+    assert out.returncode == 2 and "hint: run it with `runner parallel" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
 
 
 def test_validate_and_dry_run_never_import_dask(tmp_path: Path) -> None:
@@ -288,3 +292,24 @@ def test_local_gpu_workers_each_see_their_own_gpu(tmp_path: Path) -> None:
     [run] = [RunDir(p) for p in tmp_path.glob("gpu-*")]
     seen = [v for _, v in Store(run).items()]
     assert len(seen) == 200 and set(seen) == {"3", "7"}
+
+
+def test_a_terminal_gets_a_progress_bar(tmp_path: Path) -> None:
+    import pty
+
+    (tmp_path / "tiny.py").write_text("def forward(idx):\n    return idx * idx\n")
+    conf = tmp_path / "tiny.yaml"
+    conf.write_text(f"run_root: {tmp_path}\nparallel:\n  n_workers: 2\n  forward: tiny.forward\n  items: 300\n"
+                    "  chunk_size: 10\n")
+    main, sub = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "runner", "parallel", str(conf)], stderr=sub,
+                            stdout=subprocess.DEVNULL, env=_env(), cwd=REPO)
+    os.close(sub)
+    seen = b""
+    with contextlib.suppress(OSError):  # EIO once the child closed the terminal
+        while chunk := os.read(main, 4096):
+            seen += chunk
+    os.close(main)
+    assert proc.wait(60) == 0
+    assert b"\r[" in seen and b"300/300 items" in seen
+    assert b"progress:" not in seen  # log lines are for files; a terminal gets the bar

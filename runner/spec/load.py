@@ -196,6 +196,9 @@ def load(path: str | Path, overrides: list[str] | None = None, run_dir: str = "$
     apply_overrides(data, overrides or [])
     problems = Problems(path, lines)
     validate.check_parallel(data, problems)
+    if kind == "train" and parallel.only_parallel(data):
+        raise ConfigError([f"{path}: found only a parallel: block (a Dask workload); expected a training config "
+                           f"(trainer:, model:, data:). hint: run it with `runner parallel {path}`"])
     data.setdefault("name", None)
     builtins = {"run_dir": run_dir}
     data = _resolve_all(data, data, builtins, problems, "")

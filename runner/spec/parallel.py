@@ -40,6 +40,11 @@ def _strings(value: Any) -> list[str]:
     return []
 
 
+def only_parallel(data: Mapping[str, Any]) -> bool:
+    """A config for `runner parallel` alone: a parallel: block and none of the training sections."""
+    return isinstance(data.get("parallel"), Mapping) and not any(k in data for k in ("trainer", "model", "data"))
+
+
 def check(par: Mapping[str, Any], problems: Adds, need_workload: bool) -> None:
     """The block's rules beyond types: options known for its env, safe for job scripts; a workload to run."""
     options = par.get("options") or {}
