@@ -189,6 +189,10 @@ def test_slurm_workers_run_like_training_jobs(tmp_path: Path) -> None:
     assert kw["log_directory"] == str(p.run.logs / "workers")
     assert "export MY_VAR='a b'" in kw["job_script_prologue"]
     assert "SLURMCluster" in str(p) and "2 Slurm worker jobs" in str(p)
+    boxed = driver.plan(CONF, [f"run_root={tmp_path}", "parallel.env=slurm", "container.runtime=apptainer",
+                               "container.image=/img/x.sif", "container.allow_missing_image=true"]).cluster_kwargs
+    assert boxed["python"].startswith("apptainer exec --nv --bind ")  # the same runtime and binds as training
+    assert str(tmp_path) in boxed["python"] and boxed["python"].endswith(" python")
 
 
 def _problems(tmp_path: Path, overrides: list[str], kind: str = "parallel") -> list[str]:

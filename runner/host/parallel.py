@@ -234,7 +234,7 @@ def _drive(p: Plan, attempt: int) -> None:
         finally:
             progress.close()
         if par["reduce"] and not store.failures():
-            value = client.submit(worker.run_reduce, par["reduce"], [v for _, v in store.items()], pure=False).result()
+            value = client.submit(worker.run_reduce, par["reduce"], str(p.run.root), pure=False).result()
             atomic_write(store.result, json.dumps(value, indent=1) + "\n")
 
 

@@ -10,9 +10,12 @@ from __future__ import annotations
 import importlib
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from runner.log import one_line
+from runner.parallel.store import Store
+from runner.rundir import RunDir
 
 _ENVS: dict[str, dict[str, Any]] = {}  # per worker process: provider (as JSON) -> its environment
 
@@ -61,6 +64,8 @@ def run_chunk(provider: dict[str, Any], forward: str, items: list[int], retries:
     return results, failed
 
 
-def run_reduce(reduce: str, values: list[Any]) -> Any:
-    """The workload's ``reduce`` over every item's value in item order (runs in a worker: it may need torch)."""
-    return resolve(reduce)(values)
+def run_reduce(reduce: str, run_dir: str) -> Any:
+    """The workload's ``reduce`` over every item's value in item order, read from the (shared) run directory.
+
+    It runs in a worker: it may need torch, which the driver never imports."""
+    return resolve(reduce)(v for _, v in Store(RunDir(Path(run_dir))).items())
