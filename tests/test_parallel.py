@@ -129,7 +129,7 @@ def test_failed_items_are_retried_then_listed_with_their_error(tmp_path: Path, w
     assert "2 items failed after 1 retries" in out.stderr
     assert "item 3: ValueError: item 3 is broken" in out.stderr and "item 377:" in out.stderr
     run = run_of(tmp_path, *bad)
-    assert Store(run).failures() == {3: "ValueError: item 3 is broken", 377: "ValueError: item 377 is broken"}
+    assert Store(run).summary()[1] == {3: "ValueError: item 3 is broken", 377: "ValueError: item 377 is broken"}
     assert indices(run) == [i for i in range(400) if i not in (3, 377)]  # flaky items succeeded on their retry
     assert not Store(run).result.exists()  # no reduce over an incomplete set
     row = status(run)
@@ -266,7 +266,7 @@ def test_slurm_worker_jobs_one_cancelled_midway_every_item_once(slurm_cluster: A
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     assert indices(run) == list(range(2000))  # every item exactly once, though a worker died holding chunks
-    assert Store(run).counts() == (2000, 0)
+    assert Store(run).summary() == (2000, {})
     deadline = time.monotonic() + 30
     while _jobs(name, "-t", "PENDING,RUNNING"):  # the driver cancels its other worker job when it is done
         assert time.monotonic() < deadline, "a worker job outlived the run"

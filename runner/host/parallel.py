@@ -180,7 +180,8 @@ def _cluster(p: Plan) -> Any:
     envs = P.worker_envs(par["env"], par["n_workers"], threads, p.gpus)
     common = {"host": "127.0.0.1", "dashboard": False, "silence_logs": logging.ERROR, "nthreads": threads, **extra}
     workers = {f"worker-{i}": {"cls": Nanny, "options": {**common, "env": env}} for i, env in enumerate(envs)}
-    scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard": False, "dashboard_address": None}}
+    # No dashboard; its HTTP server (health, metrics) on a free port rather than a warning about a taken 8787.
+    scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard": False, "dashboard_address": ":0"}}
     return SpecCluster(workers=workers, scheduler=scheduler, silence_logs=logging.ERROR)  # type: ignore[no-untyped-call]
 
 
@@ -233,7 +234,7 @@ def _drive(p: Plan, attempt: int) -> None:
                 progress.add(len(results), len(failed))
         finally:
             progress.close()
-        if par["reduce"] and not store.failures():
+        if par["reduce"] and not progress.failed and progress.done == p.total:
             value = client.submit(worker.run_reduce, par["reduce"], str(p.run.root), pure=False).result()
             atomic_write(store.result, json.dumps(value, indent=1) + "\n")
 
@@ -275,14 +276,31 @@ def _alert(p: Plan, event: str, log_path: Path, **fields: Any) -> None:
     alerts.notify(p.run.root, p.cfg.data["alerts"], event, log_tail=tail, **fields)
 
 
+def _report(p: Plan, done: int, failures: dict[int, str], stopped: str | None) -> tuple[int, str, str | None]:
+    """(exit code, outcome, cause) of an attempt, with the failed items listed in the log."""
+    if stopped:
+        return 130, stopped, None
+    if not failures:
+        log.info("done: %d items%s", done, f"; result in {p.run.root / 'parallel/result.json'}" if p.par["reduce"]
+                 else "")
+        return 0, "completed", None
+    shown = list(failures.items())[:10]
+    log.error("%d items failed after %d retries; a rerun tries them again:", len(failures), p.par["retries"])
+    for idx, err in shown:
+        log.error("  item %d: %s", idx, err)
+    if len(failures) > len(shown):
+        log.error("  ... and %d more (parallel/chunks/*.json, key \"failed\")", len(failures) - len(shown))
+    return 1, "failed", f"{len(failures)} of {p.total} items failed; first: item {shown[0][0]}: {shown[0][1]}"
+
+
 def execute(p: Plan) -> int:
     """Run what is left; 0 when every item is done, 1 when some failed (listed), 130 when stopped."""
     if not p.left:
         print(f"nothing to do: all {p.total} items of {p.run.name} are done")
         return 0
     store = Store(p.run)
-    first = _write_run(p)
     with _locked(store):
+        first = _write_run(p)
         attempt = p.run.new_attempt()
         p.run.cancelled.unlink(missing_ok=True)  # running it again lifts a cancel, as `runner resume` does
         p.run.record("submitted" if first else "resubmitted", kind="parallel", env=p.par["env"])
@@ -290,42 +308,30 @@ def execute(p: Plan) -> int:
                                                "attempt": attempt}) + "\n")
         p.run.record("start", attempt=attempt, items_left=p.items_left)
         previous = signal.signal(signal.SIGTERM, _on_term)
+        error: Exception | None = None
         with _driver_log(p.run, attempt) as log_path:
             log.info("run %s, attempt %d: %d of %d items left", p.run.name, attempt, p.items_left, p.total)
+            stopped = None
             try:
                 _drive(p, attempt)
-                stopped = None
             except (Stopped, KeyboardInterrupt):
                 stopped = "cancelled" if p.run.cancelled.exists() else "stopped"
-                log.warning("%s: %d of %d items done are kept; run it again to continue", stopped,
-                            store.counts()[0], p.total)
+                log.warning("%s: the items done are kept; run it again to continue", stopped)
+            except Exception as e:  # recorded (status, alert), then raised: a RunnerError as one line
+                error = e
             finally:
                 signal.signal(signal.SIGTERM, previous)
-            done, _ = store.counts()
-            failures = store.failures()
-            if stopped:
-                code, outcome = 130, stopped
-            elif failures:
-                code, outcome = 1, "failed"
-                shown = list(failures.items())[:10]
-                log.error("%d items failed after %d retries; a rerun tries them again:", len(failures),
-                          p.par["retries"])
-                for idx, err in shown:
-                    log.error("  item %d: %s", idx, err)
-                if len(failures) > len(shown):
-                    log.error("  ... and %d more (parallel/chunks/*.json, key \"failed\")", len(failures) - len(shown))
-            else:
-                code, outcome = 0, "completed"
-                log.info("done: %d items%s", done, f"; result in {store.result}" if p.par["reduce"] else "")
+            done, failures = store.summary()
+            code, outcome, cause = (1, "failed", one_line(error)) if error else _report(p, done, failures, stopped)
         atomic_write(p.run.exit_status, json.dumps({"exit_code": code, "cancelled": outcome == "cancelled",
                                                     "time": time.time()}) + "\n")
         p.run.record("exit", outcome=outcome, rc=code, items_done=done, items_failed=len(failures),
-                     **({"cause": f"{len(failures)} items failed: {next(iter(failures.values()))}"}
-                        if failures and not stopped else {}))
+                     **({"cause": cause} if cause else {}))
         if code == 0:
             atomic_write(p.run.finished, json.dumps({"time": time.time(), "items": done}) + "\n")
             _alert(p, "completed", log_path)
         elif outcome == "failed":
-            _alert(p, "failed", log_path, exit_code=1, cause=f"{len(failures)} of {p.total} items failed; first: "
-                   f"item {next(iter(failures))}: {next(iter(failures.values()))}")
+            _alert(p, "failed", log_path, exit_code=1, cause=cause)
+    if error:
+        raise error
     return code

@@ -77,20 +77,14 @@ class Store:
             data = read_json(path, {}) or {}
             yield from sorted((int(k), v) for k, v in data.get("results", {}).items())
 
-    def counts(self) -> tuple[int, int]:
-        """(items done, items failed), for `runner status`."""
-        done = failed = 0
+    def summary(self) -> tuple[int, dict[int, str]]:
+        """(items done, failed items with their errors), in one pass over the chunk files."""
+        done, failed = 0, {}
         for path in self._files():
             data = read_json(path, {}) or {}
             done += len(data.get("results", {}))
-            failed += len(data.get("failed", {}))
-        return done, failed
-
-    def failures(self) -> dict[int, str]:
-        out: dict[int, str] = {}
-        for path in self._files():
-            out.update({int(k): str(v) for k, v in (read_json(path, {}) or {}).get("failed", {}).items()})
-        return dict(sorted(out.items()))
+            failed.update({int(k): str(v) for k, v in data.get("failed", {}).items()})
+        return done, dict(sorted(failed.items()))
 
     def driver_alive(self) -> bool:
         """Whether a `runner parallel` holds this run's lock (a killed driver's lock is released by the kernel)."""
@@ -106,8 +100,9 @@ class Store:
 
     def status(self, state: str, items: int) -> dict[str, Any]:
         """`runner status` fields of a parallel run; a driver that died without a word is a failed run."""
-        done, failed = self.counts()
-        fields: dict[str, Any] = {"kind": "parallel", "items_total": items, "items_done": done, "items_failed": failed}
+        done, failed = self.summary()
+        fields: dict[str, Any] = {"kind": "parallel", "items_total": items, "items_done": done,
+                                  "items_failed": len(failed)}
         if state in ("running", "pending") and not self.driver_alive():
             fields |= {"state": "failed", "last_outcome": "failed",
                        "last_cause": "the driver is gone (killed?); run `runner parallel` again to continue"}
