@@ -115,6 +115,10 @@ def plan(path: Path, overrides: list[str]) -> Plan:
     if par["env"] == "slurm":
         from runner.host.render import q
 
+        if not spec.SBATCH_SAFE.match(str(run.root)):  # dask-jobqueue writes it into #SBATCH -o/-e lines
+            raise RunnerError(f"run directory {run.root}: found characters sbatch cannot read in #SBATCH lines; "
+                              "expected letters, digits and _.-/ hint: set run_root to such a path")
+
         env = {"RUNNER_RUN_DIR": run.root, "OMP_NUM_THREADS": par["options"].get("cores", 1), **cfg.data["env"]}
         prologue = [f"export {k}={q(v)}" for k, v in env.items()]
         p.cluster_kwargs = P.slurm_kwargs(par, cfg.data["slurm"], job_name=f"par-{name}"[:64],
