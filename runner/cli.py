@@ -72,7 +72,12 @@ def _cancel(args: argparse.Namespace) -> int:
 def _resume(args: argparse.Namespace) -> int:
     from runner.host import status, submit
 
-    return submit.resume(status.find_run(args.run, Path(args.root)), args.overrides)
+    run = status.find_run(args.run, Path(args.root))
+    if status.is_parallel(run):  # a `runner parallel` run: continue it from its own config
+        from runner.host import parallel
+
+        return parallel.resume(run, args.overrides)
+    return submit.resume(run, args.overrides)
 
 
 def _cron(args: argparse.Namespace) -> int:

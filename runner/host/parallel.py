@@ -339,3 +339,13 @@ def execute(p: Plan) -> int:
     if error:
         raise error
     return code
+
+
+def resume(run: RunDir, overrides: list[str]) -> int:
+    """`runner resume RUN` of a parallel run: run its resolved config again (the same workload, so the same
+    directory), with overrides such as ``parallel.n_workers=8``."""
+    p = plan(run.config, overrides)
+    if p.run.root != run.root:
+        raise RunnerError(f"{run.root}: found overrides that change the workload (its run directory would be "
+                          f"{p.run.root}); expected env, n_workers or options only. hint: use `runner parallel CONF`")
+    return execute(p)

@@ -83,6 +83,11 @@ def _is_parallel(manifest: Mapping[str, Any]) -> bool:
     return manifest.get("kind") == "parallel"
 
 
+def is_parallel(run: RunDir) -> bool:
+    """A `runner parallel` run (its manifest says so) rather than a training run."""
+    return _is_parallel(read_json(run.manifest, {}) or {})
+
+
 def _parallel_store(run: RunDir) -> Any:
     from runner.parallel.store import Store
 
@@ -211,7 +216,7 @@ def ended(run: RunDir) -> bool | None:
 
 def log_path(run: RunDir, rank: int | None, attempt: int | None = None) -> Path:
     """A rank's log, or with ``rank=None`` Slurm's batch output (``slurm-JOB.out``: the batch shell, hooks)."""
-    if rank is not None and _is_parallel(read_json(run.manifest, {}) or {}):  # `runner parallel`: the driver's
+    if rank is not None and is_parallel(run):  # `runner parallel`: the driver's
         return run.attempt_logs(attempt or (run.attempts() or [1])[-1]) / "driver.log"
     if rank is not None:
         return run.rank_log(rank, attempt)
