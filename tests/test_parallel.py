@@ -211,6 +211,7 @@ def _problems(tmp_path: Path, overrides: list[str], kind: str = "parallel") -> l
     (["parallel.provider._target_=nowhere.mod.fn"], "parallel.provider._target_", "nowhere.mod"),
     (["parallel.n_workers=0"], "parallel.n_workers", ">= 1"),
     (["parallel.options.num_nodes=2"], "parallel", "trainer settings under trainer:"),
+    (["env.BAD;rm=1"], "env.BAD;rm", "environment variable name"),
 ])
 def test_parallel_config_errors_name_their_key(tmp_path: Path, overrides: list[str], key: str, needle: str) -> None:
     found = _problems(tmp_path, overrides)

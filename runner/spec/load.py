@@ -210,6 +210,7 @@ def load(path: str | Path, overrides: list[str] | None = None, run_dir: str = "$
             validate.check_rules(data, problems)
         else:
             parallel.check(data["parallel"], problems, need_workload=True)
+            validate.check_env(data["env"], problems)
         validate.check_targets(data, problems, path.resolve().parent)
     if problems.items:
         raise ConfigError(problems.items)

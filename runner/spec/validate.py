@@ -137,11 +137,7 @@ def check_rules(d: dict[str, Any], problems: Problems) -> None:
     for i, flag in enumerate(slurm.get("extra_flags") or []):
         if not isinstance(flag, str) or not flag.startswith("--") or not SBATCH_SAFE.match(flag):
             problems.add(f"slurm.extra_flags[{i}]", flag, "an sbatch flag like --mail-type=END (no spaces/quotes)")
-    for key, value in d["env"].items():
-        if not ENV_NAME.match(str(key)):
-            problems.add(f"env.{key}", key, "an environment variable name", "use letters, digits and _")
-        elif not isinstance(value, (str, int, float, bool)):
-            problems.add(f"env.{key}", value, "a string or number")
+    check_env(d["env"], problems)
     for key in ("apt", "pip", "binds", "code"):
         for i, item in enumerate(d["container"].get(key) or []):
             if not isinstance(item, str) or not item or "\n" in item:
@@ -150,6 +146,15 @@ def check_rules(d: dict[str, Any], problems: Problems) -> None:
         if event not in EVENTS:
             problems.add(f"alerts.events[{i}]", event, "one of " + ", ".join(EVENTS))
     parallel.check(d["parallel"], problems, need_workload=False)
+
+
+def check_env(env: dict[str, Any], problems: Problems) -> None:
+    """``env:`` lands in export lines of job scripts: names must be names, values scalars."""
+    for key, value in env.items():
+        if not ENV_NAME.match(str(key)):
+            problems.add(f"env.{key}", key, "an environment variable name", "use letters, digits and _")
+        elif not isinstance(value, (str, int, float, bool)):
+            problems.add(f"env.{key}", value, "a string or number")
 
 
 def check_targets(d: dict[str, Any], problems: Problems, base: Path) -> None:
