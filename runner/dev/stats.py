@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import torch
@@ -24,14 +25,14 @@ def provider(num_samples: int = 10000, dim: int = 16, data_seed: int = 0, frames
     return {"feats": feats, "sleep_s": sleep_s, "fail": set(fail or ()), "flaky": set(flaky or ()), "seen": set()}
 
 
-def forward(idx: int, feats: torch.Tensor, sleep_s: float = 0.0, fail: set[int] = frozenset(),  # type: ignore[assignment]
-            flaky: set[int] = frozenset(), seen: set[int] = frozenset(), **_: Any) -> dict[str, Any]:  # type: ignore[assignment]
+def forward(idx: int, feats: torch.Tensor, sleep_s: float = 0.0, fail: AbstractSet[int] = frozenset(),
+            flaky: AbstractSet[int] = frozenset(), seen: set[int] | None = None, **_: Any) -> dict[str, Any]:
     """One item's statistics (what collect_stats writes per utterance: its shape, feature sums)."""
     if sleep_s:
         time.sleep(sleep_s)
     if idx in fail:
         raise ValueError(f"item {idx} is broken")
-    if idx in flaky and idx not in seen:  # fails on its first try in a worker, then works
+    if idx in flaky and seen is not None and idx not in seen:  # fails on its first try in a worker, then works
         seen.add(idx)
         raise OSError(f"item {idx}: transient read error")
     x = feats[idx].double()
