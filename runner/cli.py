@@ -82,7 +82,12 @@ def _cancel(args: argparse.Namespace) -> int:
 def _resume(args: argparse.Namespace) -> int:
     from runner.host import status, submit
 
-    return submit.resume(status.find_run(args.run, Path(args.root)), args.overrides, force=args.force)
+    run = status.find_run(args.run, Path(args.root))
+    if status.is_parallel(run):  # a `runner parallel` run: continue it from its own config
+        from runner.host import parallel
+
+        return parallel.resume(run, args.overrides)
+    return submit.resume(run, args.overrides, force=args.force)
 
 
 def _cron(args: argparse.Namespace) -> int:
@@ -114,6 +119,16 @@ def _preflight(args: argparse.Namespace) -> int:
     from runner.host import preflight
 
     return preflight.cli(args.config, args.overrides, args.wait)
+
+
+def _parallel(args: argparse.Namespace) -> int:
+    from runner.host import parallel as run
+
+    plan = run.plan(args.config, args.overrides)
+    if args.dry_run:
+        print(plan)
+        return 0
+    return run.execute(plan)
 
 
 def _dev_cluster(args: argparse.Namespace) -> int:
@@ -205,6 +220,10 @@ def parser() -> argparse.ArgumentParser:
     sp = cmd("preflight", _preflight, "run the preflight checks as a short job (or locally) and print the report")
     config_args(sp)
     sp.add_argument("--wait", type=float, default=600, help="seconds to wait for the report (default: 600)")
+    sp = cmd("parallel", _parallel, "run a config's parallel: workload (ESPnet3 provider/forward) on Dask; "
+             "a rerun skips done items")
+    config_args(sp)
+    sp.add_argument("--dry-run", action="store_true", help="print the plan (run directory, items left, workers)")
     sp = cmd("dev-cluster", _dev_cluster, "a local multi-node Slurm cluster for trying the sbatch path (root)")
     sp.add_argument("action", choices=("up", "status", "down"))
     sp.add_argument("--nodes", type=int, default=2)

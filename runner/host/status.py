@@ -83,14 +83,31 @@ def row(run: RunDir, jobs: Mapping[str, policy.JobInfo] | None = None) -> dict[s
     cfg_hash = manifest.get("config_hash")
     last = checkpoint.latest(run.checkpoints, cfg_hash) if run.checkpoints.is_dir() else None
     events = list(rec.events)
-    return {"run": run.name, "path": str(run.root), "state": policy.run_state(rec, info), "job_id": rec.job_id,
+    state = policy.run_state(rec, info)
+    return {"run": run.name, "path": str(run.root), "state": state, "job_id": rec.job_id,
             "last_checkpoint_step": last[0] if last else None,
             "restarts": policy.restarts_used(events),
             "age_s": round(time.time() - manifest.get("created", time.time()), 1),
             "last_event": events[-1]["event"] if events else None,
             **history(run, events, manifest, last),
             **({"slurm_state": info.state, "slurm_source": info.source, "slurm_exit_code": info.exit_code,
-                "reason": info.reason, "nodes": info.nodes} if info else {})}
+                "reason": info.reason, "nodes": info.nodes} if info else {}),
+            **(_parallel_store(run).status(state, manifest.get("items", 0)) if _is_parallel(manifest) else {})}
+
+
+def _is_parallel(manifest: Mapping[str, Any]) -> bool:
+    return manifest.get("kind") == "parallel"
+
+
+def is_parallel(run: RunDir) -> bool:
+    """A `runner parallel` run (its manifest says so) rather than a training run."""
+    return _is_parallel(read_json(run.manifest, {}) or {})
+
+
+def _parallel_store(run: RunDir) -> Any:
+    from runner.parallel.store import Store
+
+    return Store(run)
 
 
 def broken_row(run: RunDir, problem: str) -> dict[str, Any]:
@@ -187,6 +204,9 @@ def table(rows: list[dict[str, Any]]) -> str:
         d[6] = f"{r['goodput']:.0%}" if r.get("goodput") is not None else "-"
         if r.get("last_cause"):
             d[7] = f"{d[7]}: {r['last_cause'][:60]}"
+        if r.get("kind") == "parallel":  # a `runner parallel` run: items instead of checkpoints
+            d[3] = f"{r['items_done']}/{r['items_total']} items" + (f", {r['items_failed']} failed"
+                                                                    if r["items_failed"] else "")
         if r.get("error"):
             d[7] = f"error: {r['error'][:80]}"
     heads = ("RUN", "STATE", "JOB", "CKPT", "RESTARTS", "LOST", "GOODPUT", "LAST", "AGE")
@@ -228,6 +248,8 @@ def ended(run: RunDir) -> bool | None:
 
 def log_path(run: RunDir, rank: int | None, attempt: int | None = None) -> Path:
     """A rank's log, or with ``rank=None`` Slurm's batch output (``slurm-JOB.out``: the batch shell, hooks)."""
+    if rank is not None and is_parallel(run):  # `runner parallel`: the driver's
+        return run.attempt_logs(attempt or (run.attempts() or [1])[-1]) / "driver.log"
     if rank is not None:
         return run.rank_log(rank, attempt)
     job = run.job_id()
@@ -290,6 +312,10 @@ def cancel(run: RunDir, wait_s: float = 30) -> int:
         return 0
     atomic_write(run.cancelled, json.dumps({"job_id": job, "time": time.time()}) + "\n")
     run.record("cancelled", job_id=job)
+    if _is_parallel(manifest):  # the driver stops its workers (and their Slurm jobs) and keeps what is done
+        gone = _parallel_store(run).stop_driver(wait_s)
+        print(f"cancelled {run.name}" + ("" if gone else "; its driver runs on another host: stop it there"))
+        return 0
     if job and manifest.get("scheduler") == "slurm":
         from runner.host import slurm
 

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from runner.errors import ConfigError
-from runner.spec import validate
+from runner.spec import parallel, validate
 from runner.spec.schema import SCHEMA
 from runner.spec.typed import RunConfig, view
 from runner.spec.validate import Problems
@@ -65,7 +65,7 @@ class Config:
         """
         d: dict[str, Any] = copy.deepcopy(dict(self.data))
         for key in ("name", "num_nodes", "num_device", "scheduler", "run_root", "slurm", "alerts", "preflight",
-                    "resume", "env", "network", "container"):
+                    "resume", "env", "network", "container", "parallel"):
             d.pop(key, None)
         for key in ("devices", "num_nodes", "accumulate_grad_batches"):
             d["trainer"].pop(key, None)
@@ -414,24 +414,38 @@ def _resolve_all(node: Any, interp: _Interp, problems: Problems, path: str) -> A
 
 
 def load(path: str | Path, overrides: list[str] | None = None, run_dir: str = "${run_dir}",
-         files: bool = True) -> Config:
+         files: bool = True, kind: str = "train") -> Config:
     """Read, override, interpolate and validate a config; raise ConfigError listing every problem.
 
     ``files``: check paths the config names on this machine (``container.code`` next to the config, ``run_root``);
-    False for a run directory's own resolved config, which was checked when it was submitted."""
+    False for a run directory's own resolved config, which was checked when it was submitted.
+    ``kind="parallel"`` (``runner parallel``) checks only what a Dask workload reads (``SCHEMA_PARALLEL``):
+    its ``data`` then holds no training sections, and the training properties of Config do not apply.
+    """
     path = Path(path)
     data, lines = read_yaml(path)
     apply_overrides(data, overrides or [])
     problems = Problems(path, lines)
     validate.check_parallel(data, problems)
+    if kind == "train" and parallel.only_parallel(data):
+        raise ConfigError([f"{path}: found only a parallel: block (a Dask workload); expected a training config "
+                           f"(trainer:, model:, data:). hint: run it with `runner parallel {path}`"])
     data.setdefault("name", None)
     data = _resolve_all(data, _Interp(data, {"run_dir": run_dir}), problems, "")
     if data.get("name") is None:
         data["name"] = re.sub(r"[^A-Za-z0-9_.\-]", "-", path.stem)[:100] or "run"
-    validate.check_schema(data, SCHEMA, problems)
     base = path.resolve().parent
-    validate.check_rules(data, problems, base if files else None)
-    takes = validate.check_targets(data, problems, base)
+    takes = None
+    if kind == "train":
+        validate.check_schema(data, SCHEMA, problems)
+        validate.check_rules(data, problems, base if files else None)
+        takes = validate.check_targets(data, problems, base)
+    else:
+        validate.check_schema(data, parallel.SCHEMA_PARALLEL, problems)
+        if not problems.items:
+            parallel.check(data["parallel"], problems, need_workload=True)
+            validate.check_env(data["env"], problems)
+        validate.check_targets(data, problems, base)
     if problems.items:
         shown, more = problems.items[:MAX_PROBLEMS], len(problems.items) - MAX_PROBLEMS
         raise ConfigError(shown + ([f"{path}: ... and {more} more problems like these"] if more > 0 else []))

@@ -32,6 +32,8 @@ APT_PACKAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9+.:=~/\-]{0,127}\Z")  # never an
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 # Strategies runner can launch (a subset of Lightning 2.6's StrategyRegistry; tests/test_spec_hardening.py checks
 # it against the installed Lightning). The login node never imports Lightning, so these are data.
+TARGET = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+\Z")
+PARALLEL_ENVS = ("local", "local_gpu", "slurm")
 STRATEGIES = ("ddp", "ddp_find_unused_parameters_true", "fsdp")
 # Every value Lightning 2.6 accepts for Trainer(precision=...) (_PRECISION_INPUT), aliases included.
 PRECISIONS: tuple[str | int, ...] = (
@@ -176,6 +178,18 @@ SCHEMA: dict[str, Any] = {
         "timeout_s": _f((int, float), 5, min=0.1),
         "retries": _f(int, 3, min=0),
         "backoff_s": _f((int, float), 1.0, min=0),
+    },
+    # ESPnet3's helper workloads on Dask (`runner parallel`), apart from trainer: runner.spec.parallel.
+    "parallel": {
+        "env": _f(str, "local", choices=PARALLEL_ENVS),
+        "n_workers": _f(int, 1, **POS_INT),
+        "options": {"*": True},  # Dask's: threads_per_worker (local); dask-jobqueue's queue, cores, ... (slurm)
+        "provider": {"*": True},  # _target_ + kwargs: builds each worker's environment once
+        "forward": _f((str, NONE), None, pattern=TARGET, expect="module.function: forward(idx, **env)"),
+        "reduce": _f((str, NONE), None, pattern=TARGET, expect="module.function: reduce(results)"),
+        "items": _f((int, NONE), None, min=0),
+        "chunk_size": _f(int, 100, **POS_INT),
+        "retries": _f(int, 2, min=0),
     },
     "preflight": {
         "enabled": _f(bool, True),

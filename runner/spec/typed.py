@@ -130,6 +130,18 @@ class Preflight(TypedDict):
     reuse_s: float
 
 
+class Parallel(TypedDict):
+    env: str
+    n_workers: int
+    options: dict[str, Any]
+    provider: dict[str, Any]
+    forward: str | None
+    reduce: str | None
+    items: int | None
+    chunk_size: int
+    retries: int
+
+
 class RunConfig(TypedDict):
     name: str  # filled from the file name during validation: never None after it
     num_nodes: int
@@ -152,6 +164,7 @@ class RunConfig(TypedDict):
     watchdog: Watchdog
     alerts: Alerts
     preflight: Preflight
+    parallel: Parallel
 
 
 def view(data: dict[str, Any]) -> RunConfig:

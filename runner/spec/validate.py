@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import copy
 import difflib
-import json
 import math
 from pathlib import Path
 from typing import Any
 
-from runner.spec import targets
+from runner.spec import parallel, targets
 from runner.spec.schema import (
     ABS_PATH,
     APT_PACKAGE,
@@ -229,15 +228,7 @@ def _check_strings(d: dict[str, Any], problems: Problems, base: Path | None) -> 
     for i, flag in enumerate(slurm["extra_flags"] if isinstance(slurm["extra_flags"], list) else []):
         if not isinstance(flag, str) or not flag.startswith("--") or not SBATCH_SAFE.fullmatch(flag):
             problems.add(f"slurm.extra_flags[{i}]", flag, "an sbatch flag like --mail-type=END (no spaces/quotes)")
-    for key, value in d["env"].items():
-        if not ENV_NAME.fullmatch(str(key)):
-            problems.add(f"env.{key}", key, "an environment variable name", "use letters, digits and _")
-        elif (key in RESERVED_ENV or str(key).startswith(RESERVED_ENV_PREFIXES)) and key not in ENV_SWITCHES:
-            problems.add(f"env.{key}", key, "a name the batch script, Slurm or runner do not own",
-                         f"{key} is set by the batch script or Slurm; names starting with "
-                         f"{', '.join(RESERVED_ENV_PREFIXES)} are reserved")
-        elif not isinstance(value, (str, int, float, bool)):
-            problems.add(f"env.{key}", value, "a string or number")
+    check_env(d["env"], problems)
     c = d["container"]
     item_patterns = {"apt": (APT_PACKAGE, "a Debian package name like htop or pkg=1.2"),
                      "binds": (ABS_PATH, "an absolute path like /shared/data (no spaces, : or ,)"),
@@ -263,6 +254,21 @@ def _check_strings(d: dict[str, Any], problems: Problems, base: Path | None) -> 
         if blocker:
             problems.add("run_root", d["run_root"], "a directory (or a path that can be created)",
                          f"{blocker} is a file")
+    parallel.check(d["parallel"], problems, need_workload=False)
+
+
+def check_env(env: dict[str, Any], problems: Problems) -> None:
+    """``env:`` lands in export lines of job scripts: names must be names the script does not own, values
+    scalars."""
+    for key, value in env.items():
+        if not ENV_NAME.fullmatch(str(key)):
+            problems.add(f"env.{key}", key, "an environment variable name", "use letters, digits and _")
+        elif (key in RESERVED_ENV or str(key).startswith(RESERVED_ENV_PREFIXES)) and key not in ENV_SWITCHES:
+            problems.add(f"env.{key}", key, "a name the batch script, Slurm or runner do not own",
+                         f"{key} is set by the batch script or Slurm; names starting with "
+                         f"{', '.join(RESERVED_ENV_PREFIXES)} are reserved")
+        elif not isinstance(value, (str, int, float, bool)):
+            problems.add(f"env.{key}", value, "a string or number")
 
 
 def _check_code(entry: str, key: str, base: Path, problems: Problems) -> None:
@@ -291,11 +297,14 @@ def check_targets(d: dict[str, Any], problems: Problems, base: Path) -> bool | N
 
     Returns whether the data module takes ``dataloader`` (None: not known statically)."""
     takes = None
-    for section in ("model", "data"):
-        target = d[section].get("_target_")
+    par = d.get("parallel") or {}
+    pairs: list[tuple[str, Any, str | None]] = [(f"{s}._target_", (d.get(s) or {}).get("_target_"), s)
+                                                for s in ("model", "data")]
+    pairs += [("parallel.provider._target_", (par.get("provider") or {}).get("_target_"), None),
+              ("parallel.forward", par.get("forward"), None), ("parallel.reduce", par.get("reduce"), None)]
+    for key, target, section in pairs:
         if not isinstance(target, str):
             continue
-        key = f"{section}._target_"
         found = targets.resolve(target, base)
         if found.status == "invalid":
             problems.add(key, target, found.detail)
@@ -310,7 +319,7 @@ def check_targets(d: dict[str, Any], problems: Problems, base: Path) -> bool | N
         elif section == "data" and targets.accepts(found.node, "dataloader") is False:
             problems.note(f"data._target_: {target} does not take `dataloader`: dataloader.train/valid (batch_size, "
                           "shards, workers) are not applied and the global batch is the data module's own")
-        if found.status != "found":
+        if found.status != "found" or section is None:
             continue
         known = targets.params(found.node)
         if known is not None:
@@ -324,11 +333,14 @@ def check_targets(d: dict[str, Any], problems: Problems, base: Path) -> bool | N
 
 def check_parallel(data: dict[str, Any], problems: Problems) -> None:
     """ESPnet3's ``parallel`` block is for Dask workloads; trainer settings there are a classic mistake."""
-    par = data.pop("parallel", None)
-    if par is None:
+    par = data.get("parallel")
+    if not isinstance(par, dict):
         return
-    flat = json.dumps(par)
-    misplaced = [k for k in TRAINER_KEYS if f'"{k}"' in flat]
-    hint = "`parallel` is for Dask workloads in ESPnet3; DDP settings go under trainer:"
-    problems.add("parallel", ", ".join(misplaced) or par, "trainer settings under trainer:", hint)
-
+    options: dict[str, Any] = par["options"] if isinstance(par.get("options"), dict) else {}
+    misplaced = [k for k in TRAINER_KEYS if k in par or k in options]
+    if misplaced:
+        hint = "`parallel` is for Dask workloads in ESPnet3; DDP settings go under trainer:"
+        problems.add("parallel", ", ".join(misplaced), "trainer settings under trainer:", hint)
+    for key in misplaced:  # said once, here
+        par.pop(key, None)
+        options.pop(key, None)
