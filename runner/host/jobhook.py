@@ -29,6 +29,7 @@ from runner import policy, proc
 from runner.errors import RunnerError
 from runner.host import nodes
 from runner.host.status import records
+from runner.job.checks import ONLY_ENV
 from runner.rundir import ATTEMPT_ENV, EXIT_REQUEUE, RunDir, atomic_write, read_json
 from runner.spec.typed import read_resolved
 
@@ -119,7 +120,8 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
         return 0
     crash, bad, own_cause = _failure(run, event, rec)
     this_exit = {"event": "exit", "outcome": event, "crash": crash, "time": time.time()}
-    decision = policy.after_exit(event, attempt, job, limits, [*rec.events, this_exit], bad)
+    probe_only = str(cfg["env"].get(ONLY_ENV)) == "1"  # `runner preflight`: a report, never a resubmission
+    decision = policy.after_exit(event, attempt, job, limits, [*rec.events, this_exit], () if probe_only else bad)
     if decision.action == "stop" and crash:
         own_cause = f"crash_loop: {crash.get('type')}: {crash.get('message')} at {crash.get('frame')}, step " \
                     f"{crash.get('step')}, in two attempts in a row"
