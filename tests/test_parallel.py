@@ -208,7 +208,7 @@ def _problems(tmp_path: Path, overrides: list[str], kind: str = "parallel") -> l
     (["parallel.env=slurm", "parallel.options.queue=gpu;reboot"], "parallel.options.queue", "shell characters"),
     (["parallel.forward=null"], "parallel.forward", "forward(idx, **env)"),
     (["parallel.forward=runner.dev.stats.nope"], "parallel.forward", "'nope'"),
-    (["parallel.provider._target_=nowhere.mod.fn"], "parallel.provider._target_", "nowhere.mod"),
+    (["parallel.provider._target_=runner.dev.stats.NoSuchProvider"], "parallel.provider._target_", "NoSuchProvider"),
     (["parallel.n_workers=0"], "parallel.n_workers", ">= 1"),
     (["parallel.options.num_nodes=2"], "parallel", "trainer settings under trainer:"),
     (["env.BAD;rm=1"], "env.BAD;rm", "environment variable name"),

@@ -56,6 +56,12 @@ class Plan:
         return self.cfg.data["parallel"]
 
     @property
+    def code_env(self) -> dict[str, str]:
+        """The workers import the workload from the config's directory (validation only read the source there:
+        nothing of the user's is imported on this host)."""
+        return {P.CODE_PATH_ENV: str(self.cfg.path.resolve().parent)}
+
+    @property
     def items_left(self) -> int:
         return sum(len(items) for _, items in self.left)
 
@@ -119,7 +125,8 @@ def plan(path: Path, overrides: list[str]) -> Plan:
             raise RunnerError(f"run directory {run.root}: found characters sbatch cannot read in #SBATCH lines; "
                               "expected letters, digits and _.-/ hint: set run_root to such a path")
 
-        env = {"RUNNER_RUN_DIR": run.root, "OMP_NUM_THREADS": par["options"].get("cores", 1), **cfg.data["env"]}
+        env = {"RUNNER_RUN_DIR": run.root, "OMP_NUM_THREADS": par["options"].get("cores", 1),
+               **p.code_env, **cfg.data["env"]}
         prologue = [f"export {k}={q(v)}" for k, v in env.items()]
         p.cluster_kwargs = P.slurm_kwargs(par, cfg.data["slurm"], job_name=f"par-{name}"[:64],
                                           log_dir=str(run.logs / "workers"), python=_worker_python(cfg, run),
@@ -183,7 +190,8 @@ def _cluster(p: Plan) -> Any:
     extra = {"memory_limit": par["options"]["memory_limit"]} if "memory_limit" in par["options"] else {}
     envs = P.worker_envs(par["env"], par["n_workers"], threads, p.gpus)
     common = {"host": "127.0.0.1", "dashboard": False, "silence_logs": logging.ERROR, "nthreads": threads, **extra}
-    workers = {f"worker-{i}": {"cls": Nanny, "options": {**common, "env": env}} for i, env in enumerate(envs)}
+    workers = {f"worker-{i}": {"cls": Nanny, "options": {**common, "env": {**env, **p.code_env}}}
+               for i, env in enumerate(envs)}
     # No dashboard; its HTTP server (health, metrics) on a free port rather than a warning about a taken 8787.
     scheduler = {"cls": Scheduler, "options": {"host": "127.0.0.1", "dashboard": False, "dashboard_address": ":0"}}
     return SpecCluster(workers=workers, scheduler=scheduler, silence_logs=logging.ERROR)  # type: ignore[no-untyped-call]

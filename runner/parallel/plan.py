@@ -15,6 +15,8 @@ from typing import Any
 from runner.spec.parallel import OPTIONS
 from runner.spec.typed import Parallel
 
+CODE_PATH_ENV = "RUNNER_CODE_PATH"  # set by the driver for the workers: the config's directory (the workload)
+
 
 @dataclass(frozen=True)
 class Chunk:

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from runner.log import one_line
+from runner.parallel.plan import CODE_PATH_ENV
 from runner.parallel.store import Store
 from runner.rundir import RunDir
 
@@ -21,6 +24,9 @@ _ENVS: dict[str, dict[str, Any]] = {}  # per worker process: provider (as JSON) 
 
 
 def resolve(target: str) -> Callable[..., Any]:
+    for entry in os.environ.get(CODE_PATH_ENV, "").split(os.pathsep):
+        if entry and entry not in sys.path:
+            sys.path.insert(0, entry)
     module, _, name = target.rpartition(".")
     fn: Callable[..., Any] = getattr(importlib.import_module(module), name)
     return fn
