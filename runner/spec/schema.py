@@ -86,7 +86,7 @@ SCHEMA: dict[str, Any] = {
         "nccl_tests": _f(bool, False),
         "perftest": _f(bool, False),
         "install_lightning": _f(bool, True),
-        "runtime": _f(str, "apptainer", choices=("apptainer", "singularity", "none")),
+        "runtime": _f(str, "apptainer", choices=("apptainer", "singularity", "podman", "pyxis", "none")),
         "builder": _f(str, "auto", choices=("auto", "docker", "podman")),
         "image_dir": _f(str, "images"),
         "image": _f((str, NONE), None),
@@ -95,6 +95,7 @@ SCHEMA: dict[str, Any] = {
         "python": _f(str, "python"),
         "workdir": _f(str, "/workspace"),
         "code": _f(list, ["runner"]),
+        "wheelhouse": _f((str, NONE), None, pattern=SBATCH_SAFE, expect="a directory path without spaces"),
     },
     "slurm": {
         "partition": _f((str, NONE), None, pattern=SBATCH_SAFE),
