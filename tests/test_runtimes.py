@@ -15,7 +15,7 @@ import pytest
 
 from runner import spec
 from runner.errors import BuildError
-from runner.host import build, render, runtimes
+from runner.host import build, render
 from runner.job import container
 from tests.test_render import GOLDEN, GOLDEN_CONF, RUN_DIR, lint
 
@@ -77,7 +77,7 @@ def test_each_runtime_passes_binds_env_and_the_run_dir() -> None:
 
 
 def test_every_runtime_has_a_prefix() -> None:
-    assert set(runtimes.PREFIXES) == set(spec.schema.SCHEMA["container"]["runtime"].choices)
+    assert set(render.RUNTIMES) == set(spec.schema.SCHEMA["container"]["runtime"].choices)
 
 
 def wheelhouse(d: Path) -> Path:

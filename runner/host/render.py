@@ -13,6 +13,7 @@ import json
 import shlex
 import sys
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import jinja2
@@ -21,6 +22,7 @@ from runner import __version__
 from runner.errors import BuildError
 from runner.rundir import ATTEMPT_ENV
 from runner.spec import Config
+from runner.spec.typed import Container
 
 LIGHTNING_PIN = "lightning==2.6.*"
 NCCL_TESTS_REF = "v2.17.1"  # a release tag, so the image is reproducible
@@ -136,12 +138,60 @@ def spec_hash(cfg: Config, code_files: dict[str, bytes]) -> str:
     return h.hexdigest()[:12]
 
 
-def exec_prefix(cfg: Config, image: str, binds: list[str], env_names: list[str], run_dir: str) -> str:
-    """The part of the srun line that differs between runtimes (``runner.host.runtimes``)."""
-    from runner.host import runtimes
+# How each container runtime starts a rank: the part of the srun line between ``srun ...`` and ``-m runner...``.
+#
+# One small function per runtime; the rest of the batch script is the same for all of them. Every value goes
+# through the one quoting filter ``q``; ``$NAME`` references are left for the batch shell to expand.
+#
+# - ``apptainer`` / ``singularity``: ``exec --nv --bind SRC:DST IMAGE.sif python``; the launcher's variables are
+#   passed with ``--env`` because sites that set ``--cleanenv`` would drop them.
+# - ``podman``: ``podman run --rm`` with the host's network, IPC, UTS and PID namespaces (ranks see the node's
+#   interfaces and hostname, and their pids are the node's), the binds at the same path inside and outside,
+#   and the environment passed explicitly (``SLURM_*`` and the named variables; podman passes nothing by default).
+# - ``pyxis``: srun's own ``--container-image`` / ``--container-mounts`` / ``--container-workdir`` flags
+#   (NVIDIA enroot + pyxis); pyxis passes the task's environment into the container itself.
+# - ``none``: the host's Python.
+# Each: (container section, image, bind paths, variable names, run directory) -> shell words
+Prefix = Callable[[Container, str, list[str], list[str], str], str]
 
+
+def _apptainer(c: Container, image: str, binds: list[str], env_names: list[str], run_dir: str) -> str:
+    parts = [c["runtime"], "exec", "--nv"]
+    if binds:
+        parts += ["--bind", q(",".join(f"{b}:{b}" for b in binds))]
+    for name in env_names:
+        parts += ["--env", f'"{name}=${name}"']
+    return " ".join([*parts, q(image), q(c["python"])])
+
+
+def _podman(c: Container, image: str, binds: list[str], env_names: list[str], run_dir: str) -> str:
+    parts = ["podman", "run", "--rm", "--network=host", "--ipc=host", "--uts=host", "--pid=host",
+             "--env", q("SLURM_*")]
+    for b in binds:
+        parts += ["--volume", q(f"{b}:{b}")]
+    for name in env_names:
+        parts += ["--env", name]  # NAME alone: podman takes the value from its own environment
+    return " ".join([*parts, "--workdir", q(run_dir), q(image), q(c["python"])])
+
+
+def _pyxis(c: Container, image: str, binds: list[str], env_names: list[str], run_dir: str) -> str:
+    mounts = ",".join(f"{b}:{b}" for b in binds)
+    return " ".join([q(f"--container-image={image}"), q(f"--container-mounts={mounts}"),
+                     q(f"--container-workdir={run_dir}"), q(c["python"])])
+
+
+def _none(c: Container, image: str, binds: list[str], env_names: list[str], run_dir: str) -> str:
+    return q(sys.executable)
+
+
+RUNTIMES: dict[str, Prefix] = {"apptainer": _apptainer, "singularity": _apptainer, "podman": _podman,
+                               "pyxis": _pyxis, "none": _none}
+
+
+def exec_prefix(cfg: Config, image: str, binds: list[str], env_names: list[str], run_dir: str) -> str:
+    """The part of the srun line that differs between runtimes; everything else in the script is shared."""
     c = cfg.data["container"]
-    return runtimes.PREFIXES[c["runtime"]](c, image, binds, env_names, run_dir)
+    return RUNTIMES[c["runtime"]](c, image, binds, env_names, run_dir)
 
 
 # Variables the launcher needs inside the container. Apptainer passes the host environment through by
