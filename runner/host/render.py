@@ -12,8 +12,8 @@ import hashlib
 import json
 import shlex
 import sys
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import jinja2
