@@ -62,7 +62,8 @@ def test_each_runtime_passes_binds_env_and_the_run_dir() -> None:
     """Parsed as the shell would: hostile bind paths stay one word each, the run root is bound at its own path."""
     binds = ["/data/a b", "/x'y"]
     words = shlex.split(srun_line(sbatch("podman", f"container.binds={json.dumps(binds)}")))
-    assert words[3:10] == ["podman", "run", "--rm", "--network=host", "--ipc=host", "--uts=host", "--pid=host"]
+    assert words[3:11] == ["podman", "run", "--rm", "--network=host", "--ipc=host", "--uts=host", "--pid=host",
+                           "--cgroupns=private"]
     for b in [*binds, str(RUN_DIR.parent)]:
         assert words[words.index(f"{b}:{b}") - 1] == "--volume"
     for name in ["SLURM_*", "MASTER_ADDR", "MASTER_PORT", "RUNNER_ATTEMPT", "RUNNER_RUN_DIR", "NCCL_NVLS_ENABLE"]:

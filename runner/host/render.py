@@ -165,7 +165,9 @@ def _apptainer(c: Container, image: str, binds: list[str], env_names: list[str],
 
 
 def _podman(c: Container, image: str, binds: list[str], env_names: list[str], run_dir: str) -> str:
-    parts = ["podman", "run", "--rm", "--network=host", "--ipc=host", "--uts=host", "--pid=host",
+    # --cgroupns=private: runc mounts the container's own cgroup view instead of bind-mounting the caller's
+    # cgroup paths, which fail where a node's cgroup tree is itself a subtree (the dev cluster, nested setups).
+    parts = ["podman", "run", "--rm", "--network=host", "--ipc=host", "--uts=host", "--pid=host", "--cgroupns=private",
              "--env", q("SLURM_*")]
     for b in binds:
         parts += ["--volume", q(f"{b}:{b}")]
