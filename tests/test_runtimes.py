@@ -167,3 +167,20 @@ def test_in_container_only_with_the_images_python(tmp_path: Path, monkeypatch: p
     container.PYTHON_PREFIX.write_text(sys.prefix + "\n")
     assert container.describe({"runtime": "podman", "image": "x"}) == {
         "runtime": "podman", "image": "x", "in_container": True, "image_spec_hash": "abc"}
+
+
+def test_build_from_run_uses_the_runs_config_and_refuses_another_spec(tmp_path: Path) -> None:
+    from runner.host import submit
+
+    overrides = [f"run_root={tmp_path}", f"container.image_dir={tmp_path / 'img'}", "container.builder=podman"]
+    p = submit.plan(GOLDEN_CONF, overrides, allow_missing_image=True)
+    submit.write(p)
+    manifest = json.loads(p.run.manifest.read_text())
+    assert manifest["runtime"] == "apptainer" and manifest["image"].endswith(f"-{manifest['spec_hash']}.sif")
+    assert build.plan_from_run(p.run.root).spec_hash == manifest["spec_hash"]
+    manifest["spec_hash"] = "0123456789ab"  # as if the code had changed since the run
+    p.run.manifest.write_text(json.dumps(manifest))
+    with pytest.raises(BuildError, match=r"give spec [0-9a-f]{12}; the run recorded spec 0123456789ab\. hint:"):
+        build.plan_from_run(p.run.root)
+    with pytest.raises(BuildError, match="expected a run directory"):
+        build.plan_from_run(tmp_path / "nope")
