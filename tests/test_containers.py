@@ -204,6 +204,7 @@ def test_stale_image_fails_in_seconds_and_build_from_run_gives_the_same_spec(ima
     have = json.loads(subprocess.run(["podman", "run", "--rm", image, "cat", "/etc/runner-spec.json"],
                                      capture_output=True, text=True, timeout=60, check=True).stdout)["spec_hash"]
     assert f"found image spec {have}; expected spec 0123456789ab" in log
+    assert json.loads((run / "preflight.json").read_text())["summary"].startswith("stale image: image ")
     assert took < 30, took
 
 

@@ -17,6 +17,7 @@ from runner import spec
 from runner.errors import BuildError
 from runner.host import build, render
 from runner.job import container
+from runner.rundir import RunDir, read_json
 from tests.test_render import GOLDEN, GOLDEN_CONF, RUN_DIR, lint
 
 IMAGES = {"apptainer": "/shared/images/ngc-4x8gpu-GOLDEN.sif", "podman": "localhost/runner-ngc-4x8gpu:GOLDEN",
@@ -152,9 +153,13 @@ def test_stale_image(runtime: str, want: str | None, have: str | None, force: bo
     monkeypatch.setattr(container, "SPEC", tmp_path / "runner-spec.json")
     if have:
         container.SPEC.write_text(json.dumps({"spec_hash": have}))
+    run = RunDir(tmp_path / "run")
+    run.root.mkdir()
     with caplog.at_level(logging.INFO):
-        assert container.stale_image({"runtime": runtime, "spec_hash": want, "image": "img"}, force) is stops
+        assert container.stale_image({"runtime": runtime, "spec_hash": want, "image": "img"}, force, run) is stops
     assert (says in caplog.text) if says else caplog.text == ""
+    summary = (read_json(run.preflight, {}) or {}).get("summary", "")
+    assert summary.startswith("stale image: image img: found") if stops else not run.preflight.exists()
 
 
 def test_in_container_only_with_the_images_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

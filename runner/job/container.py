@@ -8,12 +8,13 @@ and the check that the image is the one the run was submitted with.
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from pathlib import Path
 from typing import Any
 
-from runner.rundir import read_json
+from runner.rundir import RunDir, atomic_write, read_json
 
 SPEC = Path("/etc/runner-spec.json")
 PYTHON_PREFIX = Path("/etc/runner-python-prefix")
@@ -33,11 +34,12 @@ def describe(manifest: dict[str, Any]) -> dict[str, Any]:
             "image_spec_hash": (read_json(SPEC, {}) or {}).get("spec_hash") if inside() else None}
 
 
-def stale_image(manifest: dict[str, Any], force: bool) -> bool:
+def stale_image(manifest: dict[str, Any], force: bool, report: RunDir | None = None) -> bool:
     """True when this rank must not train in this image: another spec than the run's (logged, naming both).
 
     A run submitted for an image (``spec_hash`` in its manifest) that starts in another one (rebuilt, or a tag
-    or path that now holds other code) stops at once; ``resume.force`` turns it into a warning.
+    or path that now holds other code) stops at once; ``resume.force`` turns it into a warning. ``report`` (rank 0):
+    the run whose preflight.json/.txt say why, for the exit hook's alert and ``runner status``.
     """
     want = manifest.get("spec_hash")
     if manifest.get("runtime", "none") == "none" or not want:
@@ -50,6 +52,10 @@ def stale_image(manifest: dict[str, Any], force: bool) -> bool:
     if force:
         log.warning("%s; resume.force is set: training anyway", what)
         return False
-    log.error("%s. hint: `runner build --from-run RUN_DIR` rebuilds the run's image (resume.force: true in the "
-              "run's config.yaml trains anyway)", what)
+    why = (f"{what}. hint: `runner build --from-run RUN_DIR` rebuilds the run's image (resume.force: true in the "
+           "run's config.yaml trains anyway)")
+    log.error("%s", why)
+    if report is not None:
+        atomic_write(report.preflight, json.dumps({"status": "fail", "summary": f"stale image: {what}"}) + "\n")
+        atomic_write(report.root / "preflight.txt", why + "\n")
     return True

@@ -267,7 +267,7 @@ def train(rd: RunDir) -> int:
     # between nodes) unless the config names it; rank 0 records every value in env.json.
     ne = netenv.setup(cfg, rd, rank)
     _write_rank_info(rd, rank, local, node, world, attempt)
-    if container.stale_image(manifest, cfg["resume"]["force"]):
+    if container.stale_image(manifest, cfg["resume"]["force"], rd if rank == 0 else None):
         return EXIT_PREFLIGHT
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     flag = StopFlag()
