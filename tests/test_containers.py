@@ -77,7 +77,23 @@ def image_overrides(podman_base_image: str) -> list[str]:
     _run(cli, "runner build (podman)")
     _run([*cli, "container.runtime=apptainer"], "runner build (the Apptainer stand-in's SIF)",
          env={**os.environ, "PATH": f"{STANDIN}:{os.environ['PATH']}"})
+    cfg = spec.load(CONF, overrides)
+    _prune(CACHE / "images", render.spec_hash(cfg, build.image_code_files(cfg)))
     return overrides
+
+
+def _prune(images: Path, keep: str) -> None:
+    """Older specs' images (a GB each): their archive, SIF, record, build directory and podman tag."""
+    for record in images.glob(f"{CONF.stem}-*.json"):
+        h = record.stem.rsplit("-", 1)[1]
+        if h == keep:
+            continue
+        tag = (json.loads(record.read_text()) or {}).get("tag")
+        if tag:
+            subprocess.run(["podman", "rmi", "--force", tag], capture_output=True, timeout=300, check=False)
+        for f in (record.with_suffix(".tar"), record.with_suffix(".sif"), record):
+            f.unlink(missing_ok=True)
+        shutil.rmtree(images / "build" / record.stem, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
