@@ -181,7 +181,9 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--allow-missing-image", action="store_true",
                     help="submit even if the image is missing here or was built from a different spec")
     sp = cmd("build", _build, "render the Dockerfile and Apptainer definition; build the image and the SIF")
-    config_args(sp)
+    sp.add_argument("config", type=Path, nargs="?", help="run config (YAML)")
+    sp.add_argument("overrides", nargs="*", metavar="key=value", help="override config values")
+    sp.add_argument("--from-run", type=Path, metavar="RUN_DIR", help="rebuild the image a run was submitted with")
     sp.add_argument("--dry-run", action="store_true", help="render and print the build plan; build nothing")
     sp.add_argument("--force", action="store_true", help="rebuild even if the image for this spec exists")
     for name, fn, help in (("status", _status, "show runs: state, job id, last checkpoint, restarts"),

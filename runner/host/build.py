@@ -94,6 +94,7 @@ class Paths:
     sif: Path
 
     archive = property(lambda self: self.sif.with_suffix(".tar"))
+    sqsh = property(lambda self: self.sif.with_suffix(".sqsh"))  # enroot's image, for pyxis
     record = property(lambda self: self.sif.with_suffix(".json"))
     logs = property(lambda self: self.build_dir / "logs")
     dockerfile = property(lambda self: self.build_dir / "Dockerfile")
@@ -110,8 +111,16 @@ def sif_path(cfg: Config, spec_hash: str) -> Path:
 
 
 def image_path(cfg: Config) -> str:
-    """The SIF a run of this config uses (``runner submit``), hashing the spec and the code as a build would."""
-    return str(sif_path(cfg, render.spec_hash(cfg, image_code_files(cfg))))
+    """The image a run of this config uses (``runner submit``), hashing the spec and the code as a build would:
+    the SIF (Apptainer), the builder's tag (podman), the enroot squashfs (pyxis), or ``none``."""
+    runtime = cfg.data["container"]["runtime"]
+    if runtime == "none":
+        return "none"
+    h = render.spec_hash(cfg, image_code_files(cfg))
+    if runtime == "podman":
+        return image_tag(cfg, h)
+    sif = sif_path(cfg, h)
+    return str(sif.with_suffix(".sqsh") if runtime == "pyxis" else sif)
 
 
 def paths(cfg: Config, spec_hash: str) -> Paths:
@@ -189,6 +198,7 @@ class BuildPlan:
     provenance: dict[str, Any]
     sif_tool: str | None
     wants_sif: bool
+    wheelhouse: Path | None = None
     up_to_date: str | None = None
     problem: str | None = None
     values: dict[str, str] = field(default_factory=dict)
@@ -213,7 +223,8 @@ class BuildPlan:
         elif any(s.name == "image" for s in self.steps):
             lines += ["", f"remove {self.paths.record.name} if it exists"]
         lines += [f"write {self.paths.build_dir}/: " + ", ".join(n for n in self.files if not n.startswith("code/"))
-                  + f", code/ ({len(code)} files)"]
+                  + f", code/ ({len(code)} files)"
+                  + (f", wheelhouse/ (the wheels of {self.wheelhouse})" if self.wheelhouse else "")]
         for i, step in enumerate(self.steps, 1):
             lines.append(f"[{i}/{len(self.steps)}] {step.name}: {shlex.join(step.command(self.values))}")
         if any(PLACEHOLDER.search(a) for step in self.steps for a in step.command(self.values)):
@@ -283,6 +294,11 @@ def _steps(builder: str, sif: str | None, tag: str, base: str, p: Paths, python:
     return steps
 
 
+def enroot_argv(builder: str, tag: str, p: Paths) -> list[str]:
+    """enroot's import of the built image into the squashfs that pyxis runs (``srun --container-image``)."""
+    return ["enroot", "import", "--output", str(p.sqsh), f"{'dockerd' if builder == 'docker' else 'podman'}://{tag}"]
+
+
 def sif_step(tool: str, p: Paths) -> Step:
     return Step("sif", "build the SIF", [tool, "build", "--force", str(p.sif), str(p.definition)],
                 timeout_s=SAVE_TIMEOUT_S)
@@ -294,7 +310,29 @@ def _builder_has(builder: str, tag: str) -> bool:
 
 def plan(path: str | Path, overrides: list[str] | None = None, force: bool = False) -> BuildPlan:
     """Render the build directory in memory and decide what has to run; changes nothing."""
-    cfg = spec.load(path, overrides or [])
+    return plan_config(spec.load(path, overrides or []), force)
+
+
+def plan_from_run(run_dir: Path, force: bool = False) -> BuildPlan:
+    """The build of the image a run was submitted with: its resolved config (``config.yaml``), with code paths
+    relative to the config file it came from; refused when that no longer gives the recorded spec hash."""
+    manifest = read_json(run_dir / "manifest.json", None)
+    if not isinstance(manifest, dict) or not (run_dir / "config.yaml").is_file():
+        raise BuildError(f"{run_dir}: found no manifest.json and config.yaml; expected a run directory. "
+                         "hint: see `runner status`")
+    cfg = spec.load(run_dir / "config.yaml")
+    cfg.path = Path(manifest.get("config_file") or cfg.path)
+    bp = plan_config(cfg, force)
+    want = manifest.get("spec_hash")
+    if want and bp.spec_hash != want:
+        git = manifest.get("git") or {}
+        raise BuildError(f"{run_dir.name}: its config and today's code give spec {bp.spec_hash}; the run recorded "
+                         f"spec {want}. hint: check out the run's code (git commit {git.get('commit')}, dirty: "
+                         f"{git.get('dirty')}; manifest.json holds the diff) and run again")
+    return bp
+
+
+def plan_config(cfg: Config, force: bool = False) -> BuildPlan:
     c = cfg.data["container"]
     code = image_code_files(cfg)
     h = render.spec_hash(cfg, code)
@@ -302,7 +340,7 @@ def plan(path: str | Path, overrides: list[str] | None = None, force: bool = Fal
     tag = image_tag(cfg, h)
     base = render.base_image(cfg)
     builder, problem = detect_builder(c["builder"])
-    wants_sif = c["runtime"] != "none"
+    wants_sif = c["runtime"] in ("apptainer", "singularity")
     tool = sif_tool(cfg) if wants_sif else None
     prov = provenance(cfg, h, base)
     files = {"Dockerfile": render.dockerfile(cfg, h).encode(),
@@ -310,7 +348,8 @@ def plan(path: str | Path, overrides: list[str] | None = None, force: bool = Fal
              "provenance.Dockerfile": PROVENANCE_DOCKERFILE.encode(),
              "spec.json": _spec_json(cfg, h, code), ".dockerignore": b"logs/\nimage.json\n"}
     files.update({f"code/{name}": data for name, data in code.items()})
-    bp = BuildPlan(cfg.name, h, builder, tag, p, files, [], prov, tool, wants_sif, problem=problem)
+    wheels = Path(c["wheelhouse"]).resolve() if c["wheelhouse"] else None
+    bp = BuildPlan(cfg.name, h, builder, tag, p, files, [], prov, tool, wants_sif, wheels, problem=problem)
     record = read_json(p.record, {}) if not force else {}
     done = record.get("spec_hash") == h
     if done:  # a SIF built later from this image gets the labels recorded then
@@ -327,13 +366,25 @@ def plan(path: str | Path, overrides: list[str] | None = None, force: bool = Fal
     elif done and wants_sif and p.archive.is_file():
         bp.steps = [sif_step(tool or "apptainer", p)]
         bp.notes.append(f"the image and {p.archive.name} exist for spec {h}; only the SIF is built")
-    elif done and not wants_sif and not problem and _builder_has(builder, tag):
+    elif done and c["runtime"] == "pyxis" and p.sqsh.is_file():
+        bp.up_to_date = f"image {p.sqsh} is up to date (spec {h}); nothing to do (--force rebuilds)"
+    elif done and not wants_sif and not problem and _builder_has(builder, tag) and c["runtime"] != "pyxis":
         bp.up_to_date = f"image {tag} is up to date (spec {h}); nothing to do (--force rebuilds)"
     else:
         bp.steps = _steps(builder, tool, tag, base, p, c["python"], prov, save=wants_sif)
         if wants_sif and tool is None:
             bp.notes.append(missing_sif.replace("is ready", "will be ready"))
-    if all(s.name == "sif" for s in bp.steps):
+    if c["runtime"] == "pyxis" and not bp.up_to_date:
+        if done and _builder_has(builder, tag):
+            bp.steps = []
+        if shutil.which("enroot"):
+            bp.steps.append(Step("sqsh", "import the image into an enroot squashfs (pyxis)",
+                                 enroot_argv(builder, tag, p), timeout_s=SAVE_TIMEOUT_S))
+        else:
+            bp.notes.append(f"enroot not found: on a node with enroot run: {shlex.join(enroot_argv(builder, tag, p))}")
+        if not bp.steps:
+            bp.up_to_date = f"image {tag} (spec {h}) is built; nothing to do here. {bp.notes.pop()}"
+    if all(s.name in ("sif", "sqsh") for s in bp.steps):
         bp.problem = None  # the builder does not run, so a missing one does not matter
     return bp
 
@@ -457,6 +508,14 @@ def write_build_dir(bp: BuildPlan) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
     bp.paths.logs.mkdir(parents=True, exist_ok=True)
+    if bp.wheelhouse:  # into the build context (a hard link where it can be: a GB of wheels)
+        shutil.rmtree(d / "wheelhouse", ignore_errors=True)
+        (d / "wheelhouse").mkdir()
+        for wheel in sorted(bp.wheelhouse.glob("*.whl")):
+            try:
+                os.link(wheel, d / "wheelhouse" / wheel.name)
+            except OSError:
+                shutil.copyfile(wheel, d / "wheelhouse" / wheel.name)
 
 
 def execute(bp: BuildPlan, out: TextIO | None = None) -> int:
@@ -476,7 +535,7 @@ def execute(bp: BuildPlan, out: TextIO | None = None) -> int:
     print(f"runner build: {bp.config_name} spec {bp.spec_hash} with {bp.builder}; build dir {p.build_dir}",
           file=out, flush=True)
     values = dict(bp.values)
-    record = dict(bp.previous) if bp.steps[0].name == "sif" else {}
+    record = dict(bp.previous) if bp.steps[0].name in ("sif", "sqsh") else {}
     durations: dict[str, float] = dict(record.get("durations", {}))
     progress = Progress(len(bp.steps), out)
     t0 = time.monotonic()
@@ -516,9 +575,18 @@ def execute(bp: BuildPlan, out: TextIO | None = None) -> int:
     return 0
 
 
-def image_problem(cfg: Config, sif: Path) -> str | None:
-    """Why ``sif`` is not the image of this config's spec (missing, or built from another spec), or None."""
+def image_problem(cfg: Config, image: str | Path) -> str | None:
+    """Why ``image`` is not the image of this config's spec (missing, or built from another spec), or None."""
     h = render.spec_hash(cfg, image_code_files(cfg))
+    c = cfg.data["container"]
+    if c["runtime"] == "podman":
+        record = read_json(paths(cfg, h).record, None)
+        if not isinstance(record, dict) or record.get("spec_hash") != h:
+            return f"image {image}: no complete build of spec {h} recorded in {paths(cfg, h).record}"
+        if not _builder_has("podman", str(image)):
+            return f"image {image} (spec {h}) is not in this machine's podman storage"
+        return None
+    sif = Path(image)
     record = read_json(sif.with_suffix(".json"), None)
     if sif.is_file():
         if isinstance(record, dict) and record.get("spec_hash") == h:
@@ -528,6 +596,9 @@ def image_problem(cfg: Config, sif: Path) -> str | None:
         if sif.name == f"{cfg.name}-{h}.sif":
             return None  # the name carries the spec hash (a SIF built on another machine and copied here)
         return f"image {sif} has no provenance record {sif.with_suffix('.json').name}, so its spec is unknown"
+    if c["runtime"] == "pyxis":
+        return (f"image {sif} not found; on a node with enroot run: "
+                f"{shlex.join(enroot_argv(c['builder'], image_tag(cfg, h), paths(cfg, h)))}")
     if sif.with_suffix(".tar").is_file():
         return (f"image {sif} not found, only its docker-archive (no apptainer where it was built); run: "
                 f"apptainer build {sif} docker-archive:{sif.with_suffix('.tar')}")
@@ -538,7 +609,12 @@ def image_problem(cfg: Config, sif: Path) -> str | None:
 
 
 def main(args: Any) -> int:
-    bp = plan(args.config, args.overrides, force=args.force)
+    if args.from_run:
+        bp = plan_from_run(args.from_run, force=args.force)
+    elif args.config:
+        bp = plan(args.config, args.overrides, force=args.force)
+    else:
+        raise BuildError("runner build: found neither CONF nor --from-run; expected one. hint: runner build CONF")
     if args.dry_run:
         print(bp)
         return 0

@@ -12,14 +12,17 @@ import hashlib
 import json
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jinja2
 
 from runner import __version__
+from runner.errors import BuildError
 from runner.rundir import ATTEMPT_ENV
 from runner.spec import Config
+from runner.spec.typed import Container
 
 LIGHTNING_PIN = "lightning==2.6.*"
 NCCL_TESTS_REF = "v2.17.1"  # a release tag, so the image is reproducible
@@ -62,10 +65,33 @@ def base_image(cfg: Config) -> str:
     return c["base_image"] or f"nvcr.io/nvidia/pytorch:{c['ngc_tag']}-py3"
 
 
+WHEELHOUSE_IN_BUILD = "/tmp/runner-wheelhouse"  # where the build mounts container.wheelhouse
+
+
+def wheelhouse(cfg: Config) -> dict[str, int] | None:
+    """``container.wheelhouse``'s wheels (name -> size), or None when the build may use the package index.
+
+    Names and sizes, not contents, enter the spec hash: a wheel's name carries its version, and hashing a GB
+    of wheels on every ``runner submit`` would cost seconds.
+    """
+    d = cfg.data["container"]["wheelhouse"]
+    if d is None:
+        return None
+    path = Path(d).resolve()
+    wheels = {f.name: f.stat().st_size for f in sorted(path.glob("*.whl"))} if path.is_dir() else {}
+    if not wheels:
+        raise BuildError(f"container.wheelhouse: found no wheels in {path}; expected a directory of wheels made "
+                         f"on this machine. hint: containers/wheelhouse.sh {d}")
+    return wheels
+
+
 def image_spec(cfg: Config) -> dict[str, Any]:
     """Everything that determines the image, and nothing else (so unrelated edits do not rebuild)."""
     c = cfg.data["container"]
-    return {"base_image": base_image(cfg), "apt": c["apt"], "pip": c["pip"], "nccl_tests": c["nccl_tests"],
+    wheels = wheelhouse(cfg)
+    offline = {"wheelhouse": hashlib.sha256(json.dumps(wheels, sort_keys=True).encode()).hexdigest()[:12]} \
+        if wheels else {}
+    return {**offline, "base_image": base_image(cfg), "apt": c["apt"], "pip": c["pip"], "nccl_tests": c["nccl_tests"],
             "perftest": c["perftest"], "install_lightning": c["install_lightning"], "lightning": LIGHTNING_PIN,
             "nccl_tests_ref": NCCL_TESTS_REF,
             "python": c["python"], "workdir": c["workdir"], "code": c["code"]}
@@ -79,7 +105,17 @@ def spec_labels(cfg: Config, spec_hash: str) -> list[tuple[str, str]]:
 
 def dockerfile(cfg: Config, spec_hash: str) -> str:
     spec = image_spec(cfg)
-    return render("Dockerfile.j2", config_name=cfg.name, labels=spec_labels(cfg, spec_hash), **spec)
+    spec.setdefault("wheelhouse", None)
+    # Offline builds mount the wheelhouse (copied into the build context) for each pip step, and pip reads
+    # only it; the wheelhouse digest in the mount path makes a changed wheelhouse invalidate the layer cache.
+    pip_install = f"{q(spec['python'])} -m pip install"
+    run_pip = "RUN"
+    if spec["wheelhouse"]:
+        target = f"{WHEELHOUSE_IN_BUILD}-{spec['wheelhouse']}"
+        pip_install += f" --no-index --find-links {target}"
+        run_pip = f"RUN --mount=type=bind,source=wheelhouse,target={target}"
+    return render("Dockerfile.j2", config_name=cfg.name, labels=spec_labels(cfg, spec_hash), pip_install=pip_install,
+                  run_pip=run_pip, **spec)
 
 
 def apptainer_def(cfg: Config, spec_hash: str, bootstrap: str, source: str,
@@ -102,17 +138,62 @@ def spec_hash(cfg: Config, code_files: dict[str, bytes]) -> str:
     return h.hexdigest()[:12]
 
 
-def exec_prefix(cfg: Config, image: str, binds: list[str], env_names: list[str]) -> str:
-    """The part of the srun line that differs between runtimes; everything else in the script is shared."""
-    c = cfg.data["container"]
-    if c["runtime"] == "none":
-        return q(sys.executable)
+# How each container runtime starts a rank: the part of the srun line between ``srun ...`` and ``-m runner...``.
+#
+# One small function per runtime; the rest of the batch script is the same for all of them. Every value goes
+# through the one quoting filter ``q``; ``$NAME`` references are left for the batch shell to expand.
+#
+# - ``apptainer`` / ``singularity``: ``exec --nv --bind SRC:DST IMAGE.sif python``; the launcher's variables are
+#   passed with ``--env`` because sites that set ``--cleanenv`` would drop them.
+# - ``podman``: ``podman run --rm`` with the host's network, IPC, UTS and PID namespaces (ranks see the node's
+#   interfaces and hostname, and their pids are the node's), the binds at the same path inside and outside,
+#   and the environment passed explicitly (``SLURM_*`` and the named variables; podman passes nothing by default).
+# - ``pyxis``: srun's own ``--container-image`` / ``--container-mounts`` / ``--container-workdir`` flags
+#   (NVIDIA enroot + pyxis); pyxis passes the task's environment into the container itself.
+# - ``none``: the host's Python.
+# Each: (container section, image, bind paths, variable names, run directory) -> shell words
+Prefix = Callable[[Container, str, list[str], list[str], str], str]
+
+
+def _apptainer(c: Container, image: str, binds: list[str], env_names: list[str], run_dir: str) -> str:
     parts = [c["runtime"], "exec", "--nv"]
     if binds:
         parts += ["--bind", q(",".join(f"{b}:{b}" for b in binds))]
     for name in env_names:
         parts += ["--env", f'"{name}=${name}"']
-    return " ".join(parts + [q(image), q(c["python"])])
+    return " ".join([*parts, q(image), q(c["python"])])
+
+
+def _podman(c: Container, image: str, binds: list[str], env_names: list[str], run_dir: str) -> str:
+    # --cgroupns=private: runc mounts the container's own cgroup view instead of bind-mounting the caller's
+    # cgroup paths, which fail where a node's cgroup tree is itself a subtree (the dev cluster, nested setups).
+    parts = ["podman", "run", "--rm", "--network=host", "--ipc=host", "--uts=host", "--pid=host", "--cgroupns=private",
+             "--env", q("SLURM_*")]
+    for b in binds:
+        parts += ["--volume", q(f"{b}:{b}")]
+    for name in env_names:
+        parts += ["--env", name]  # NAME alone: podman takes the value from its own environment
+    return " ".join([*parts, "--workdir", q(run_dir), q(image), q(c["python"])])
+
+
+def _pyxis(c: Container, image: str, binds: list[str], env_names: list[str], run_dir: str) -> str:
+    mounts = ",".join(f"{b}:{b}" for b in binds)
+    return " ".join([q(f"--container-image={image}"), q(f"--container-mounts={mounts}"),
+                     q(f"--container-workdir={run_dir}"), q(c["python"])])
+
+
+def _none(c: Container, image: str, binds: list[str], env_names: list[str], run_dir: str) -> str:
+    return q(sys.executable)
+
+
+RUNTIMES: dict[str, Prefix] = {"apptainer": _apptainer, "singularity": _apptainer, "podman": _podman,
+                               "pyxis": _pyxis, "none": _none}
+
+
+def exec_prefix(cfg: Config, image: str, binds: list[str], env_names: list[str], run_dir: str) -> str:
+    """The part of the srun line that differs between runtimes; everything else in the script is shared."""
+    c = cfg.data["container"]
+    return RUNTIMES[c["runtime"]](c, image, binds, env_names, run_dir)
 
 
 # Variables the launcher needs inside the container. Apptainer passes the host environment through by
@@ -137,4 +218,5 @@ def sbatch(cfg: Config, run_dir: Path, image: str) -> str:
                   nodes=d["num_nodes"], ntasks_per_node=d["num_device"], gpus_per_node=gpus,
                   cpus_per_task=s["cpus_per_task"], time=s["time"], sbatch_flags=flags, requeue=s["requeue"],
                   signal=s["signal"], signal_lead_s=s["signal_lead_s"], run_dir=str(run_dir), env=env,
-                  host_python=sys.executable, ifname=ifname, exec_prefix=exec_prefix(cfg, image, binds, env_names))
+                  host_python=sys.executable, ifname=ifname,
+                  exec_prefix=exec_prefix(cfg, image, binds, env_names, str(run_dir)))

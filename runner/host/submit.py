@@ -87,11 +87,18 @@ def check_image(cfg: spec.Config, image: str, allow_missing: bool = False) -> st
     c = cfg.data["container"]
     if c["runtime"] == "none" or cfg.data["scheduler"] != "slurm" or allow_missing or c["allow_missing_image"]:
         return None
-    problem = build.image_problem(cfg, Path(image))
+    problem = build.image_problem(cfg, image)
     if problem is None:
         return None
     return (f"{problem}. hint: run `runner build {cfg.path}` first, or pass --allow-missing-image "
             "(container.allow_missing_image: true) if the image exists where the job runs")
+
+
+def _spec_hash(cfg: spec.Config) -> str | None:
+    """The image spec a Slurm run in a container trains with (the job checks its image against it)."""
+    if cfg.data["container"]["runtime"] == "none":
+        return None
+    return render.spec_hash(cfg, build.image_code_files(cfg))
 
 
 def plan(path: Path, overrides: list[str], allow_missing_image: bool = False) -> Plan:
@@ -101,14 +108,15 @@ def plan(path: Path, overrides: list[str], allow_missing_image: bool = False) ->
     run = new_run_dir(cfg)
     rd_path = run.root
     cfg = spec.load(path, overrides, run_dir=str(rd_path))
-    image = build.image_path(cfg) if cfg.data["container"]["runtime"] != "none" else "none"
+    image = build.image_path(cfg)
     image_problem = check_image(cfg, image, allow_missing_image)
     git = git_provenance(path.resolve().parent)
     diff = str(git.pop("diff") or "")  # only in a private file: it may hold a token (see runner.host.provenance)
     secrets = alerts.secrets_of(cfg.data["alerts"])
     manifest = alerts.redact_obj({
         "runner_version": __version__, "config_hash": cfg.hash(), "config_file": str(path.resolve()),
-        "overrides": overrides, "scheduler": cfg.data["scheduler"], "image": image, "world_size": cfg.world_size,
+        "overrides": overrides, "scheduler": cfg.data["scheduler"], "image": image,
+        "runtime": cfg.data["container"]["runtime"], "spec_hash": _spec_hash(cfg), "world_size": cfg.world_size,
         "global_batch": cfg.global_batch, "accumulate_grad_batches": cfg.accumulate, "git": git,
         "created": time.time(), "host": socket.gethostname(), "data_module": data_module(cfg)}, secrets)
     files = {"config.yaml": spec.dump(cfg.data),

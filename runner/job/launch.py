@@ -26,12 +26,13 @@ from pathlib import Path
 from typing import Any, cast
 
 from runner import __version__
-from runner.job import checkpoint, guards, owner, watchdog
+from runner.job import checkpoint, container, guards, owner, watchdog
 from runner.job.checks import ONLY_ENV
 from runner.log import setup as setup_logging
 from runner.rundir import (
     ATTEMPT_ENV,
     EXIT_NONFINITE,
+    EXIT_PREFLIGHT,
     EXIT_REQUEUE,
     EXIT_TERMINATED,
     RunDir,
@@ -395,7 +396,7 @@ def _write_rank_info(rd: RunDir, rank: int, local: int, node: int, world: int, a
                 "SLURM_RESTART_COUNT", "CUDA_VISIBLE_DEVICES")},
             "master": f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}",
             "ifname": {k: os.environ.get(k) for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")},
-            "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), **container.describe(read_json(rd.manifest, {}))}
     atomic_write(rd.root / "ranks" / f"rank-{rank:05d}.json", json.dumps(info, indent=2))
 
 
@@ -438,6 +439,8 @@ def train(rd: RunDir) -> int:
     # between nodes) unless the config names it; rank 0 records every value in env.json.
     ne = netenv.setup(cfg, rd, rank)
     _write_rank_info(rd, rank, local, node, world, attempt)
+    if container.stale_image(manifest, cfg["resume"]["force"], rd if rank == 0 else None):
+        return EXIT_PREFLIGHT
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     flag = StopFlag()
     flag.install(cfg["slurm"]["signal"])

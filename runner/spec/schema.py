@@ -114,7 +114,7 @@ SCHEMA: dict[str, Any] = {
         "nccl_tests": _f(bool, False),
         "perftest": _f(bool, False),
         "install_lightning": _f(bool, True),
-        "runtime": _f(str, "apptainer", choices=("apptainer", "singularity", "none")),
+        "runtime": _f(str, "apptainer", choices=("apptainer", "singularity", "podman", "pyxis", "none")),
         "builder": _f(str, "auto", choices=("auto", "docker", "podman")),
         "image_dir": _f(str, "images"),
         "image": _f((str, NONE), None),
@@ -123,6 +123,7 @@ SCHEMA: dict[str, Any] = {
         "python": _f(str, "python", pattern=COMMAND, expect="a command or path like python3 (no spaces)"),
         "workdir": _f(str, "/workspace", pattern=ABS_PATH, expect="an absolute path like /workspace (no spaces)"),
         "code": _f(list, ["runner"]),
+        "wheelhouse": _f((str, NONE), None, pattern=SBATCH_SAFE, expect="a directory path without spaces"),
     },
     "slurm": {
         "partition": _f((str, NONE), None, pattern=SBATCH_SAFE),

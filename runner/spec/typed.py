@@ -54,6 +54,7 @@ class Container(TypedDict):
     python: str
     workdir: str
     code: list[str]
+    wheelhouse: str | None
 
 
 class Slurm(TypedDict):

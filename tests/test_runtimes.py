@@ -1,0 +1,192 @@
+"""The container runtimes' srun lines (golden files, shellcheck), offline builds, and the in-job image check.
+
+Runs without root: what the runtimes do on a real cluster is in tests/test_containers.py.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+from runner import spec
+from runner.errors import BuildError
+from runner.host import build, render
+from runner.job import container
+from runner.rundir import RunDir, read_json
+from tests.test_render import GOLDEN, GOLDEN_CONF, RUN_DIR, lint
+
+IMAGES = {"apptainer": "/shared/images/ngc-4x8gpu-GOLDEN.sif", "podman": "localhost/runner-ngc-4x8gpu:GOLDEN",
+          "pyxis": "/shared/images/ngc-4x8gpu-GOLDEN.sqsh", "none": "none"}
+
+
+def sbatch(runtime: str, *overrides: str) -> str:
+    cfg = spec.load(GOLDEN_CONF, [f"container.runtime={runtime}", *overrides], run_dir=str(RUN_DIR))
+    return render.sbatch(cfg, RUN_DIR, IMAGES[runtime]).replace(render.q(sys.executable), "PYTHON")
+
+
+def srun_line(text: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith("srun "))
+
+
+def check_golden(name: str, text: str, request: pytest.FixtureRequest) -> None:
+    path = GOLDEN / name
+    if request.config.getoption("--update-golden"):
+        path.write_text(text)
+    assert text == path.read_text(), f"{name} differs from its golden file (pytest --update-golden if intended)"
+
+
+@pytest.mark.parametrize("runtime", ["podman", "pyxis"])
+def test_golden_sbatch(runtime: str, request: pytest.FixtureRequest) -> None:
+    check_golden(f"job-{runtime}.sbatch", sbatch(runtime), request)
+
+
+@pytest.mark.parametrize("runtime", ["podman", "pyxis"])
+def test_shellcheck(runtime: str, tmp_path: Path) -> None:
+    lint("shellcheck", "-s", "bash", text=sbatch(runtime, "container.binds=['/data/a+b', '/x@y%z']"),
+         tmp_path=tmp_path, name="job.sbatch")
+
+
+@pytest.mark.parametrize("runtime", ["apptainer", "podman", "pyxis"])
+def test_runtimes_change_only_the_exec_prefix(runtime: str) -> None:
+    a, b = sbatch(runtime).splitlines(), sbatch("none").splitlines()
+    changed = [(x, y) for x, y in zip(a, b, strict=True) if x != y]
+    assert len(changed) == 1 and changed[0][0].startswith("srun ")
+    assert changed[0][0].endswith(' -m runner.job.launch "$RUN_DIR" &')
+
+
+def test_each_runtime_passes_binds_env_and_the_run_dir() -> None:
+    """Parsed as the shell would: odd bind paths stay one word each (spaces, quotes, `:` and `,` are refused by
+    validation, since --bind and --container-mounts split on them), the run root is bound at its own path."""
+    binds = ["/data/a+b", "/x@y%z"]
+    words = shlex.split(srun_line(sbatch("podman", f"container.binds={json.dumps(binds)}")))
+    assert words[3:11] == ["podman", "run", "--rm", "--network=host", "--ipc=host", "--uts=host", "--pid=host",
+                           "--cgroupns=private"]
+    for b in [*binds, str(RUN_DIR.parent)]:
+        assert words[words.index(f"{b}:{b}") - 1] == "--volume"
+    for name in ["SLURM_*", "MASTER_ADDR", "MASTER_PORT", "RUNNER_ATTEMPT", "RUNNER_RUN_DIR", "NCCL_NVLS_ENABLE"]:
+        assert words[words.index(name) - 1] == "--env"
+    assert words[words.index("--workdir") + 1] == str(RUN_DIR)
+    assert words[-6:] == [IMAGES["podman"], "python", "-m", "runner.job.launch", "$RUN_DIR", "&"]
+
+    words = shlex.split(srun_line(sbatch("pyxis", f"container.binds={json.dumps(binds)}")))
+    mounts = next(w for w in words if w.startswith("--container-mounts="))
+    assert mounts.split("=", 1)[1].split(",") == [f"{b}:{b}" for b in sorted([*binds, str(RUN_DIR.parent)])]
+    assert f"--container-image={IMAGES['pyxis']}" in words and f"--container-workdir={RUN_DIR}" in words
+
+
+def test_every_runtime_has_a_prefix() -> None:
+    assert set(render.RUNTIMES) == set(spec.schema.SCHEMA["container"]["runtime"].choices)
+
+
+def wheelhouse(d: Path) -> Path:
+    d.mkdir()
+    for name, size in (("torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl", 3), ("runner-0.1.0-py3-none-any.whl", 2)):
+        (d / name).write_bytes(b"x" * size)
+    return d
+
+
+def test_golden_offline_dockerfile(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    cfg = spec.load(GOLDEN_CONF, [f"container.wheelhouse={wheelhouse(tmp_path / 'wh')}"])
+    text = render.dockerfile(cfg, "GOLDEN")
+    check_golden("Dockerfile-wheelhouse", text, request)
+    conf = tmp_path / "hadolint.yaml"
+    conf.write_text("failure-threshold: warning\n")
+    lint("hadolint", "-c", str(conf), text=text, tmp_path=tmp_path, name="Dockerfile")
+
+
+def test_the_wheelhouse_enters_the_spec_hash_and_the_build_context(tmp_path: Path) -> None:
+    wh = wheelhouse(tmp_path / "wh")
+    cfg = spec.load(GOLDEN_CONF, [f"container.wheelhouse={wh}", f"container.image_dir={tmp_path / 'img'}"])
+    before = render.spec_hash(cfg, {})
+    (wh / "lightning-2.6.6-py3-none-any.whl").write_bytes(b"l")
+    assert render.spec_hash(cfg, {}) != before
+    bp = build.plan_config(cfg)
+    assert bp.wheelhouse == wh and "wheelhouse/ (the wheels of" in str(bp)
+    build.write_build_dir(bp)
+    assert sorted(p.name for p in (bp.paths.build_dir / "wheelhouse").iterdir()) == sorted(p.name for p in wh.iterdir())
+
+
+def test_a_missing_wheelhouse_is_one_line_with_the_script_to_run(tmp_path: Path) -> None:
+    cfg = spec.load(GOLDEN_CONF, [f"container.wheelhouse={tmp_path / 'none'}"])
+    with pytest.raises(BuildError, match=r"found no wheels in .*hint: containers/wheelhouse.sh"):
+        render.image_spec(cfg)
+
+
+def test_image_reference_per_runtime(tmp_path: Path) -> None:
+    def image(runtime: str) -> str:
+        return build.image_path(spec.load(GOLDEN_CONF, [f"container.runtime={runtime}",
+                                                        f"container.image_dir={tmp_path}"]))
+
+    h = Path(image("apptainer")).stem.rsplit("-", 1)[1]
+    assert image("apptainer") == f"{tmp_path}/ngc-4x8gpu-{h}.sif"
+    assert image("pyxis") == f"{tmp_path}/ngc-4x8gpu-{h}.sqsh"
+    assert image("podman") == f"localhost/runner-ngc-4x8gpu:{h}"
+    assert image("none") == "none"
+
+
+def test_pyxis_build_prints_enroot_import_where_enroot_is_missing(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no enroot, no builder
+    bp = build.plan_config(spec.load(GOLDEN_CONF, ["container.runtime=pyxis", f"container.image_dir={tmp_path}",
+                                                   "container.builder=podman"]))
+    assert "sqsh" not in [s.name for s in bp.steps]
+    assert (f"enroot not found: on a node with enroot run: enroot import --output {bp.paths.sqsh} "
+            f"podman://{bp.tag}") in bp.notes
+
+
+# --- inside the job: the image check (table) -------------------------------------------------------------
+
+@pytest.mark.parametrize(("runtime", "want", "have", "force", "stops", "says"), [
+    ("none", None, None, False, False, None),
+    ("podman", "aaa", "aaa", False, False, None),
+    ("podman", "aaa", "bbb", False, True, "found image spec bbb; expected spec aaa"),
+    ("apptainer", "aaa", None, False, True, "found no"),
+    ("podman", "aaa", "bbb", True, False, "resume.force is set: training anyway"),
+    ("podman", None, "bbb", False, False, None),  # a run submitted before runner recorded spec hashes
+])
+def test_stale_image(runtime: str, want: str | None, have: str | None, force: bool, stops: bool, says: str | None,
+                     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(container, "SPEC", tmp_path / "runner-spec.json")
+    if have:
+        container.SPEC.write_text(json.dumps({"spec_hash": have}))
+    run = RunDir(tmp_path / "run")
+    run.root.mkdir()
+    with caplog.at_level(logging.INFO):
+        assert container.stale_image({"runtime": runtime, "spec_hash": want, "image": "img"}, force, run) is stops
+    assert (says in caplog.text) if says else caplog.text == ""
+    summary = (read_json(run.preflight, {}) or {}).get("summary", "")
+    assert summary.startswith("stale image: image img: found") if stops else not run.preflight.exists()
+
+
+def test_in_container_only_with_the_images_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(container, "SPEC", tmp_path / "spec.json")
+    monkeypatch.setattr(container, "PYTHON_PREFIX", tmp_path / "prefix")
+    assert container.describe({"runtime": "podman", "image": "x"})["in_container"] is False
+    container.SPEC.write_text('{"spec_hash": "abc"}')
+    container.PYTHON_PREFIX.write_text("/usr\n")
+    assert container.inside() is (sys.prefix == "/usr")
+    container.PYTHON_PREFIX.write_text(sys.prefix + "\n")
+    assert container.describe({"runtime": "podman", "image": "x"}) == {
+        "runtime": "podman", "image": "x", "in_container": True, "image_spec_hash": "abc"}
+
+
+def test_build_from_run_uses_the_runs_config_and_refuses_another_spec(tmp_path: Path) -> None:
+    from runner.host import submit
+
+    overrides = [f"run_root={tmp_path}", f"container.image_dir={tmp_path / 'img'}", "container.builder=podman"]
+    p = submit.plan(GOLDEN_CONF, overrides, allow_missing_image=True)
+    submit.write(p)
+    manifest = json.loads(p.run.manifest.read_text())
+    assert manifest["runtime"] == "apptainer" and manifest["image"].endswith(f"-{manifest['spec_hash']}.sif")
+    assert build.plan_from_run(p.run.root).spec_hash == manifest["spec_hash"]
+    manifest["spec_hash"] = "0123456789ab"  # as if the code had changed since the run
+    p.run.manifest.write_text(json.dumps(manifest))
+    with pytest.raises(BuildError, match=r"give spec [0-9a-f]{12}; the run recorded spec 0123456789ab\. hint:"):
+        build.plan_from_run(p.run.root)
+    with pytest.raises(BuildError, match="expected a run directory"):
+        build.plan_from_run(tmp_path / "nope")
