@@ -43,10 +43,16 @@ def _install() -> None:
         unavailable(f"scripts/install-slurm.sh failed: {last[-1] if last else proc.returncode}")
 
 
+_HELD: list[Path] = []  # this process holds the lock already (flock would wait for itself on a second open)
+
+
 @contextlib.contextmanager
 def _session_lock(root: Path, timeout: float = 1800) -> Iterator[None]:
     """Hold the machine's one cluster for this session: another pytest session waits here
-    instead of having the cluster torn down under its running tests."""
+    instead of having the cluster torn down under its running tests. Re-entrant within one session."""
+    if root in _HELD:
+        yield
+        return
     root.parent.mkdir(parents=True, exist_ok=True)
     with open(f"{root}.session.lock", "a") as f:
         deadline = time.monotonic() + timeout
@@ -58,9 +64,11 @@ def _session_lock(root: Path, timeout: float = 1800) -> Iterator[None]:
                 if time.monotonic() > deadline:
                     unavailable(f"another test session held the dev cluster for {timeout:g}s")
                 time.sleep(0.5)
+        _HELD.append(root)
         try:
             yield
         finally:
+            _HELD.remove(root)
             fcntl.flock(f, fcntl.LOCK_UN)
 
 

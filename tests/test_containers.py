@@ -178,9 +178,10 @@ def test_podman_trains_inside_is_preempted_resumes_bitwise(slurm_cluster: devclu
 def test_apptainer_standin_killed_rank_is_resubmitted_by_cron(slurm_cluster: devcluster.Cluster,
                                                                image_overrides: list[str], reference: list[Any],
                                                                tmp_path: Path) -> None:
-    env = cluster_env(slurm_cluster)
-    run = submit_run(env, tmp_path / "runs", *image_overrides, "container.runtime=apptainer",
-                     f"env.PATH={STANDIN}:{SYSTEM_PATH}")  # srun finds `apptainer` (the stand-in) on this PATH
+    # sbatch passes the submitter's PATH to the job (PATH is not the config's to set): srun finds `apptainer`, the
+    # stand-in, on it, for the first job and for cron's resubmission alike.
+    env = {**cluster_env(slurm_cluster), "PATH": f"{STANDIN}:{SYSTEM_PATH}"}
+    run = submit_run(env, tmp_path / "runs", *image_overrides, "container.runtime=apptainer")
     wait_for("checkpoint 20", lambda: checkpoint_done(run, 20), 300, run)
     for r in ranks(run):
         assert (r["runtime"], r["in_container"]) == ("apptainer", True), r

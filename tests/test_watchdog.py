@@ -124,13 +124,17 @@ def test_a_stopped_rank_is_named_and_the_others_exit_with_the_hang_code(tmp_path
     assert elapsed < 10
 
 
-def test_a_rank_stuck_in_its_data_loader_is_named_against_the_waiting_ones(tmp_path: Path) -> None:
-    rd, procs = _ranks(tmp_path, ["collective", "data", "collective"])
+def _finish(tmp_path: Path, modes: list[str], timeout: float) -> tuple[RunDir, list[int]]:
+    rd, procs = _ranks(tmp_path, modes)
     try:
-        codes = [p.wait(timeout=30) for p in procs]
+        return rd, [p.wait(timeout=timeout) for p in procs]
     finally:
         for p in procs:
             p.kill()
+
+
+def test_a_rank_stuck_in_its_data_loader_is_named_against_the_waiting_ones(tmp_path: Path) -> None:
+    rd, codes = _finish(tmp_path, ["collective", "data", "collective"], 30)
     assert codes == [EXIT_HANG] * 3
     hang = json.loads((rd.root / "hang.json").read_text())
     assert [(s["rank"], s["state"]) for s in hang["suspects"]] == [(1, "in data")]
@@ -163,12 +167,7 @@ def test_stragglers_against_the_median(beats: list, slow: list) -> None:
 
 
 def test_a_slow_rank_is_reported_once_by_rank_0(tmp_path: Path) -> None:
-    rd, procs = _ranks(tmp_path, ["run", "run", "slow"])
-    try:
-        codes = [p.wait(timeout=60) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
+    rd, codes = _finish(tmp_path, ["run", "run", "slow"], 60)
     assert codes == [0, 0, 0]
     events = [e for e in rd.events() if e["event"] == "straggler"]
     assert [(e["rank"], e["slow"]) for e in events] == [(2, "forward")]
