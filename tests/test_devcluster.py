@@ -56,8 +56,13 @@ def test_cluster_is_up(slurm_cluster: devcluster.Cluster) -> None:
     assert c.nodes == ["n1", "n2"]
     assert os.environ["SLURM_CONF"] == str(c.conf) == c.env()["SLURM_CONF"]
     assert c.export_line() == f"export SLURM_CONF={c.conf}"
-    sinfo = _sh(["sinfo", "-h", "-N", "-o", "%N %T %G"]).stdout.split("\n")
-    assert sorted(line for line in sinfo if line) == ["n1 idle gpu:2", "n2 idle gpu:2"]
+    deadline = time.monotonic() + 60  # an earlier test's job may still be ending (a podman client, a hook)
+    while True:
+        sinfo = sorted(line for line in _sh(["sinfo", "-h", "-N", "-o", "%N %T %G"]).stdout.split("\n") if line)
+        if sinfo == ["n1 idle gpu:2", "n2 idle gpu:2"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert sinfo == ["n1 idle gpu:2", "n2 idle gpu:2"]
     text = devcluster.status()
     assert "n1" in text and "n2" in text and "idle" in text
     t0 = time.monotonic()

@@ -87,7 +87,9 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, torch.
 
 
 def test_signal_checkpoint_then_resume_is_bitwise_identical(tmp_path: Path, reference: list) -> None:
-    proc, run = start(tmp_path)
+    # 50 ms steps: the ranks agree on stopping every ~0.1 s, so the signal lands well before the last step (with
+    # 2 ms steps the run may reach its end first, and then it rightly finishes instead of asking for a requeue).
+    proc, run = start(tmp_path, "model.step_time_s=0.05")
     wait_for(run / "checkpoints" / "step-0000010" / "COMPLETE")
     proc.send_signal(signal.SIGUSR2)  # what the batch script forwards before the time limit
     out, _ = proc.communicate(timeout=120)

@@ -80,9 +80,10 @@ def test_a_crash_loop_stops_after_its_second_attempt(slurm_cluster: devcluster.C
                                                     tmp_path: Path) -> None:
     env = env_for(slurm_cluster, hook)
     run = submit(env, tmp_path, "model.faults.raise_at_step=25", "resume.max_restarts=5")
-    wait_for("the first failure", lambda: bool(_exits(run)), 120, run)
+    wait_for("the first job to fail", lambda: _status(env, run)["state"] == "failed", 120, run)
     runner(env, "cron", "--root", str(tmp_path))  # resubmits: once may be bad luck
     wait_for("the second failure", lambda: len(_exits(run)) == 2, 120, run)
+    wait_for("the second job to end", lambda: _status(env, run)["state"] == "failed", 120, run)
     for _ in range(2):
         runner(env, "cron", "--root", str(tmp_path))
     assert [e["event"] for e in events(run)].count("resubmitted") == 1

@@ -112,7 +112,9 @@ def test_two_jobs_on_one_run_only_one_trains(slurm_cluster: devcluster.Cluster, 
     assert published(run) == completed_in(rank0) | completed_in(second_log)
     exits = [e for e in events(run) if e["event"] == "exit"]
     assert [e["job_id"] for e in exits] == [second] and exits[0]["outcome"] == "completed"
-    assert sacct_exit(env, first).endswith(f"{EXIT_SUPERSEDED}:0"), sacct_exit(env, first)
+    # Every rank exits 78 at the same step; when one leaves first, srun's --kill-on-bad-exit may end the others
+    # with SIGTERM and report that instead: either way the job failed and wrote nothing (asserted above).
+    assert sacct_exit(env, first) in (f"FAILED|{EXIT_SUPERSEDED}:0", "FAILED|15:0"), sacct_exit(env, first)
     assert [a["event"] for a in hook.wait_for(1, timeout=30)] == ["completed"]  # no alert for the superseded job
 
 

@@ -92,7 +92,10 @@ def _failure(run: RunDir, event: str, rec: policy.Records) -> tuple[dict[str, An
     report = read_json(run.root / "hang.json") if event == "hang" else read_json(run.preflight)
     bad = nodes.named_by(event, report, attempt)
     cause = None
-    if event == "hang" and isinstance(report, dict):
+    if crash:  # the launcher's own record beats a guess from the log tail
+        cause = f"Python exception: {crash.get('type')}: {crash.get('message')} at {crash.get('frame')}, " \
+                f"step {crash.get('step')}"
+    elif event == "hang" and isinstance(report, dict):
         cause = str(report.get("summary", "hang"))
     elif event == "nan":
         last: Mapping[str, Any] = next((e for e in reversed(rec.events) if e["event"] == "nonfinite"), {})
