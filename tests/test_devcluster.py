@@ -253,6 +253,7 @@ def test_node_states_need_an_answer_from_slurm(tmp_path: Path, monkeypatch: pyte
     assert devcluster._sinfo_states(cluster) == {"n1": "idle", "n2": "down*"}
 
 
+@pytest.mark.own_session  # it takes the machine's one cluster down: scripts/test.sh runs it in a session of its own
 def test_down_removes_everything_under_its_state_directory() -> None:
     """What the README promises: after `runner dev-cluster down` nothing is left under the state directory."""
     from tests.slurm_fixture import _install, _session_lock

@@ -20,6 +20,10 @@ REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "conf" / "quickstart.yaml"
 pytestmark = pytest.mark.slow
 STEPS = 40
+# For runs that get a signal: the ranks agree on stopping every ~0.1 s, so with 50 ms steps the signal lands well
+# before the last step (with 2 ms steps the run may reach its end first, and then rightly finishes instead of
+# asking for a requeue). Sleeping changes no number: the weights are those of the reference run.
+SLOW = "model.step_time_s=0.05"
 
 
 def runner(*args: str, check: bool = True, timeout: float = 180) -> subprocess.CompletedProcess[str]:
@@ -87,9 +91,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, torch.
 
 
 def test_signal_checkpoint_then_resume_is_bitwise_identical(tmp_path: Path, reference: list) -> None:
-    # 50 ms steps: the ranks agree on stopping every ~0.1 s, so the signal lands well before the last step (with
-    # 2 ms steps the run may reach its end first, and then it rightly finishes instead of asking for a requeue).
-    proc, run = start(tmp_path, "model.step_time_s=0.05")
+    proc, run = start(tmp_path, SLOW)
     wait_for(run / "checkpoints" / "step-0000010" / "COMPLETE")
     proc.send_signal(signal.SIGUSR2)  # what the batch script forwards before the time limit
     out, _ = proc.communicate(timeout=120)
@@ -136,7 +138,7 @@ def test_kill_and_torn_checkpoints_are_never_used(tmp_path: Path, reference: lis
 
 
 def test_resume_on_other_capacity_keeps_the_global_batch(tmp_path: Path) -> None:
-    proc, run = start(tmp_path)
+    proc, run = start(tmp_path, SLOW)
     wait_for(run / "checkpoints" / "step-0000010" / "COMPLETE")
     proc.send_signal(signal.SIGUSR2)
     proc.communicate(timeout=120)
@@ -153,7 +155,7 @@ def test_resume_on_other_capacity_keeps_the_global_batch(tmp_path: Path) -> None
 
 def test_each_attempt_logs_into_its_own_folder(tmp_path: Path) -> None:
     """Stopped and resumed: two attempts, two log folders; `runner logs` shows the latest unless asked."""
-    proc, run = start(tmp_path)
+    proc, run = start(tmp_path, SLOW)
     wait_for(run / "checkpoints" / "step-0000010" / "COMPLETE")
     proc.send_signal(signal.SIGUSR2)
     out, _ = proc.communicate(timeout=120)
@@ -196,7 +198,7 @@ def test_four_ranks_resume_bitwise_only_with_exact_resume(tmp_path: Path, exact:
     four = ["num_device=4", "preflight.enabled=false", f"checkpoint.exact_resume={str(exact).lower()}"]
     runner("submit", str(QUICKSTART), f"run_root={tmp_path / 'ref'}", f"trainer.max_steps={STEPS}", *four)
     reference = all_weights(final_run(tmp_path / "ref"))
-    proc, run = start(tmp_path / "int", *four)
+    proc, run = start(tmp_path / "int", *four, SLOW)
     wait_for(run / "checkpoints" / "step-0000010" / "COMPLETE")
     proc.send_signal(signal.SIGUSR2)
     out, _ = proc.communicate(timeout=120)
