@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Any
 
 
-def atomic_write(path: Path, data: str | bytes, mode: int = 0o666) -> None:
+def atomic_write(path: Path, data: str | bytes, mode: int = 0o666, sync_dir: bool = True) -> None:
     """Write a file so that readers see the old content or the new one, never a torn write.
 
     ``mode`` (before the umask) holds from the first byte: 0o600 keeps a private file private all along.
+    ``sync_dir=False`` leaves the directory's fsync to whoever moves the directory next (another process may
+    rename it as soon as the file appears: a checkpoint's staging directory).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
@@ -32,7 +34,8 @@ def atomic_write(path: Path, data: str | bytes, mode: int = 0o666) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-    fsync_dir(path.parent)
+    if sync_dir:
+        fsync_dir(path.parent)
 
 
 def fsync_dir(path: Path) -> None:

@@ -105,6 +105,7 @@ def publish(root: Path, step: int, manifest: dict[str, Any]) -> Path:
     staging, final = staging_dir(root, step), step_dir(root, step)
     manifest = {**manifest, "files": {p.name: {"size": p.stat().st_size, "sha256": _digest(p)}
                                       for p in sorted(staging.iterdir()) if p.is_file()}}
+    # This write fsyncs the staging directory, and with it the names of the other ranks' files.
     atomic_write(staging / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True))
     if final.exists():
         shutil.rmtree(final)

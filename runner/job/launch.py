@@ -204,12 +204,12 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _save_bytes(obj: Any, path: Path) -> None:
+def _save_bytes(obj: Any, path: Path, sync_dir: bool = True) -> None:
     import torch
 
     buf = io.BytesIO()
     torch.save(obj, buf)
-    atomic_write(path, buf.getvalue())
+    atomic_write(path, buf.getvalue(), sync_dir=sync_dir)
 
 
 def _snapshot(trainer: Any) -> dict[str, Any] | None:
@@ -315,7 +315,9 @@ def make_callback(rd: RunDir, cfg: RunConfig, cfg_hash: str, flag: StopFlag, res
                 staging.mkdir(parents=True, exist_ok=True)
                 if rank == 0 and state is not None:
                     _save_bytes(state, staging / checkpoint.MODEL)
-                _save_bytes(rng, staging / f"rng-rank{rank:05d}.pt")
+                # Rank 0 publishes (renames) the staging directory as soon as every file is there, and fsyncs
+                # it first: the other ranks must not fsync a directory that may be gone by then.
+                _save_bytes(rng, staging / f"rng-rank{rank:05d}.pt", sync_dir=rank == 0)
                 if rank != 0:
                     return
                 checkpoint.pause_for_tests(step)
