@@ -5,7 +5,7 @@ cluster, one task per node, and breaks one thing for real: a tc tbf rate limit o
 interface name, an iptables rule on the master node that drops connections to MASTER_PORT, a dataset that
 is missing from one node's own mount namespace.
 
-Run the whole module under the shared-cluster lock: ``flock /tmp/runner-slurm.lock pytest ...``.
+The cluster is reshaped to 3 nodes under the machine-wide session lock (tests/slurm_fixture.py) and put back.
 """
 
 from __future__ import annotations
@@ -51,11 +51,16 @@ def in_node(cluster: Any, node: str, *argv: str) -> subprocess.CompletedProcess[
 def cluster() -> Iterator[Any]:
     need(os.geteuid() == 0, "the dev Slurm cluster needs root")
     need(shutil.which("iptables") is not None, "iptables is needed to block MASTER_PORT")
-    from tests.slurm_fixture import _install
+    from tests.slurm_fixture import _install, _session_lock
 
     _install()
     from runner.dev import devcluster
 
+    with _session_lock(devcluster.resolve_root()):  # one user of the machine's one cluster at a time
+        yield from _three_nodes(devcluster)
+
+
+def _three_nodes(devcluster: Any) -> Iterator[Any]:
     before = devcluster.running()
     c = devcluster.up(nodes=NODES)
     NO_DNS.write_text("")
@@ -190,3 +195,49 @@ def test_one_40_mbit_link_stops_the_job_by_default_in_seconds(cluster: Any, tmp_
     assert "probe stopped early on a slow link" in bad[0]["note"] and SLOW_NODE in bad[0]["note"]
     assert float(bad[0]["value"].split()[0]) < 2 * 40 / 8000  # the tbf rate (0.005 GB/s), not the veth's
     assert seconds < 15, seconds
+
+
+def test_a_node_that_fails_the_preflight_is_left_out_and_the_run_finishes(cluster: Any, tmp_path: Path) -> None:
+    """A 2-node training run on the 3-node cluster; n2 misses the dataset. The job stops before its first step,
+    names n2, remembers it under the run root and resubmits itself without it; the next job trains on n1 and n3."""
+    from runner.host import nodes
+
+    data = Path(f"/tmp/runner-preflight-data-{os.getpid()}")
+    data.mkdir(exist_ok=True)
+    (data / "train.bin").write_bytes(b"\0" * 1024)
+    in_node(cluster, "n2", "mount", "-t", "tmpfs", "scratch", str(data))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    try:
+        subprocess.run([sys.executable, "-m", "runner", "submit", str(CONF), f"run_root={tmp_path}", "num_nodes=2",
+                        "num_device=1", "global_batch_size=16", "dataloader.train.total_shards=2",
+                        "dataloader.valid.total_shards=2", "trainer.max_steps=20", "resume.backoff_s=0",
+                        f"preflight.paths=[{data / 'train.bin'}]"], check=True, capture_output=True, env=env,
+                       timeout=60)
+        [run] = tmp_path.glob("slurm-2node-*")
+
+        def events() -> list[dict[str, Any]]:
+            return [json.loads(x) for x in (run / "ledger.jsonl").read_text().splitlines()]
+
+        deadline = time.monotonic() + 120  # the exit hook records the exit, then resubmits
+        while not any(e["event"] == "resubmitted" for e in events()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        status = subprocess.run([sys.executable, "-m", "runner", "status", str(run), "--json"], check=True,
+                                capture_output=True, text=True, env=env, timeout=60)
+        row = json.loads(status.stdout)[0]
+        assert row["last_outcome"] == "preflight_failed", (run / "ledger.jsonl").read_text()
+        assert row["last_cause"].startswith("node: n2 failed the preflight"), row["last_cause"]
+        assert list(nodes.remembered(tmp_path, 3600)) == ["n2"]
+        [again] = [e for e in events() if e["event"] == "resubmitted"]
+        show = subprocess.run(["scontrol", "show", "job", again["job_id"]], capture_output=True, text=True,
+                              timeout=30).stdout
+        assert "ExcNodeList=n2" in show, show
+        deadline = time.monotonic() + 180
+        while not (run / "finished").exists() and time.monotonic() < deadline:
+            time.sleep(0.5)
+    finally:
+        subprocess.run(["scancel", "--name", "slurm-2node"], timeout=30, check=False)
+        in_node(cluster, "n2", "umount", str(data))
+        shutil.rmtree(data)
+    assert (run / "finished").exists(), (run / "ledger.jsonl").read_text()
+    hosts = {json.loads(p.read_text())["hostname"] for p in (run / "ranks").glob("rank-*.json")}
+    assert hosts == {"n1", "n3"}

@@ -70,7 +70,7 @@ def _alerts(run: RunDir, event: str, decision: policy.Decision, requeued: bool |
     """The alerts of this exit, in order, from one read of the rank logs (the first one carries the cause)."""
     from runner import alerts
 
-    if event == "preflight_failed":
+    if event == "preflight_failed" and "cause" not in fields:  # a node it named: `_failure` said so already
         fields["cause"] = str((read_json(run.preflight, {}) or {}).get("summary") or "preflight failed; see "
                               "preflight.txt")
     base = alerts.alert_from_run(run.root, event, **fields)
@@ -84,7 +84,7 @@ def _alerts(run: RunDir, event: str, decision: policy.Decision, requeued: bool |
 
 def _failure(run: RunDir, event: str, rec: policy.Records) -> tuple[dict[str, Any] | None, list[str], str | None]:
     """What this attempt's own records say about its end: the launcher's crash record, the nodes a hang or the
-    preflight named, and the cause in words for those runner detected itself (hang, nan); from files the job
+    preflight named, and the cause in words for those runner detected itself (hang, node, nan); from files the job
     wrote, never from Slurm (which may not answer)."""
     number = os.environ.get(ATTEMPT_ENV, "")
     attempt = int(number) if number.isdigit() else (run.attempts() or [0])[-1]
@@ -97,6 +97,8 @@ def _failure(run: RunDir, event: str, rec: policy.Records) -> tuple[dict[str, An
                 f"step {crash.get('step')}"
     elif event == "hang" and isinstance(report, dict):
         cause = str(report.get("summary", "hang"))
+    elif event == "preflight_failed" and bad and isinstance(report, dict):
+        cause = f"node: {', '.join(bad)} failed the preflight: {report.get('summary', 'see preflight.txt')}"
     elif event == "nan":
         last: Mapping[str, Any] = next((e for e in reversed(rec.events) if e["event"] == "nonfinite"), {})
         cause = f"nan: non-finite {last.get('what', 'loss')} at step {last.get('step', '?')}; training stopped " \
