@@ -20,7 +20,7 @@ from pathlib import Path
 
 from runner import log as runner_log
 from runner import policy, proc
-from runner.host.status import manifest_of, records
+from runner.host.status import job_ids, manifest_of, records
 from runner.rundir import RunDir
 from runner.spec.typed import RunConfig, read_resolved
 
@@ -35,10 +35,10 @@ def decide(run: RunDir, cfg: RunConfig, jobs: Mapping[str, policy.JobInfo] | Non
     if jobs is None and policy.settled(rec) is None:
         from runner.host import slurm
 
-        answer = slurm.ask_many([rec.job_id or ""])
+        answer = slurm.ask_many(job_ids(rec))
         jobs, asked = answer or {}, answer is not None
-    job = (jobs or {}).get(rec.job_id or "")
-    return policy.next_action(rec, job, policy.Limits.of(cfg), time.time() if now is None else now, asked)
+    job, heir = (jobs or {}).get(rec.job_id or ""), (jobs or {}).get(rec.successor or "")
+    return policy.next_action(rec, job, policy.Limits.of(cfg), time.time() if now is None else now, asked, heir)
 
 
 def _alerts_queued(run: RunDir) -> bool:
@@ -112,7 +112,7 @@ def _job_ids(runs: list[RunDir]) -> list[str]:
         except Exception:  # handle() reports it
             continue
         if rec.job_id and policy.settled(rec) is None:
-            ids.append(rec.job_id)
+            ids += job_ids(rec)
     return ids
 
 
