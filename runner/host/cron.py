@@ -4,8 +4,9 @@ Safe to run often: one instance at a time per run root (a non-blocking lock; a s
 every Slurm command has a timeout, and one run's problem never stops the others. It gathers the facts of
 every Slurm run under a root, asks Slurm once about all their jobs, and acts on what ``runner.policy`` decides
 for each: resubmit (with exponential backoff), wait, leave it alone (finished, cancelled by the user, already
-given up) or give up after ``resume.max_restarts``. Its output lands in a log file (see ``crontab_line``), so log
-records carry timestamps; the one line per run that it acts on is printed.
+given up, a successor job takes it over) or give up after ``resume.max_restarts``. It also queues and sends the
+alerts of what running jobs recorded (a straggler: ``runner.host.notices``). Its output lands in a log file (see
+``crontab_line``), so log records carry timestamps; the one line per run that it acts on is printed.
 """
 
 from __future__ import annotations
@@ -50,12 +51,13 @@ def _alerts_queued(run: RunDir) -> bool:
 
 def handle(run: RunDir, jobs: Mapping[str, policy.JobInfo] | None = None, asked: bool = True) -> policy.Decision:
     from runner import alerts
-    from runner.host import submit
+    from runner.host import notices, submit
 
     settled = policy.settled(records(run))
     if settled is not None and not _alerts_queued(run):
         return settled  # nothing to send and nothing to decide: not even the config is read
     cfg = read_resolved(run.config)
+    notices.queue_stragglers(run, cfg, records(run).job_id)  # a straggler of the running job, recorded in its ledger
     alerts.flush_queue(run.root, cfg["alerts"])
     d = decide(run, cfg, jobs, asked=asked)
     if d.action == "resubmit" and jobs is not None:

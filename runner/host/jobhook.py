@@ -33,7 +33,7 @@ from typing import Any
 from runner import log as runner_log
 from runner import policy, proc
 from runner.errors import RunnerError
-from runner.host import nodes, slurm, successor
+from runner.host import nodes, notices, slurm, successor
 from runner.host.status import records
 from runner.job.checks import ONLY_ENV
 from runner.rundir import ATTEMPT_ENV, EXIT_REQUEUE, EXIT_SUPERSEDED, SUCCESSOR_ENV, RunDir, atomic_write, read_json
@@ -184,8 +184,9 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
         except RunnerError as e:
             log.warning("resubmission failed: %s; runner cron tries again", e)
     log.info("exit %s: %s: %s; next: %s", rc, event, decision.reason, step)
-    sender = background.send_later(run.root, ALERT_BUDGET_S) if alerts.enqueue(run.root, cfg["alerts"], queued) \
-        else None
+    noticed = notices.queue_stragglers(run, cfg, job)  # what the job recorded while it ran comes first
+    sender = background.send_later(run.root, ALERT_BUDGET_S) \
+        if alerts.enqueue(run.root, cfg["alerts"], queued) + noticed else None
     if sender is not None:  # the job's leftover processes die with the batch script: give the sender its time
         with contextlib.suppress(subprocess.TimeoutExpired):
             sender.wait(timeout=ALERT_BUDGET_S + 5)
