@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -100,3 +101,22 @@ def test_cancel_cancels_the_queued_successor_too(slurm_cluster: devcluster.Clust
     names = [e["event"] for e in events(run)]
     assert "took_over" not in names and "resubmitted" not in names and "requeued" not in names, names
     assert status(env, run)["state"] == "cancelled"
+
+
+def test_a_successor_waits_for_its_job_and_its_backoff(slurm_cluster: devcluster.Cluster, tmp_path: Path) -> None:
+    """The sbatch options and the backoff as Slurm takes them: pending on its dependency, no earlier than the
+    backoff once eligible, cancelled by Slurm itself when the job it follows COMPLETED."""
+    env = {**slurm_cluster.env()}
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --output=/dev/null\nsleep \"${1:-3}\"\n")
+    first = slurm.submit(str(script), env={**env, "PATH": "/usr/bin:/bin"})
+    heir = slurm.submit(str(script), env={**env, "PATH": "/usr/bin:/bin"}, after=first)
+    assert slurm.delay_start(heir, 120) is None
+    show = slurm.parse_scontrol_pairs(subprocess.run(["scontrol", "show", "job", heir], capture_output=True,
+                                                     text=True, timeout=30).stdout)
+    assert show["JobState"] == "PENDING" and show["Dependency"].startswith(f"afternotok:{first}")
+    begin = [time.mktime(time.strptime(show[k], "%Y-%m-%dT%H:%M:%S")) for k in ("StartTime", "EligibleTime")
+             if show.get(k, "Unknown")[:1].isdigit()]
+    assert begin and max(begin) > time.time() + 100, show  # the begin time Slurm holds it to
+    wait_for("the first job to complete", lambda: slurm_state(first) == "COMPLETED", 60)
+    wait_for("Slurm to cancel the successor of a completed job", lambda: slurm_state(heir) == "CANCELLED", 30)
