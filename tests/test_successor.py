@@ -79,8 +79,10 @@ def test_a_preempted_job_hands_over_to_its_successor(slurm_cluster: devcluster.C
     assert set(ranks) == {heir}  # the last attempt's ranks all ran in the successor
     # The successor queued its own successor when it took over; the finished run's exit hook cancelled it.
     third = queued_behind(run, heir)
+    wait_for("the successor's exit hook", lambda: any(e["event"] == "exit" and e["job_id"] == heir
+                                                      for e in events(run)), 60, run)
     wait_for("the finished run's successor to be cancelled", lambda: slurm_state(third) == "CANCELLED", 30, run)
-    assert [e["job_id"] for e in ledger if e["event"] == "successor_cancelled"] == [third]
+    assert [e["job_id"] for e in events(run) if e["event"] == "successor_cancelled"] == [third]
     assert not (run / "successor.json").exists()
     assert_recovered(run, reference, hook, ["preempted", "completed"])
     row = status(env, run)
