@@ -8,15 +8,23 @@ run directory's ledger, exit status, ``finished`` marker and job id; ``JobInfo``
 
 - the batch script's exit hook (``runner.host.jobhook``): ``classify`` the step's end, then ``after_exit``, and
   ``next_step`` (what its alert says happens next, from the same decisions);
+- a successor job's batch script (``resume.successor``): ``take_over`` the run, or step aside;
 - ``runner cron``: ``next_action`` (``settled`` says which runs need no Slurm answer at all);
 - ``runner status``: ``run_state`` (``asks_slurm`` says whether Slurm's view can change it);
-- ``runner resume``: ``resume_action`` (never next to a live job).
+- ``runner resume``: ``resume_action`` (never next to a live job);
+- ``runner cron`` and the exit hook: ``straggler_alerts`` (which slow ranks still need their one alert).
 
 At most one job trains a run directory. The run's ``job_id`` file names its owner; a job that is not the owner
 is superseded and exits ``EXIT_SUPERSEDED`` without writing a checkpoint: the batch script checks before any
 Python starts (a job older than the run's current one, requeued by Slurm after ``runner cron`` resubmitted the
 run), and the ranks check every few steps while training (``runner.job.owner``). ``resume_action`` and
 ``next_action`` never start a second job while the first may be alive, even when Slurm cannot be asked.
+
+With ``resume.successor`` the next attempt waits in the queue behind the run's job (``--dependency=afternotok``):
+Slurm starts it as soon as that job ends in a failed state, with no requeue delay. The successor is the run's
+next owner, and only one: the exit hook either hands over to it (``after_exit``'s ``hand_over``, never together
+with a requeue) or cancels it (every other decision: a finished, stopped or resubmitted run must never see it
+train), and the successor itself ``take_over``s the run only from the job it follows, else it steps aside.
 """
 
 from __future__ import annotations
@@ -100,6 +108,7 @@ class Records:
     exit_status: Mapping[str, Any] | None = None  # exit_status.json; None when missing or unreadable
     finished: bool = False  # the `finished` marker: training reached its end
     job_id: str | None = None  # the run's current Slurm job
+    successor: str | None = None  # the job queued to follow ``job_id`` (resume.successor), if any
 
 
 @dataclass(frozen=True)
@@ -110,23 +119,27 @@ class Limits:
     signal_lead_s: float = 120  # slurm.signal_lead_s
     max_restarts: int = 3  # resume.max_restarts
     backoff_s: float = 60  # resume.backoff_s
+    successor: bool = False  # resume.successor
 
     @classmethod
     def of(cls, cfg: RunConfig) -> Limits:
         return cls(requeue=bool(cfg["slurm"]["requeue"]), signal_lead_s=cfg["slurm"]["signal_lead_s"],
-                   max_restarts=cfg["resume"]["max_restarts"], backoff_s=float(cfg["resume"]["backoff_s"]))
+                   max_restarts=cfg["resume"]["max_restarts"], backoff_s=float(cfg["resume"]["backoff_s"]),
+                   successor=bool(cfg["resume"].get("successor", False)))  # runs submitted before the key: off
 
 
 @dataclass(frozen=True)
 class Decision:
     """What to do with a run next, and why (cron prints it as one line).
 
-    ``action``: requeue (the exit hook asks Slurm), resubmit (sbatch again), wait (ask again later), give_up,
-    refuse (the user asked for something that cannot be done) or skip (nothing to do).
+    ``action``: requeue (the exit hook asks Slurm), hand_over (to the successor job, after ``delay_s``), resubmit
+    (sbatch again), stop (for a person), wait (ask again later), give_up, refuse (the user asked for something that
+    cannot be done), train or skip (nothing to do; for a successor job: step aside).
     """
 
     action: str
     reason: str
+    delay_s: float = 0.0  # hand_over: the backoff before the successor may start
 
 
 def _names(events: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -211,13 +224,22 @@ def classify(rec: Records, rc: int, seconds_left: float | None, limits: Limits, 
     return "failed"
 
 
+def backoff(failed: int, limits: Limits) -> float:
+    """Seconds to wait before the next attempt after ``failed`` failed attempts: none after the first, then
+    ``resume.backoff_s`` doubling with each failure."""
+    return float(limits.backoff_s) * (2 ** max(failed - 2, 0)) if failed > 1 else 0.0
+
+
 def after_exit(outcome: str, attempt: int, job_id: str | None, limits: Limits,
-               events: Sequence[Mapping[str, Any]] = (), bad_nodes: Sequence[str] = ()) -> Decision:
-    """The exit hook's move after ``classify``: requeue the job, resubmit it without its bad nodes, stop it for a
-    person, give up, or leave it (to cron).
+               events: Sequence[Mapping[str, Any]] = (), bad_nodes: Sequence[str] = (),
+               successor: str | None = None) -> Decision:
+    """The exit hook's move after ``classify``: requeue the job, hand over to its successor, resubmit it without
+    its bad nodes, stop it for a person, give up, or leave it (to cron).
 
     ``events`` is the ledger with this exit already recorded (its ``crash``, if the launcher wrote one);
-    ``bad_nodes`` the nodes this attempt named (a hang's suspects, the preflight's failing nodes).
+    ``bad_nodes`` the nodes this attempt named (a hang's suspects, the preflight's failing nodes); ``successor``
+    the job queued behind this one (resume.successor) that Slurm still holds, if any. Every decision but
+    ``hand_over`` cancels it.
     """
     used = failures(events)
     if outcome == "failed" and (loop := crash_loop(events)) is not None:
@@ -236,9 +258,18 @@ def after_exit(outcome: str, attempt: int, job_id: str | None, limits: Limits,
     if outcome == "cancelled":
         return Decision("skip", "cancelled by the user")
     if outcome in ("timeout", "preempted"):  # never limited by resume.max_restarts
+        if successor:
+            return Decision("hand_over", f"{outcome}; job {successor} takes over as attempt {attempt + 1}")
         if limits.requeue and job_id:
             return Decision("requeue", f"{outcome}; requeued as attempt {attempt + 1}")
         return Decision("skip", f"{outcome}; slurm.requeue is off, runner cron resubmits it")
+    if outcome in ("hang", "failed") and successor:  # what cron would do, without waiting for cron
+        if used > limits.max_restarts:
+            return Decision("give_up", f"{outcome} after {used - 1} restarts of resume.max_restarts="
+                                       f"{limits.max_restarts}")
+        delay = backoff(used, limits)
+        return Decision("hand_over", f"{outcome}; job {successor} takes over as attempt {attempt + 1}"
+                                     + (f" after a backoff of {delay:.0f} s" if delay else ""), delay)
     if outcome == "hang":  # nobody named: the same nodes may do, cron resubmits (with backoff)
         return Decision("skip", "hang: runner cron decides about resubmission (with backoff)")
     if outcome == "preflight_failed":  # a bad node or interface would fail again: a person must look
@@ -250,6 +281,8 @@ def next_step(outcome: str, decision: Decision, attempt: int, limits: Limits, re
               events: Sequence[Mapping[str, Any]] | None = None) -> str:
     """What the exit hook's alert says happens next: what the hook did (``decision``; ``requeued`` whether
     ``scontrol requeue`` went through) and what ``runner cron`` will do with the run (``next_action``)."""
+    if decision.action == "hand_over":
+        return f"{decision.reason}, as soon as this job ends; it resumes from the newest complete checkpoint"
     if decision.action == "requeue":
         if requeued:
             return f"requeued as attempt {attempt + 1}; it resumes from the newest complete checkpoint"
@@ -301,12 +334,14 @@ def settled(rec: Records) -> Decision | None:
     return None
 
 
-def next_action(rec: Records, job: JobInfo | None, limits: Limits, now: float, asked: bool = True) -> Decision:
+def next_action(rec: Records, job: JobInfo | None, limits: Limits, now: float, asked: bool = True,
+                heir: JobInfo | None = None) -> Decision:
     """Cron's decision for one run: skip, wait, resubmit (with exponential backoff) or give_up.
 
     ``job`` is Slurm's answer for ``rec.job_id`` (None when Slurm does not know it any more); ``asked`` is False
     when Slurm could not be asked at all (its commands failed or timed out). Then a job that the ledger shows
     alive may well be training: resubmitting would start a second trainer, so cron waits for an answer.
+    ``heir`` is Slurm's answer for ``rec.successor``: a successor still queued or running takes the run over.
     """
     early = settled(rec)
     if early is not None:
@@ -317,6 +352,8 @@ def next_action(rec: Records, job: JobInfo | None, limits: Limits, now: float, a
                                 "trying again next time")
     if job is not None and not job.terminal:
         return Decision("skip", f"job {name} is {job.state}")
+    if rec.successor and heir is not None and not heir.terminal:
+        return Decision("skip", f"job {name} ended; its successor job {rec.successor} is {heir.state} and takes over")
     status = rec.exit_status or {}
     state = job.state if job is not None else "UNKNOWN"
     if state == "CANCELLED" and status.get("event") not in ("timeout", "preempted"):
@@ -332,7 +369,7 @@ def next_action(rec: Records, job: JobInfo | None, limits: Limits, now: float, a
     if failed > limits.max_restarts:
         return Decision("give_up", f"{reason}; {failed - 1} restarts used of resume.max_restarts={limits.max_restarts}")
     last = max((e["time"] for e in rec.events if e["event"] in ("resubmitted", "requeued", "exit")), default=0.0)
-    delay = float(limits.backoff_s) * (2 ** max(failed - 2, 0)) if failed > 1 else 0.0
+    delay = backoff(failed, limits)
     if now < last + delay:
         return Decision("wait", f"{reason}; backoff {delay:.0f} s, {last + delay - now:.0f} s left")
     return Decision("resubmit", reason)
@@ -359,12 +396,13 @@ def local_state(rec: Records) -> str:
 def job_alive(events: Sequence[Mapping[str, Any]]) -> bool:
     """The run's job was submitted, started or requeued and has not recorded its exit since.
 
-    Training may be done, the job is not. A requeued job waits in the queue to start again: alive too.
+    Training may be done, the job is not. A requeued job waits in the queue to start again, and so does the
+    successor a job handed over to: alive too.
     """
     for e in reversed(events):
         if e["event"] == "exit":
             return False
-        if e["event"] in ("start", "submitted", "resubmitted", "requeued"):
+        if e["event"] in ("start", "submitted", "resubmitted", "requeued", "handed_over", "took_over"):
             return True
     return False
 
@@ -396,28 +434,35 @@ def combine(local: str, job: JobInfo | None) -> str:
     return state
 
 
-def run_state(rec: Records, job: JobInfo | None) -> str:
-    """pending, running, completed, failed, cancelled, timeout or preempted."""
-    return combine(local_state(rec), job)
+def run_state(rec: Records, job: JobInfo | None, heir: JobInfo | None = None) -> str:
+    """pending, running, completed, failed, cancelled, timeout or preempted. ``heir`` is Slurm's answer for the
+    successor: once the run's job ended, a successor still queued or running is the run's state."""
+    state = combine(local_state(rec), job)
+    if state != "completed" and (job is None or job.terminal) and heir is not None and not heir.terminal:
+        return heir.runner_state or state
+    return state
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # runner resume
 
 
-def resume_action(rec: Records, job: JobInfo | None = None, asked: bool = True, force: bool = False) -> Decision:
+def resume_action(rec: Records, job: JobInfo | None = None, asked: bool = True, force: bool = False,
+                  heir: JobInfo | None = None) -> Decision:
     """A user's resume starts a stopped run again (it lifts a cancel); never a second job next to a live one.
 
     ``job`` is Slurm's answer for the run's job (None: Slurm does not know it, or it was not asked: a local run),
     ``asked`` False when Slurm could not be asked. A job Slurm reports pending or running is refused, whatever
     ``force`` says: cancel it first. When Slurm cannot be asked and the ledger shows the job alive, only ``force``
-    (the user knows it ended, e.g. after `scancel` went through) resubmits.
+    (the user knows it ended, e.g. after `scancel` went through) resubmits. ``heir`` (the successor's answer) is
+    refused alike: it takes the run over by itself.
     """
     if rec.finished:
         return Decision("skip", "already finished; nothing to do")
-    if job is not None and not job.terminal:
-        return Decision("refuse", f"job {job.job_id} is {job.state}: one job trains a run at a time. "
-                                  "hint: `runner cancel` it first (or let it end), then resume")
+    for live in (job, heir):
+        if live is not None and not live.terminal:
+            return Decision("refuse", f"job {live.job_id} is {live.state}: one job trains a run at a time. "
+                                      "hint: `runner cancel` it first (or let it end), then resume")
     if not asked and rec.job_id and job_alive(rec.events) and not force:
         return Decision("refuse", f"Slurm cannot be asked whether job {rec.job_id} ended, and the ledger shows it "
                                   "alive (no exit recorded). hint: once you know it ended, `runner resume --force`")
@@ -447,3 +492,50 @@ def crash_loop(events: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     if len(since) >= 2 and same_crash(since[-1].get("crash"), since[-2].get("crash")):
         return since[-1]["crash"]  # type: ignore[no-any-return]
     return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# resume.successor: the job queued behind the run's job takes it over, or steps aside
+
+
+def take_over(rec: Records, job_id: str, after: str, limits: Limits) -> Decision:
+    """A successor job's first move (its batch script, before any rank starts): train or skip (step aside, exit 78).
+
+    ``job_id`` is the successor, ``after`` the job it was queued behind. It trains only where that job still owns
+    the run (or it owns the run itself already: Slurm requeued it), and only when the run needs another attempt:
+    a finished, cancelled, stopped or given-up run, a run resubmitted as another job, or a run out of restarts is
+    left alone (the exit hook cancels the successor then; this is the check for when that scancel did not happen).
+    """
+    early = settled(rec)
+    if early is not None:
+        return Decision("skip", early.reason)
+    if rec.job_id == job_id:
+        return Decision("train", f"job {job_id} owns the run already (requeued by Slurm)")
+    if rec.job_id != after:
+        return Decision("skip", f"job {rec.job_id} owns the run, not job {after} that job {job_id} follows")
+    failed = failures(rec.events, ended=True)
+    if failed > limits.max_restarts:
+        return Decision("skip", f"{failed - 1} restarts used of resume.max_restarts={limits.max_restarts}; runner "
+                                "cron gives up")
+    return Decision("train", f"job {after} ended; job {job_id} takes over as attempt {attempt(rec.events) + 1}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Stragglers: one alert per slow rank per attempt
+
+
+def straggler_alerts(events: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The ledger's ``straggler`` records that still need their alert, oldest first: one per rank per attempt.
+
+    The job's watchdog records a rank once per attempt, after two slow reports in a row (a persistent straggler,
+    not a blip); whoever queues the alert (the exit hook, ``runner cron``) records ``straggler_alert`` for it, so a
+    rank slow again in a later attempt is news again, and nothing is said twice.
+    """
+    seen = {(e.get("attempt"), e.get("rank")) for e in events if e["event"] == "straggler_alert"}
+    out = []
+    for e in events:
+        key = (e.get("attempt"), e.get("rank"))
+        if e["event"] == "straggler" and key not in seen:
+            seen.add(key)
+            out.append(e)
+    return out

@@ -100,6 +100,10 @@ class RunDir:
         return self.root / "cancelled"
 
     @property
+    def successor(self) -> Path:  # resume.successor: the job queued behind the run's job ({"job_id", "after"})
+        return self.root / "successor.json"
+
+    @property
     def logs(self) -> Path:
         return self.root / "logs"
 
@@ -191,6 +195,8 @@ class RunDir:
 # Whoever starts the ranks of an attempt (the batch script, or `runner submit` locally) claims N and exports it.
 ATTEMPT_PREFIX = "attempt-"
 ATTEMPT_ENV = "RUNNER_ATTEMPT"
+# Set (by sbatch's environment) only in a successor job (resume.successor): the job it follows.
+SUCCESSOR_ENV = "RUNNER_SUCCESSOR_OF"
 
 # Exit codes of the launcher that the batch script and `runner cron` act on (Lightning exits 0 on SIGTERM,
 # so "0" alone cannot tell a finished run from a stopped one; the `finished` marker can).

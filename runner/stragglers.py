@@ -4,8 +4,8 @@ Under DDP every rank's *step* takes as long as the slowest one (the gradient all
 step time cannot name a straggler. What differs is the time a rank spends on its own before the collective: its
 forward (batch start to backward) and its wait for data (previous batch end to this batch start). Each rank's
 watchdog thread writes the medians of those over its last steps into its heartbeat; this module compares them.
-It is pure and used on both sides: rank 0 in the job (``stragglers.json``, ledger event ``straggler``) and
-``runner status RUN --ranks`` on the login node.
+It is pure and used on both sides: rank 0 in the job (``stragglers.json``, ledger event ``straggler``),
+``runner status RUN --ranks`` and the straggler alert (``describe``) on the host.
 """
 
 from __future__ import annotations
@@ -52,3 +52,20 @@ def table(rows: Sequence[Mapping[str, Any]], top: int = 8) -> str:
     if len(rows) > top:
         lines.append(f"... {len(rows) - top} more ranks, none slower")
     return "\n".join(lines)
+
+
+def describe(event: Mapping[str, Any]) -> str:
+    """A ledger ``straggler`` record in words: the rank, its node, and how much slower than the median it is."""
+    forward = event.get("slow") != "data"
+    x, mine = (event.get("compute_x"), event.get("compute_s")) if forward else (event.get("data_x"),
+                                                                                 event.get("data_s"))
+    what = "forward" if forward else "data wait"
+    head = f"straggler: rank {event.get('rank')} on {event.get('node')}"
+    if not isinstance(x, (int, float)):  # the other ranks wait ~0 for data: a ratio means nothing
+        return f"{head} spends {_ms(mine)} per step in {what}, the median rank none, at step {event.get('step')}"
+    median = f" vs {_ms(mine / x)}" if isinstance(mine, (int, float)) and x > 0 else ""
+    return f"{head} is {x:.1f}x the median in {what} ({_ms(mine)}{median} per step), at step {event.get('step')}"
+
+
+def _ms(seconds: Any) -> str:
+    return f"{seconds * 1000:.0f} ms" if isinstance(seconds, (int, float)) else "?"

@@ -614,6 +614,7 @@ def test_defaults_and_events(tmp_path):
         "preflight_failed",
         "hang",
         "nan",
+        "straggler",
     )
     defaults = {
         "enabled": True,

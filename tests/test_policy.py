@@ -47,12 +47,12 @@ def status_of(e: dict[str, Any]) -> dict[str, Any]:
 
 
 def rec(events: list[dict[str, Any]], *, finished: bool = False, job: str | None = "4",
-        status: dict[str, Any] | None = None) -> Records:
+        status: dict[str, Any] | None = None, successor: str | None = None) -> Records:
     """A run's records; exit_status.json follows the ledger's last exit unless given."""
     exits = [e for e in events if e["event"] == "exit"]
     if status is None and exits:
         status = status_of(exits[-1])
-    return Records(events=events, exit_status=status, finished=finished, job_id=job)
+    return Records(events=events, exit_status=status, finished=finished, job_id=job, successor=successor)
 
 
 # Ledgers (job 4 unless said otherwise)
@@ -520,3 +520,180 @@ def test_cron_does_what_the_failed_alert_says() -> None:
 def test_limits_from_a_config() -> None:
     cfg = {"slurm": {"requeue": False, "signal_lead_s": 300}, "resume": {"max_restarts": 5, "backoff_s": 30}}
     assert Limits.of(cfg) == Limits(requeue=False, signal_lead_s=300, max_restarts=5, backoff_s=30.0)
+    cfg["resume"]["successor"] = True  # a run submitted before resume.successor existed has it off (above)
+    assert Limits.of(cfg).successor
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# resume.successor: job 5 waits behind job 4 (--dependency=afternotok:4); job 6 behind job 5 once 5 took over
+
+HEIR = JobInfo("5", "PENDING", "squeue", reason="Dependency")
+HEIR_RUNNING = JobInfo("5", "RUNNING", "squeue")
+HEIR_GONE = JobInfo("5", "CANCELLED", "sacct", exit_code="0:0")
+QUEUED = [*SUBMIT, at(0.2, "successor_queued", job_id="5", after="4")]
+QUEUED_TRAINING = [*QUEUED, *TRAINING[1:]]
+
+
+def handed_over(ledger: list[dict[str, Any]], t: float, outcome: str, code: int) -> list[dict[str, Any]]:
+    return [*ledger, exited(t, outcome, code), at(t + 0.1, "handed_over", job_id="4", successor="5", reason=outcome,
+                                                  attempt=2, delay_s=0.0)]
+
+
+PREEMPTED_HANDED = handed_over(QUEUED_TRAINING, 100, "preempted", 75)
+FAILED_HANDED = handed_over(QUEUED_TRAINING, 100, "failed", 1)
+TOOK_OVER = [*FAILED_HANDED, at(101, "took_over", job_id="5", after="4"),
+             at(101.1, "successor_queued", job_id="6", after="5"), at(101.5, "start", job_id="5", restart_count=0),
+             at(106, "train_start", step=40, lost_steps=2, attempt=2, resumed_from="step-0000040")]
+TOOK_OVER_FAILED = [*TOOK_OVER, exited(200, "failed", 1, attempt=2, job="5")]
+STOPPED_NAN = [*QUEUED_TRAINING, exited(100, "nan", 80), at(100.1, "stopped", job_id="4", reason="non-finite ...")]
+WITH = Limits(successor=True, backoff_s=60)
+AFTER_EXIT_WITH_SUCCESSOR = [  # (outcome, ledger with this exit, named nodes, limits) -> action, reason, backoff
+    pytest.param("preempted", PREEMPTED_HANDED[:-1], (), WITH, "hand_over", "preempted; job 5 takes over as attempt 2",
+                 0.0, id="preempted -> the successor, not a requeue"),
+    pytest.param("timeout", [*QUEUED_TRAINING, exited(100, "timeout", 75)], (), Limits(requeue=False), "hand_over",
+                 "timeout; job 5 takes over", 0.0, id="timeout, slurm.requeue off -> the successor all the same"),
+    pytest.param("failed", FAILED_HANDED[:-1], (), WITH, "hand_over", "failed; job 5 takes over as attempt 2", 0.0,
+                 id="first failure -> the successor at once"),
+    pytest.param("failed", TOOK_OVER_FAILED, (), WITH, "hand_over", "after a backoff of 60 s", 60.0,
+                 id="second failure -> the successor after resume.backoff_s"),
+    pytest.param("failed", TOOK_OVER_FAILED, (), Limits(successor=True, max_restarts=1), "give_up",
+                 "failed after 1 restarts of resume.max_restarts=1", 0.0, id="failures past max_restarts -> give up"),
+    pytest.param("hang", [*QUEUED_TRAINING, exited(100, "hang", 79)], (), WITH, "hand_over", "hang; job 5 takes over",
+                 0.0, id="hang, nobody named -> the successor"),
+    pytest.param("hang", [*QUEUED_TRAINING, exited(100, "hang", 79)], ("n2",), WITH, "resubmit", "without n2", 0.0,
+                 id="hang naming a node -> resubmitted without it (the successor would land there)"),
+    pytest.param("nan", [*QUEUED_TRAINING, exited(100, "nan", 80)], (), WITH, "stop", "non-finite", 0.0,
+                 id="NaN -> stopped for a person"),
+    pytest.param("completed", [*QUEUED_TRAINING, exited(100, "completed", 0)], (), WITH, "skip", "training finished",
+                 0.0, id="finished"),
+    pytest.param("cancelled", [*QUEUED_TRAINING, exited(100, "cancelled", 76)], (), WITH, "skip",
+                 "cancelled by the user", 0.0, id="cancelled by the user"),
+    pytest.param("preflight_failed", [*QUEUED[:2], exited(15, "preflight_failed", 77)], (), WITH, "skip",
+                 "preflight failed", 0.0, id="preflight failed, nobody named -> a person looks"),
+    pytest.param("superseded", [], (), WITH, "skip", "superseded", 0.0, id="superseded: not this job's successor"),
+]
+
+
+@pytest.mark.parametrize("outcome, events, bad, limits, action, reason, delay", AFTER_EXIT_WITH_SUCCESSOR)
+def test_after_exit_with_a_successor(outcome: str, events: list[dict[str, Any]], bad: tuple[str, ...],
+                                     limits: Limits, action: str, reason: str, delay: float) -> None:
+    attempt = policy.attempt(events)
+    d = policy.after_exit(outcome, attempt, "4", limits, events, bad, successor="5")
+    assert (d.action, d.delay_s) == (action, delay) and reason in d.reason, d
+    # One restart at most: a hand-over never requeues, and every other decision cancels the successor.
+    assert d.action != "requeue"
+    if d.action == "hand_over":
+        step = policy.next_step(outcome, d, attempt, limits, None, events)
+        assert "job 5 takes over" in step and "as soon as this job ends" in step, step
+    without = policy.after_exit(outcome, attempt, "4", limits, events, bad)  # none queued (or Slurm lost it)
+    assert without.action != "hand_over" and (without.action == "requeue") == (outcome in ("preempted", "timeout")
+                                                                               and limits.requeue)
+
+
+TAKE_OVER = [  # (the run's records, the successor, the job it follows) -> train or step aside
+    pytest.param(rec(PREEMPTED_HANDED, successor="5"), "5", "4", "train", "job 4 ended; job 5 takes over as attempt 2",
+                 id="the job it follows handed over"),
+    pytest.param(rec(QUEUED_TRAINING, successor="5"), "5", "4", "train", "takes over",
+                 id="the job it follows died with its node (no exit recorded)"),
+    pytest.param(rec(TOOK_OVER, job="5", successor="6"), "5", "4", "train", "owns the run already",
+                 id="Slurm requeued the successor after it took over"),
+    pytest.param(rec([*QUEUED_TRAINING, at(95, "finished", step=80), exited(100, "completed", 0)], finished=True),
+                 "5", "4", "skip", "finished", id="finished (its scancel failed, or Slurm kept it pending)"),
+    pytest.param(rec([*QUEUED_TRAINING, at(50, "cancelled", job_id="4"), exited(52, "cancelled", 76)]), "5", "4",
+                 "skip", "cancelled by the user", id="cancelled by the user"),
+    pytest.param(rec(STOPPED_NAN), "5", "4", "skip", "stopped: non-finite", id="stopped for a person"),
+    pytest.param(rec([*FAILED_HANDED, at(150, "gave_up", reason="...")]), "5", "4", "skip", "already gave up",
+                 id="gave up"),
+    pytest.param(rec([*FAILED_HANDED, at(150, "resubmitted", job_id="9", attempt=2)], job="9"), "5", "4", "skip",
+                 "job 9 owns the run, not job 4 that job 5 follows", id="resubmitted as another job"),
+    pytest.param(rec(TOOK_OVER_FAILED, job="5"), "8", "4", "skip", "job 5 owns the run, not job 4",
+                 id="a stale successor of an earlier job"),
+    pytest.param(rec(FAILED_HANDED), "5", "4", "train", "takes over", id="failed with restarts left"),
+    pytest.param(rec(TOOK_OVER_FAILED, job="5"), "6", "5", "skip", "1 restarts used of resume.max_restarts=1",
+                 id="out of restarts (the hook could not cancel it): cron gives up"),
+]
+
+
+@pytest.mark.parametrize("records, job, after, action, reason", TAKE_OVER)
+def test_a_successor_takes_over_or_steps_aside(records: Records, job: str, after: str, action: str,
+                                               reason: str) -> None:
+    d = policy.take_over(records, job, after, Limits(max_restarts=1))
+    assert d.action == action and reason in d.reason, d
+
+
+SUCCESSOR_CRON = [  # (records, Slurm on the run's job, Slurm on the successor) -> cron's decision
+    pytest.param(rec(PREEMPTED_HANDED, successor="5"), JobInfo("4", "FAILED", "sacct", exit_code="75:0"), HEIR,
+                 "skip", "job 4 ended; its successor job 5 is PENDING and takes over", id="successor pending"),
+    pytest.param(rec(FAILED_HANDED, successor="5"), JobInfo("4", "FAILED", "sacct", exit_code="1:0"), HEIR_RUNNING,
+                 "skip", "successor job 5 is RUNNING", id="successor starting (not yet the owner)"),
+    pytest.param(rec(PREEMPTED_HANDED, successor="5"), JobInfo("4", "FAILED", "sacct", exit_code="75:0"), HEIR_GONE,
+                 "resubmit", "job 4 ended FAILED (exit 75)", id="successor cancelled outside runner -> resubmit"),
+    pytest.param(rec(FAILED_HANDED, successor="5"), JobInfo("4", "FAILED", "sacct", exit_code="1:0"), None,
+                 "resubmit", "job 4 ended FAILED", id="successor unknown to Slurm -> resubmit"),
+    pytest.param(rec(QUEUED_TRAINING, successor="5"), HEIR_RUNNING, HEIR, "skip", "is RUNNING",
+                 id="the job itself running"),
+]
+
+
+@pytest.mark.parametrize("records, job, heir, action, reason", SUCCESSOR_CRON)
+def test_cron_leaves_the_run_to_its_successor(records: Records, job: JobInfo, heir: JobInfo | None, action: str,
+                                              reason: str) -> None:
+    d = policy.next_action(records, job, Limits(successor=True), NOW, heir=heir)
+    assert d.action == action and reason in d.reason, d
+    assert policy.next_action(records, None, Limits(), NOW, asked=False).action == "wait"  # the ledger: alive
+
+
+SUCCESSOR_STATE = [  # (records, Slurm on the run's job, Slurm on the successor) -> runner status
+    pytest.param(rec(PREEMPTED_HANDED, successor="5"), JobInfo("4", "FAILED", "sacct", exit_code="75:0"), HEIR,
+                 "pending", id="handed over, successor pending"),
+    pytest.param(rec(PREEMPTED_HANDED, successor="5"), JobInfo("4", "FAILED", "sacct", exit_code="75:0"),
+                 HEIR_RUNNING, "running", id="successor running"),
+    pytest.param(rec(PREEMPTED_HANDED, successor="5"), JobInfo("4", "FAILED", "sacct", exit_code="75:0"), HEIR_GONE,
+                 "preempted", id="successor gone: the job's own end"),
+    pytest.param(rec(QUEUED_TRAINING, successor="5"), HEIR_RUNNING, HEIR, "running", id="the job running"),
+    pytest.param(rec([*QUEUED_TRAINING, at(95, "finished", step=80), exited(100, "completed", 0)], finished=True,
+                     successor="5"), JobInfo("4", "COMPLETED", "sacct", exit_code="0:0"), HEIR, "completed",
+                 id="finished, successor not yet cancelled"),
+]
+
+
+@pytest.mark.parametrize("records, job, heir, state", SUCCESSOR_STATE)
+def test_run_state_with_a_successor(records: Records, job: JobInfo, heir: JobInfo, state: str) -> None:
+    assert policy.run_state(records, job, heir) == state
+
+
+def test_resume_refuses_while_a_successor_waits() -> None:
+    d = policy.resume_action(rec(PREEMPTED_HANDED, successor="5"), JobInfo("4", "FAILED", "sacct"), heir=HEIR)
+    assert d.action == "refuse" and "job 5 is PENDING: one job trains a run at a time" in d.reason
+    assert policy.resume_action(rec(PREEMPTED_HANDED, successor="5"), JobInfo("4", "FAILED", "sacct"),
+                                heir=HEIR_GONE).action == "resubmit"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Stragglers: one alert per rank per attempt
+
+
+def slow(t: float, rank: int, attempt: int = 1) -> dict[str, Any]:
+    return at(t, "straggler", rank=rank, node=f"n{rank}", slow="forward", step=40, compute_x=6.1, data_x=1.0,
+              compute_s=0.12, data_s=0.001, attempt=attempt)
+
+
+def alerted(t: float, rank: int, attempt: int = 1) -> dict[str, Any]:
+    return at(t, "straggler_alert", rank=rank, attempt=attempt)
+
+
+STRAGGLER_ALERTS = [  # (ledger) -> the (attempt, rank) pairs still to alert
+    pytest.param(TRAINING, [], id="no straggler"),
+    pytest.param([*TRAINING, slow(50, 2)], [(1, 2)], id="a new straggler"),
+    pytest.param([*TRAINING, slow(50, 2), alerted(51, 2)], [], id="alerted already"),
+    pytest.param([*TRAINING, slow(50, 2), alerted(51, 2), slow(80, 2)], [], id="recorded twice: one alert"),
+    pytest.param([*TRAINING, slow(50, 2), slow(60, 3)], [(1, 2), (1, 3)], id="two ranks: one each"),
+    pytest.param([*TRAINING, slow(50, 2), alerted(51, 2), *TIMEOUT_REQUEUED[-2:], slow(150, 2, attempt=2)], [(2, 2)],
+                 id="slow again in the next attempt: news again"),
+    pytest.param([*TRAINING, slow(50, 2), alerted(51, 2), slow(60, 3)], [(1, 3)], id="only the new one"),
+]
+
+
+@pytest.mark.parametrize("events, due", STRAGGLER_ALERTS)
+def test_straggler_alerts(events: list[dict[str, Any]], due: list[tuple[int, int]]) -> None:
+    assert [(e["attempt"], e["rank"]) for e in policy.straggler_alerts(events)] == due

@@ -65,6 +65,7 @@ CONFIGS = [
     (GOLDEN_CONF, ["container.runtime=singularity", "container.apt=[]", "container.pip=[]",
                    "container.nccl_tests=true", "container.perftest=true", "slurm.requeue=false"]),
     (GOLDEN_CONF, ["container.install_lightning=false", "env={}", "slurm.partition=null"]),
+    (GOLDEN_CONF, ["resume.successor=true"]),
 ]
 
 
@@ -174,6 +175,24 @@ def test_a_superseded_job_steps_aside(owner: str | None, trains: bool, tmp_path:
     assert out.returncode == (0 if trains else EXIT_SUPERSEDED)  # the exit hook records 78 as superseded
     assert ("TRAINING" in out.stdout) == trains
     assert ("superseded by job 14" in out.stderr) == (not trains)
+
+
+@pytest.mark.parametrize(("follows", "claim_rc", "trains"), [("12", 0, True), ("12", 1, False), ("", 1, True)])
+def test_a_successor_claims_the_run_or_steps_aside(follows: str, claim_rc: int, trains: bool, tmp_path: Path) -> None:
+    """resume.successor: only a successor (RUNNER_SUCCESSOR_OF set) asks the claim hook, and steps aside on a no."""
+    assert "RUNNER_SUCCESSOR_OF" not in artifacts()["job.sbatch"]  # off by default: not even rendered
+    text = artifacts(["resume.successor=true"])["job.sbatch"]
+    guard = text[text.index("# resume.successor"):text.index("# Each attempt")]
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/asked\nexit {claim_rc}\n")
+    fake.chmod(0o755)
+    script = f"set -uo pipefail\nRUN_DIR={tmp_path}\nRUNNER_PY={fake}\nRUNNER_SUCCESSOR_OF={follows}\n{guard}\n" \
+             "echo TRAINING\n"
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=10)
+    assert out.returncode == (0 if trains else EXIT_SUPERSEDED)
+    assert ("TRAINING" in out.stdout) == trains
+    asked = (tmp_path / "asked").read_text().strip() if (tmp_path / "asked").exists() else None
+    assert asked == (f"-m runner.host.jobhook claim {tmp_path}" if follows else None)
 
 
 def test_each_batch_attempt_claims_its_own_log_folder(tmp_path: Path) -> None:

@@ -97,9 +97,20 @@ def test_a_slow_rank_is_named_with_its_node(slurm_cluster: devcluster.Cluster, h
     env = env_for(slurm_cluster, hook)
     run = submit(env, tmp_path, "model.faults.slow_s=0.1", "model.faults.rank=2", "model.step_time_s=0.02",
                  "watchdog.straggler_report_s=2", "trainer.max_steps=150")
+    wait_for("the straggler record", lambda: any(e["event"] == "straggler" for e in events(run)), 120, run)
+    runner(env, "cron", "--root", str(tmp_path))  # while the job runs: cron alerts it (else the exit hook does)
     wait_for("the run to finish", lambda: (run / "finished").exists(), 180, run)
     [ev] = [e for e in events(run) if e["event"] == "straggler"]
     host = json.loads((run / "ranks" / "rank-00002.json").read_text())["hostname"]
     assert (ev["rank"], ev["node"], ev["slow"]) == (2, host, "forward")
     out = runner(env, "status", str(run), "--ranks").stdout.splitlines()
     assert out[1].split()[:2] == ["2", host] and out[1].rstrip().endswith("forward")
+    # One alert at the real webhook server, once: rank, node, and how much slower than the median.
+    got = hook.wait_for(2, timeout=30)
+    runner(env, "cron", "--root", str(tmp_path))
+    assert [a["event"] for a in got] == ["straggler", "completed"], got
+    alert = got[0]
+    assert (alert["extra"]["rank"], alert["extra"]["node"], alert["nodes"]) == ("2", host, host)
+    assert alert["cause"].startswith(f"straggler: rank 2 on {host} is ") and "x the median in forward" in alert["cause"]
+    assert float(alert["extra"]["slower than the median"].split("x")[0]) == ev["compute_x"] > 1.5
+    assert [e["event"] for e in events(run)].count("straggler_alert") == 1 and len(hook.received) == 2

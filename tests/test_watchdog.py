@@ -10,6 +10,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -174,6 +175,49 @@ def test_a_slow_rank_is_reported_once_by_rank_0(tmp_path: Path) -> None:
     assert events[0]["compute_x"] > 3
     latest = json.loads((rd.root / "stragglers.json").read_text())["ranks"]
     assert latest[0]["rank"] == 2
+
+
+DESCRIBE = [  # a ledger `straggler` record -> the alert's cause
+    ({"rank": 2, "node": "n2", "slow": "forward", "step": 40, "compute_x": 6.1, "compute_s": 0.122, "data_x": 1.0},
+     "straggler: rank 2 on n2 is 6.1x the median in forward (122 ms vs 20 ms per step), "
+     "at step 40"),
+    ({"rank": 1, "node": "n1", "slow": "data", "step": 9, "compute_x": 1.0, "data_x": 3.0, "data_s": 0.3},
+     "straggler: rank 1 on n1 is 3.0x the median in data wait (300 ms vs 100 ms per step), at step 9"),
+    ({"rank": 1, "node": "n1", "slow": "data", "step": 9, "compute_x": 1.0, "data_x": None, "data_s": 0.5},
+     "straggler: rank 1 on n1 spends 500 ms per step in data wait, the median rank none, at step 9"),
+    ({"rank": 3, "node": "n2", "slow": "forward", "step": 5, "compute_x": 2.0},  # recorded before compute_s was
+     "straggler: rank 3 on n2 is 2.0x the median in forward (? per step), at step 5"),
+]
+
+
+@pytest.mark.parametrize(("event", "text"), DESCRIBE)
+def test_a_straggler_in_words(event: dict, text: str) -> None:
+    assert stragglers.describe(event) == text
+
+
+def test_a_straggler_is_alerted_once_per_rank_and_attempt(tmp_path: Path, webhook: Any,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host side turns the job's ledger records into alerts: twice asked (cron, then the exit hook), one alert."""
+    from runner import alerts, spec
+    from runner.host import notices
+
+    monkeypatch.setenv("RUNNER_WEBHOOK_URL", webhook.url)
+    cfg = spec.load(Path(__file__).resolve().parents[1] / "conf" / "quickstart.yaml", ["alerts.kind=json"]).data
+    rd = RunDir(tmp_path / "run")
+    slow = {"rank": 2, "node": "n2", "slow": "forward", "step": 40, "compute_x": 6.1, "compute_s": 0.122,
+            "data_x": 1.0, "data_s": 0.001, "attempt": 1}
+    rd.record("straggler", **slow)
+    assert notices.queue_stragglers(rd, cfg, "17") == 1
+    assert notices.queue_stragglers(rd, cfg, "17") == 0  # the second caller finds it done
+    rd.record("straggler", **{**slow, "attempt": 2})  # slow again in the next attempt: news again
+    assert notices.queue_stragglers(rd, cfg, "18") == 1
+    assert alerts.flush_queue(rd.root, cfg["alerts"]) == (2, 0)
+    first, second = webhook.wait_for(2)
+    assert (first["event"], first["job_id"], first["attempt"], first["nodes"]) == ("straggler", "17", 1, "n2")
+    assert first["extra"]["rank"] == "2" and first["extra"]["slower than the median"] == "6.1x in forward"
+    assert first["cause"].startswith("straggler: rank 2 on n2 is 6.1x the median") and second["attempt"] == 2
+    assert [e["event"] for e in rd.events()].count("straggler_alert") == 2
+    assert webhook.secret not in (rd.root / "ledger.jsonl").read_text()
 
 
 def test_status_ranks_shows_the_slowest_rank_and_the_last_hang(tmp_path: Path,

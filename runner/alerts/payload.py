@@ -32,6 +32,8 @@ NEXT_STEPS: dict[str, str] = {
     "preflight_failed": "Not retried (the same node would fail again): fix the failed check, then `runner resume`.",
     "hang": "Resubmitted without the node it names, or by runner cron while resume.max_restarts allows.",
     "nan": "Stopped, not retried: fix the model or data (learning rate?), then `runner resume`.",
+    "straggler": "Nothing automatic: training goes on at this rank's pace. `runner status RUN --ranks` compares "
+                 "every rank; check the node it names.",
 }
 
 _TITLES = {
@@ -46,6 +48,7 @@ _TITLES = {
     "preflight_failed": "failed preflight",
     "hang": "hung",
     "nan": "stopped on a NaN",
+    "straggler": "has a straggler",
 }
 
 _EMOJI = {
@@ -60,6 +63,7 @@ _EMOJI = {
     "preflight_failed": ":warning:",
     "hang": ":hourglass_flowing_sand:",
     "nan": ":warning:",
+    "straggler": ":snail:",
 }
 
 _REDACTED = "[webhook URL redacted]"

@@ -4,8 +4,9 @@ Safe to run often: one instance at a time per run root (a non-blocking lock; a s
 every Slurm command has a timeout, and one run's problem never stops the others. It gathers the facts of
 every Slurm run under a root, asks Slurm once about all their jobs, and acts on what ``runner.policy`` decides
 for each: resubmit (with exponential backoff), wait, leave it alone (finished, cancelled by the user, already
-given up) or give up after ``resume.max_restarts``. Its output lands in a log file (see ``crontab_line``), so log
-records carry timestamps; the one line per run that it acts on is printed.
+given up, a successor job takes it over) or give up after ``resume.max_restarts``. It also queues and sends the
+alerts of what running jobs recorded (a straggler: ``runner.host.notices``). Its output lands in a log file (see
+``crontab_line``), so log records carry timestamps; the one line per run that it acts on is printed.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from runner import log as runner_log
 from runner import policy, proc
-from runner.host.status import manifest_of, records
+from runner.host.status import job_ids, manifest_of, records
 from runner.rundir import RunDir
 from runner.spec.typed import RunConfig, read_resolved
 
@@ -35,10 +36,10 @@ def decide(run: RunDir, cfg: RunConfig, jobs: Mapping[str, policy.JobInfo] | Non
     if jobs is None and policy.settled(rec) is None:
         from runner.host import slurm
 
-        answer = slurm.ask_many([rec.job_id or ""])
+        answer = slurm.ask_many(job_ids(rec))
         jobs, asked = answer or {}, answer is not None
-    job = (jobs or {}).get(rec.job_id or "")
-    return policy.next_action(rec, job, policy.Limits.of(cfg), time.time() if now is None else now, asked)
+    job, heir = (jobs or {}).get(rec.job_id or ""), (jobs or {}).get(rec.successor or "")
+    return policy.next_action(rec, job, policy.Limits.of(cfg), time.time() if now is None else now, asked, heir)
 
 
 def _alerts_queued(run: RunDir) -> bool:
@@ -50,12 +51,13 @@ def _alerts_queued(run: RunDir) -> bool:
 
 def handle(run: RunDir, jobs: Mapping[str, policy.JobInfo] | None = None, asked: bool = True) -> policy.Decision:
     from runner import alerts
-    from runner.host import submit
+    from runner.host import notices, submit
 
     settled = policy.settled(records(run))
     if settled is not None and not _alerts_queued(run):
         return settled  # nothing to send and nothing to decide: not even the config is read
     cfg = read_resolved(run.config)
+    notices.queue_stragglers(run, cfg, records(run).job_id)  # a straggler of the running job, recorded in its ledger
     alerts.flush_queue(run.root, cfg["alerts"])
     d = decide(run, cfg, jobs, asked=asked)
     if d.action == "resubmit" and jobs is not None:
@@ -112,7 +114,7 @@ def _job_ids(runs: list[RunDir]) -> list[str]:
         except Exception:  # handle() reports it
             continue
         if rec.job_id and policy.settled(rec) is None:
-            ids.append(rec.job_id)
+            ids += job_ids(rec)
     return ids
 
 

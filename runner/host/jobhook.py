@@ -1,4 +1,5 @@
-"""Host-side hooks the batch script calls: ``start`` when the job starts, ``exit`` when the step has ended.
+"""Host-side hooks the batch script calls: ``claim`` before a successor job starts its ranks (resume.successor),
+``start`` when the job starts, ``exit`` when the step has ended.
 
 They run with the login node's runner on the first node of the allocation, never in the container
 (``scontrol`` is usually missing there). ``exit`` gathers the facts (the launcher's exit code, the run's
@@ -7,6 +8,11 @@ first: Slurm ends the batch script soon after it accepts a requeue, and the job 
 limit. Then it records (``requeued`` only once ``scontrol requeue`` succeeded), and queues its alerts on disk
 for a detached sender (``runner.alerts.background``): no webhook ever stands in front of the requeue. The rank
 logs are read once for the cause and the log tail. Its output lands in Slurm's batch log, with timestamps.
+
+With a successor queued behind the job (``runner.host.successor``), ``exit`` hands over to it instead of
+requeueing, or cancels it before this job ends (so it never starts) when the run finished, stopped, gave up or
+is resubmitted. ``claim`` is the successor's side: it takes the run over (``job_id``) and queues its own successor,
+or steps aside (exit 78) when ``runner.policy.take_over`` says the run is not its to train.
 """
 
 from __future__ import annotations
@@ -27,10 +33,10 @@ from typing import Any
 from runner import log as runner_log
 from runner import policy, proc
 from runner.errors import RunnerError
-from runner.host import nodes
+from runner.host import nodes, notices, slurm, successor
 from runner.host.status import records
 from runner.job.checks import ONLY_ENV
-from runner.rundir import ATTEMPT_ENV, EXIT_REQUEUE, RunDir, atomic_write, read_json
+from runner.rundir import ATTEMPT_ENV, EXIT_REQUEUE, EXIT_SUPERSEDED, SUCCESSOR_ENV, RunDir, atomic_write, read_json
 from runner.spec.typed import read_resolved
 
 ALERT_BUDGET_S = 15.0  # the background sender's time; what it cannot send stays queued for runner cron
@@ -126,7 +132,14 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
     crash, bad, own_cause = _failure(run, event, rec)
     this_exit = {"event": "exit", "outcome": event, "crash": crash, "time": time.time()}
     probe_only = str(cfg["env"].get(ONLY_ENV)) == "1"  # `runner preflight`: a report, never a resubmission
-    decision = policy.after_exit(event, attempt, job, limits, [*rec.events, this_exit], () if probe_only else bad)
+    heir = _successor(run, job)
+    decision = policy.after_exit(event, attempt, job, limits, [*rec.events, this_exit], () if probe_only else bad,
+                                 heir)
+    if heir and decision.action != "hand_over":  # before this job ends: afterwards Slurm would start it
+        successor.cancel(run, heir, f"{event}: {decision.reason}")
+    elif heir and decision.delay_s:
+        if (complaint := slurm.delay_start(heir, decision.delay_s)) is not None:
+            log.warning("successor job %s starts without its %.0f s backoff: %s", heir, decision.delay_s, complaint)
     if decision.action == "stop" and crash:
         own_cause = f"crash_loop: {crash.get('type')}: {crash.get('message')} at {crash.get('frame')}, step " \
                     f"{crash.get('step')}, in two attempts in a row"
@@ -153,7 +166,10 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
     run.record("exit", **alerts.redact_obj({"job_id": job, "exit_code": rc, "signal": signal_name, "outcome": event,
                                             "attempt": attempt, "cause": cause, "crash": crash, "nodes": bad},
                                            secrets))
-    if requeued:
+    if decision.action == "hand_over":
+        run.record("handed_over", job_id=job, successor=heir, reason=event, attempt=attempt + 1,
+                   delay_s=decision.delay_s)
+    elif requeued:
         run.record("requeued", job_id=job, reason=event, attempt=attempt + 1)
     elif requeued is False:
         run.record("requeue_failed", job_id=job, reason=event, error=alerts.redact(proc.last_line(out), secrets))
@@ -170,23 +186,53 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
         except RunnerError as e:
             log.warning("resubmission failed: %s; runner cron tries again", e)
     log.info("exit %s: %s: %s; next: %s", rc, event, decision.reason, step)
-    sender = background.send_later(run.root, ALERT_BUDGET_S) if alerts.enqueue(run.root, cfg["alerts"], queued) \
-        else None
+    noticed = notices.queue_stragglers(run, cfg, job)  # what the job recorded while it ran comes first
+    sender = background.send_later(run.root, ALERT_BUDGET_S) \
+        if alerts.enqueue(run.root, cfg["alerts"], queued) + noticed else None
     if sender is not None:  # the job's leftover processes die with the batch script: give the sender its time
         with contextlib.suppress(subprocess.TimeoutExpired):
             sender.wait(timeout=ALERT_BUDGET_S + 5)
     return 0
 
 
+def _successor(run: RunDir, job: str | None) -> str | None:
+    """The successor queued behind this job, if Slurm still holds it (else the run recovers as without one)."""
+    heir = successor.following(run, job)
+    if heir is None:
+        return None
+    info = slurm.squeue(heir)
+    return heir if info is not None and not info.terminal else None
+
+
+def claim(run: RunDir) -> int:
+    """A successor job, before its ranks start: take the run over (0) or step aside (``EXIT_SUPERSEDED``)."""
+    job, after = os.environ.get("SLURM_JOB_ID", ""), os.environ.get(SUCCESSOR_ENV, "")
+    cfg = read_resolved(run.config)
+    rec = records(run)
+    decision = policy.take_over(rec, job, after, policy.Limits.of(cfg))
+    if decision.action != "train":
+        log.info("successor job %s steps aside: %s", job, decision.reason)
+        return EXIT_SUPERSEDED
+    if rec.job_id != job:
+        atomic_write(run.job_id_file, job + "\n")  # the owner from now on: the ranks check it while training
+        run.record("took_over", job_id=job, after=after, reason=decision.reason)
+    if successor.following(run, job) is None:
+        successor.queue(run, cfg, job)
+    log.info("%s", decision.reason)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m runner.host.jobhook")
-    parser.add_argument("what", choices=("start", "exit"))
+    parser.add_argument("what", choices=("claim", "start", "exit"))
     parser.add_argument("--rc", type=int, default=0)
     parser.add_argument("--signal", default="none")
     parser.add_argument("run_dir", type=Path)
     args = parser.parse_args(argv)
     runner_log.setup(stamped=True)
     run = RunDir(args.run_dir)
+    if args.what == "claim":
+        return claim(run)
     if args.what == "start":
         run.record("start", job_id=os.environ.get("SLURM_JOB_ID"), nodes=os.environ.get("SLURM_JOB_NODELIST"),
                    restart_count=int(os.environ.get("SLURM_RESTART_COUNT", "0")))

@@ -24,7 +24,7 @@ def cli(path: Path, overrides: list[str], wait_s: float = 600) -> int:
     """Run the checks as a short job (Slurm) or local processes and print the table; exit 77 when they fail."""
     name = spec.load(path, overrides).name
     extra = [f"name={name}-preflight", f"env.{ONLY_ENV}=1", "preflight.enabled=true", "alerts.enabled=false",
-             "slurm.requeue=false", "resume.enabled=false"]
+             "slurm.requeue=false", "resume.enabled=false", "resume.successor=false"]
     p = submit.plan(path, [*overrides, *extra])
     rd = p.run
     if p.scheduler == "slurm":

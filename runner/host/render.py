@@ -218,5 +218,5 @@ def sbatch(cfg: Config, run_dir: Path, image: str) -> str:
                   nodes=d["num_nodes"], ntasks_per_node=d["num_device"], gpus_per_node=gpus,
                   cpus_per_task=s["cpus_per_task"], time=s["time"], sbatch_flags=flags, requeue=s["requeue"],
                   signal=s["signal"], signal_lead_s=s["signal_lead_s"], run_dir=str(run_dir), env=env,
-                  host_python=sys.executable, ifname=ifname,
+                  host_python=sys.executable, ifname=ifname, successor=d["resume"]["successor"],
                   exec_prefix=exec_prefix(cfg, image, binds, env_names, str(run_dir)))

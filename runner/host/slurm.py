@@ -26,6 +26,7 @@ from runner.policy import TERMINAL as TERMINAL  # Slurm's vocabulary is part of 
 from runner.policy import JobInfo as JobInfo
 from runner.policy import base_state as base_state
 from runner.policy import normalize as normalize
+from runner.rundir import SUCCESSOR_ENV
 
 SACCT_FIELDS = ("JobID", "State", "ExitCode", "NodeList", "Start", "End", "Elapsed")
 SQUEUE_FORMAT = "%i|%T|%r|%N"
@@ -134,11 +135,26 @@ def parse_scontrol(text: str, job_id: str) -> JobInfo | None:
 # Commands
 
 
-def submit(script: str, env: dict[str, str] | None = None, extra: Sequence[str] = ()) -> str:
+def successor_args(after: str) -> list[str]:
+    """sbatch options of a successor job (resume.successor): it may start once job ``after`` ended in a failed
+    state (non-zero exit, time limit, node failure, cancelled), and Slurm cancels it once that can never happen
+    (``after`` COMPLETED), whatever the site's default for an unsatisfiable dependency."""
+    return [f"--dependency=afternotok:{after}", "--kill-on-invalid-dep=yes"]
+
+
+def submit(script: str, env: dict[str, str] | None = None, extra: Sequence[str] = (), after: str | None = None) -> str:
     """``sbatch --parsable [EXTRA] SCRIPT`` in a clean environment; returns the job id or raises SubmitError with
-    sbatch's own reason. ``extra`` are options that win over the script's #SBATCH lines (``--exclude``)."""
-    argv = ["sbatch", "--parsable", *extra, script]
-    out = proc.run(argv, timeout=60, check=False, env=env, clean=env is None)
+    sbatch's own reason. ``extra`` are options that win over the script's #SBATCH lines (``--exclude``).
+
+    ``after``: queue a successor of that job (``successor_args``); its batch script finds the job it follows in
+    ``SUCCESSOR_ENV``, which no other job inherits (a successor that resubmits a run submits a plain job).
+    """
+    argv = ["sbatch", "--parsable", *extra, *(successor_args(after) if after else ()), script]
+    job_env = proc.clean_env() if env is None else dict(env)
+    job_env.pop(SUCCESSOR_ENV, None)
+    if after:
+        job_env[SUCCESSOR_ENV] = after
+    out = proc.run(argv, timeout=60, check=False, env=job_env)
     if out.returncode == proc.NOT_FOUND:
         raise SubmitError("sbatch: command not found. hint: run on a Slurm login node, or set scheduler: local")
     if out.returncode == proc.TIMED_OUT:
@@ -256,6 +272,14 @@ def cancel(job_id: str) -> str | None:
     except SubmitError as e:
         return str(e)
     return None
+
+
+def delay_start(job_id: str, seconds: float) -> str | None:
+    """Let a pending job start no earlier than ``seconds`` from now (a successor's backoff); scontrol's complaint,
+    or None."""
+    out = proc.run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{max(1, round(seconds))}"],
+                   timeout=QUERY_TIMEOUT_S, check=False)
+    return None if out.returncode == 0 else proc.last_line(out)
 
 
 def unhealthy(nodelist: str) -> list[str]:

@@ -40,8 +40,16 @@ def find_run(name: str, root: Path) -> RunDir:
 
 def records(run: RunDir) -> policy.Records:
     """The run directory's facts, as ``runner.policy`` takes them."""
+    from runner.host import successor
+
+    job = run.job_id()
     return policy.Records(events=run.events(), exit_status=read_json(run.exit_status), finished=run.finished.exists(),
-                          job_id=run.job_id())
+                          job_id=job, successor=successor.following(run, job))
+
+
+def job_ids(rec: policy.Records) -> list[str]:
+    """The jobs whose Slurm state matters to a run: its job, and the successor queued behind it."""
+    return [j for j in (rec.job_id, rec.successor) if j]
 
 
 def manifest_of(run: RunDir) -> dict[str, Any]:
@@ -73,17 +81,17 @@ def row(run: RunDir, jobs: Mapping[str, policy.JobInfo] | None = None) -> dict[s
     """One run's status; ``jobs`` is Slurm's answer for many runs at once (asked here when not given)."""
     manifest = manifest_of(run)
     rec = records(run)
-    info = None
+    info = heir = None
     if _asks_slurm(manifest, rec) and rec.job_id:
         if jobs is None:
             from runner.host import slurm
 
-            jobs = slurm.query_many([rec.job_id])
-        info = jobs.get(rec.job_id)
+            jobs = slurm.query_many(job_ids(rec))
+        info, heir = jobs.get(rec.job_id), jobs.get(rec.successor or "")
     cfg_hash = manifest.get("config_hash")
     last = checkpoint.latest(run.checkpoints, cfg_hash) if run.checkpoints.is_dir() else None
     events = list(rec.events)
-    state = policy.run_state(rec, info)
+    state = policy.run_state(rec, info, heir)
     return {"run": run.name, "path": str(run.root), "state": state, "job_id": rec.job_id,
             "last_checkpoint_step": last[0] if last else None,
             "restarts": policy.restarts_used(events),
@@ -156,7 +164,7 @@ def collect(name: str | None, root: Path) -> list[dict[str, Any]]:
         except Exception:  # row() says what is wrong below
             continue
         if rec.job_id and _asks_slurm(manifest, rec):
-            ids.append(rec.job_id)
+            ids += job_ids(rec)
     jobs: dict[str, policy.JobInfo] = {}
     if ids:
         from runner.host import slurm
@@ -301,7 +309,8 @@ def cancel(run: RunDir, wait_s: float = 30) -> int:
     """Cancel the run's Slurm job (every rank gets SIGTERM) and wait until Slurm says it ended.
 
     The ``cancelled`` marker is written first: the batch script's exit hook and ``runner cron`` read it and
-    must not requeue or resubmit a job the user cancelled, however its launcher exited.
+    must not requeue or resubmit a job the user cancelled, however its launcher exited. A successor queued behind
+    the job (resume.successor) is cancelled before the job, so that it never starts.
     """
     from runner.rundir import atomic_write
 
@@ -317,8 +326,11 @@ def cancel(run: RunDir, wait_s: float = 30) -> int:
         print(f"cancelled {run.name}" + ("" if gone else "; its driver runs on another host: stop it there"))
         return 0
     if job and manifest.get("scheduler") == "slurm":
-        from runner.host import slurm
+        from runner.host import slurm, successor
 
+        heir = successor.queued(run)
+        if heir is not None:
+            successor.cancel(run, heir["job_id"], "cancelled by the user")
         complaint = slurm.cancel(job)
         deadline = time.monotonic() + wait_s
         info = slurm.query(job)

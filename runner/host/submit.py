@@ -132,6 +132,9 @@ def plan(path: Path, overrides: list[str], allow_missing_image: bool = False) ->
              f"{cfg.accumulate} accumulation"]
     if extra:
         notes.append(f"bad nodes:     {extra[0].split('=', 1)[1]} left out (`runner nodes` lists why)")
+    if cfg.data["scheduler"] == "slurm" and cfg.data["resume"]["successor"]:
+        notes.append("successor:     the next attempt is queued behind each job (sbatch --dependency=afternotok:JOB "
+                     "--kill-on-invalid-dep=yes, resume.successor)")
     if image_problem:
         notes.append(f"image check:   {image_problem} (runner submit refuses without --allow-missing-image)")
     notes += [f"note:          {n}" for n in cfg.notes]
@@ -180,6 +183,9 @@ def submit_slurm(p: Plan) -> int:
                               "slurm: block with `sinfo -N -o '%N %c %G'`") from None
         raise
     atomic_write(p.run.job_id_file, job_id + "\n")
+    from runner.host import successor
+
+    successor.queue(p.run, read_resolved(p.run.config), job_id)
     p.run.record("submitted", scheduler="slurm", job_id=job_id, world_size=p.world_size)
     print(f"submitted job {job_id}: {p.run.root}")
     return 0
@@ -252,9 +258,12 @@ RESIZABLE = ("num_nodes", "num_device")
 
 
 def resubmit(run: RunDir, cfg: RunConfig, reason: str, by: str = "cron") -> str:
-    """sbatch the run's script again, make the new job the run's owner, record it and alert; returns the id."""
+    """sbatch the run's script again, make the new job the run's owner, record it and alert; returns the id.
+
+    A successor still queued behind an earlier job is cancelled (it would step aside anyway); with
+    resume.successor the new job gets its own."""
     from runner import alerts, policy
-    from runner.host import slurm
+    from runner.host import slurm, successor
 
     attempt = policy.attempt(run.events()) + 1
     try:
@@ -263,6 +272,10 @@ def resubmit(run: RunDir, cfg: RunConfig, reason: str, by: str = "cron") -> str:
     except SubmitError as e:
         raise SubmitError(f"sbatch refused the job: {e}. hint: check the slurm: block against `sinfo`") from None
     atomic_write(run.job_id_file, job_id + "\n")
+    stale = successor.queued(run)
+    if stale is not None:
+        successor.cancel(run, stale["job_id"], f"job {job_id} was resubmitted")
+    successor.queue(run, cfg, job_id)
     run.record("resubmitted", job_id=job_id, reason=reason, attempt=attempt, by=by)
     alerts.notify(run.root, cfg["alerts"], "resubmitted", job_id=job_id, attempt=attempt,
                   next_step=f"resubmitted as job {job_id}; it resumes from the newest complete checkpoint ({reason})")
@@ -323,13 +336,15 @@ def resume(run: RunDir, overrides: list[str] | None = None, force: bool = False)
     from runner.host.status import records
 
     rec = records(run)
-    job, asked = None, True
+    job, heir, asked = None, None, True
     if rec.job_id and not rec.finished and (read_json(run.manifest, {}) or {}).get("scheduler") == "slurm":
         from runner.host import slurm
+        from runner.host.status import job_ids
 
-        answer = slurm.ask_many([rec.job_id])
+        answer = slurm.ask_many(job_ids(rec))
         job, asked = (answer or {}).get(rec.job_id), answer is not None
-    decision = policy.resume_action(rec, job, asked, force)
+        heir = (answer or {}).get(rec.successor or "")
+    decision = policy.resume_action(rec, job, asked, force, heir)
     if decision.action == "refuse":
         raise SubmitError(f"resume {run.name}: {decision.reason}")
     if decision.action == "skip":

@@ -191,7 +191,8 @@ class Watchdog:
                 return
 
     def _report_stragglers(self) -> None:
-        """Rank 0: compare every rank's timings; a rank slow in two reports in a row goes to the ledger once."""
+        """Rank 0: compare every rank's timings; a rank slow in two reports in a row goes to the ledger once (the host
+        side alerts it: ``runner.host.notices``)."""
         beats = [b for p in self.beats.glob("rank-*.json")
                  if isinstance(b := read_json(p), dict) and b.get("attempt") == self.attempt]
         rows = stragglers.compare(beats)
@@ -203,7 +204,8 @@ class Watchdog:
                 self._reported.add(rank)
                 r = slow[rank]
                 self.rd.record("straggler", rank=rank, node=r["node"], slow=r["slow"], step=r["step"],
-                               compute_x=r["compute_x"], data_x=r["data_x"])
+                               compute_x=r["compute_x"], data_x=r["data_x"], compute_s=r["compute_s"],
+                               data_s=r["data_s"], attempt=self.attempt)
                 log.warning("rank %d on %s is a straggler: %s %.1fx the median", rank, r["node"], r["slow"],
                             r["compute_x"] if r["slow"] == "forward" else (r["data_x"] or 0.0))
 

@@ -11,7 +11,7 @@ from typing import Any
 
 # The run events an alert can be sent for (alerts.events picks; runner.alerts renders them).
 EVENTS: tuple[str, ...] = ("failed", "preempted", "requeued", "timeout", "resubmitted", "gave_up", "completed",
-                           "cancelled", "preflight_failed", "hang", "nan")
+                           "cancelled", "preflight_failed", "hang", "nan", "straggler")
 
 REQUIRED = object()
 # Characters allowed in values that land in ``#SBATCH`` lines (sbatch parses those lines itself, so shell
@@ -159,6 +159,7 @@ SCHEMA: dict[str, Any] = {
         "force": _f(bool, False),
         "exclude_nodes_s": _f((int, float), 21600, min=0),
         "owner_check_every_n_steps": _f(int, 20, **POS_INT),  # how often the ranks check they still own the run
+        "successor": _f(bool, False),  # queue the next attempt behind each job (afternotok) instead of requeueing
     },
     "nonfinite": {
         "action": _f(str, "stop", choices=("stop", "skip")),

@@ -92,6 +92,7 @@ class Resume(TypedDict):
     force: bool
     exclude_nodes_s: float
     owner_check_every_n_steps: int
+    successor: bool
 
 
 class Alerts(TypedDict):
