@@ -35,7 +35,7 @@ def test_stop_keeps_the_weights_finite_and_names_the_step(tmp_path: Path) -> Non
     guard, model, rd = _fit(tmp_path, "stop", {"nan_at_step": 7})
     assert guard.tripped_at == 7
     assert _finite(model)
-    assert [(e["event"], e["step"]) for e in rd.events()] == [("nonfinite", 7)]
+    assert [(e["event"], e["step"], e["what"]) for e in rd.events()] == [("nonfinite", 7, "loss nan")]
 
 
 def test_skip_drops_the_batch_and_trains_to_the_end(tmp_path: Path) -> None:

@@ -192,6 +192,18 @@ def test_two_nodes_two_tasks_layout(two_node_run: tuple[Path, str, str], slurm_c
 
 
 @slurm
+def test_two_nodes_measure_their_one_link_once_and_name_both_ends(two_node_run: tuple[Path, str, str],
+                                                                  slurm_cluster: Any) -> None:
+    run, _, _ = two_node_run
+    report = json.loads((run / "preflight.json").read_text())
+    nodes = slurm_cluster.nodes[:2]
+    [link] = report["bandwidth"]["pairs"]
+    assert link["nodes"] == nodes and link["from"] == "job" and link["busbw_gbps"] > 0  # no second probe
+    assert [(c["node"], c["status"]) for c in report["checks"] if c["name"] == "busbw node"] == \
+        [(n, "pass") for n in nodes]
+
+
+@slurm
 def test_training_finishes_and_status_says_completed(two_node_run: tuple[Path, str, str],
                                                      env: dict[str, str]) -> None:
     run, job, followed = two_node_run

@@ -24,7 +24,7 @@ def main() -> None:
     model_name, dim, devices, nodes, max_steps, every, out = sys.argv[1:8]
     torch.set_num_threads(1)
     L.seed_everything(1234)
-    model = Tiny(dim=int(dim), hidden=32, lr=0.05) if model_name == "tiny" else Wide(dim=int(dim))
+    model = Tiny(dim=int(dim), hidden=32, lr=0.01) if model_name == "tiny" else Wide(dim=int(dim))
     loader = {"train": {"total_shards": 4, "batch_size": 8}, "valid": {"total_shards": 4, "batch_size": 16}}
     data = ShardedDataModule(num_samples=1024, dim=int(dim), dataloader=loader, seed=1234)
     trainer = L.Trainer(accelerator="cpu", devices=int(devices), num_nodes=int(nodes), strategy="ddp",

@@ -11,7 +11,7 @@ How, in phases, never blocking longer than ``preflight.timeout_s`` on the networ
 2. rank 0 opens a TCPStore on MASTER_ADDR next to MASTER_PORT; the other ranks first probe that port with a
    plain TCP connect (seconds, never a hang), then join and post their results to the store;
 3. if nothing failed so far, a short-lived process group (gloo on CPU, nccl on GPU) measures all-reduce
-   bandwidth over the whole job and between pairs of nodes, so that a slow node is named;
+   bandwidth over the whole job and, from three nodes on, between pairs of nodes, so that a slow node is named;
 4. rank 0 writes ``preflight.json`` and ``preflight.txt`` and tells every rank the outcome; on failure the
    alert goes out from rank 0 in a local run, from the batch script's exit hook (host side) under Slurm.
    A rank that cannot reach rank 0 writes its own result under ``logs/preflight/``.
@@ -66,7 +66,7 @@ from runner.rundir import EXIT_PREFLIGHT, RunDir, atomic_write, read_json
 from runner.spec.typed import RunConfig
 
 SIZING_BYTES = 1 << 20  # the first transfers of a probe: they connect and size the loop (whole on a slow link)
-JOB_SHARE = 0.4  # of preflight.probe_budget_s for the whole-job all-reduce; the pairs share the rest
+JOB_SHARE = 0.4  # of preflight.probe_budget_s for the whole-job all-reduce; the pairs (3+ nodes) share the rest
 STORE_GRACE_S = 30  # extra time a TCPStore may take to start once its port answers (slow DNS, see run_checks)
 SLOW_STORE_S = 2.0  # slower than this is reported (warn)
 
@@ -220,9 +220,14 @@ def _probe(job: _Job, store: Any, leaders: list[int], hosts: list[str]) -> tuple
     try:
         nbytes = int(job.pf["probe_mib"]) << 20
         budget = float(job.pf["probe_budget_s"])
-        pairs = ring_pairs(len(leaders))
+        # Two nodes have one link between them, which the whole-job all-reduce has just measured: probing the
+        # pair as well took 60% of the budget to measure it again, and it could not tell which end is slow
+        # either. The pairs start at three nodes, where they name the slow node.
+        pairs = ring_pairs(len(leaders)) if len(leaders) > 2 else []
         out: dict[str, Any] = {"job": _measure(torch, dist, nbytes, None, job.world, device, JOB_SHARE * budget),
                                "pairs": []}
+        if len(leaders) == 2 and job.rank == 0:
+            out["pairs"].append({**out["job"], "nodes": hosts, "from": "job"})
         groups = [dist.new_group([leaders[a], leaders[b]]) for a, b in pairs]
         for (a, b), group in zip(pairs, groups, strict=True):
             if job.rank in (leaders[a], leaders[b]):

@@ -1,0 +1,64 @@
+"""The launcher's callbacks combined into one: each part sees the very hooks, in the same order, as on its own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+L = pytest.importorskip("lightning")
+
+from runner.dev.example import ShardedDataModule, TinyRegressor  # noqa: E402
+from runner.job.launch import combine  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec:FutureWarning")
+
+
+def _parts(calls: list[tuple[str, str, int]]) -> list[Any]:
+    class First(L.Callback):
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            calls.append(("first", "train_start", trainer.global_step))
+
+        def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
+            calls.append(("first", "before_backward", trainer.global_step))
+
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+            calls.append(("first", "batch_end", batch_idx))
+
+    class Second(L.Callback):
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+            calls.append(("second", "batch_end", batch_idx))
+
+        def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+            calls.append(("second", "before_optimizer_step", trainer.global_step))
+
+        def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+            calls.append(("second", "train_end", trainer.global_step))
+
+    return [First(), Second()]
+
+
+def _fit(tmp_path: Path, combined: bool) -> list[tuple[str, str, int]]:
+    calls: list[tuple[str, str, int]] = []
+    parts = _parts(calls)
+    trainer = L.Trainer(max_steps=3, callbacks=[combine(parts)] if combined else parts, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        accelerator="cpu", devices=1, default_root_dir=str(tmp_path))
+    trainer.fit(TinyRegressor(), datamodule=ShardedDataModule(dataloader={"train": {"batch_size": 8}}))
+    return calls
+
+
+def test_combined_parts_see_the_same_hooks_as_separate_callbacks(tmp_path: Path) -> None:
+    alone = _fit(tmp_path / "alone", combined=False)
+    assert ("second", "before_optimizer_step", 2) in alone and alone[-1] == ("second", "train_end", 3)
+    assert _fit(tmp_path / "combined", combined=True) == alone
+
+
+def test_parts_with_state_are_refused() -> None:
+    class Stateful(L.Callback):
+        def state_dict(self) -> dict[str, Any]:
+            return {"n": 1}
+
+    with pytest.raises(TypeError, match="state_dict"):
+        combine([Stateful()])
