@@ -10,6 +10,7 @@ may have been repaired since); every submission and resubmission under the root 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import time
@@ -17,9 +18,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from runner.errors import RunnerError
+from runner.errors import RunnerError, SubmitError
+from runner.host import slurm
+
+log = logging.getLogger(__name__)
 
 FILE = "nodes.jsonl"
+# sbatch's refusal when no set of nodes of the partition can ever hold the job (here: what --exclude leaves).
+UNFIT = "Requested node configuration is not available"
 CAUSES = ("preflight", "hang", "node_fail", "crashes")
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # a hostname as Slurm's --exclude takes it
 
@@ -98,6 +104,31 @@ def exclude_args(root: Path, forget_after_s: float, now: float | None = None) ->
     """``["--exclude=n1,n3"]`` for sbatch, or ``[]``."""
     bad = remembered(root, forget_after_s, now)
     return [f"--exclude={','.join(sorted(bad))}"] if bad else []
+
+
+def submit(script: str, root: Path, forget_after_s: float, after: str | None = None) -> tuple[str, list[str]]:
+    """sbatch ``script`` without the nodes ``root`` remembers as bad; returns the job id and the remembered nodes
+    that had to be let back in.
+
+    When Slurm refuses because the nodes left can never hold the job (a small partition, most of it blamed once),
+    the oldest exclusions are let back in one by one: a job that may land on a suspect node beats a run that can
+    never start again. Any other refusal is raised as it is.
+    """
+    bad = [n for n, _ in sorted(remembered(root, forget_after_s).items(), key=lambda kv: (kv[1]["time"], kv[0]))]
+    let_in = 0
+    while True:
+        keep = sorted(bad[let_in:])
+        try:
+            job = slurm.submit(script, extra=[f"--exclude={','.join(keep)}"] if keep else [], after=after)
+        except SubmitError as e:
+            if not keep or UNFIT not in str(e):
+                raise
+            let_in += 1
+            continue
+        if let_in:
+            log.warning("the nodes left without %s cannot hold the job: %s let back in (the oldest exclusions)",
+                        ",".join(sorted(bad)), ",".join(bad[:let_in]))
+        return job, bad[:let_in]
 
 
 def table(bad: dict[str, dict[str, Any]], now: float | None = None) -> str:

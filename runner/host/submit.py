@@ -43,7 +43,6 @@ class Plan:
     world_size: int
     notes: list[str] = field(default_factory=list)
     image_problem: str | None = None
-    sbatch_extra: list[str] = field(default_factory=list)  # --exclude for the nodes this root remembers as bad
     private: dict[str, str] = field(default_factory=dict)  # written mode 0600, never printed (the git diff)
     warnings: list[str] = field(default_factory=list)  # the config's notes (validation), said at submit too
 
@@ -140,7 +139,7 @@ def plan(path: Path, overrides: list[str], allow_missing_image: bool = False) ->
     notes += [f"note:          {n}" for n in cfg.notes]
     private = {"git.diff": alerts.redact(diff, secrets)} if diff else {}
     return Plan(RunDir(rd_path), files, argv, cfg.data["scheduler"], cfg.world_size, notes, image_problem,
-                private=private, sbatch_extra=extra, warnings=cfg.notes)
+                private=private, warnings=cfg.notes)
 
 
 def write(p: Plan) -> None:
@@ -171,11 +170,10 @@ def submit_slurm(p: Plan) -> int:
     The directory exists before sbatch runs (the job may start within a second and writes into it); when
     sbatch refuses, it is removed again, so no run directory without a job id ever looks submitted.
     """
-    from runner.host import slurm
-
     write(p)
+    cfg = read_resolved(p.run.config)
     try:
-        job_id = slurm.submit(str(p.run.script), extra=p.sbatch_extra)
+        job_id, let_in = nodes.submit(str(p.run.script), p.run.root.parent, cfg["resume"]["exclude_nodes_s"])
     except BaseException as e:
         shutil.rmtree(p.run.root, ignore_errors=True)
         if isinstance(e, SubmitError):
@@ -185,8 +183,9 @@ def submit_slurm(p: Plan) -> int:
     atomic_write(p.run.job_id_file, job_id + "\n")
     from runner.host import successor
 
-    successor.queue(p.run, read_resolved(p.run.config), job_id)
-    p.run.record("submitted", scheduler="slurm", job_id=job_id, world_size=p.world_size)
+    successor.queue(p.run, cfg, job_id)
+    p.run.record("submitted", scheduler="slurm", job_id=job_id, world_size=p.world_size,
+                 **({"bad_nodes_let_in": let_in} if let_in else {}))
     print(f"submitted job {job_id}: {p.run.root}")
     return 0
 
@@ -263,12 +262,11 @@ def resubmit(run: RunDir, cfg: RunConfig, reason: str, by: str = "cron") -> str:
     A successor still queued behind an earlier job is cancelled (it would step aside anyway); with
     resume.successor the new job gets its own."""
     from runner import alerts, policy
-    from runner.host import slurm, successor
+    from runner.host import successor
 
     attempt = policy.attempt(run.events()) + 1
     try:
-        job_id = slurm.submit(str(run.script), extra=nodes.exclude_args(run.root.parent,
-                                                                         cfg["resume"]["exclude_nodes_s"]))
+        job_id, let_in = nodes.submit(str(run.script), run.root.parent, cfg["resume"]["exclude_nodes_s"])
     except SubmitError as e:
         raise SubmitError(f"sbatch refused the job: {e}. hint: check the slurm: block against `sinfo`") from None
     atomic_write(run.job_id_file, job_id + "\n")
@@ -276,7 +274,8 @@ def resubmit(run: RunDir, cfg: RunConfig, reason: str, by: str = "cron") -> str:
     if stale is not None:
         successor.cancel(run, stale["job_id"], f"job {job_id} was resubmitted")
     successor.queue(run, cfg, job_id)
-    run.record("resubmitted", job_id=job_id, reason=reason, attempt=attempt, by=by)
+    run.record("resubmitted", job_id=job_id, reason=reason, attempt=attempt, by=by,
+               **({"bad_nodes_let_in": let_in} if let_in else {}))
     alerts.notify(run.root, cfg["alerts"], "resubmitted", job_id=job_id, attempt=attempt,
                   next_step=f"resubmitted as job {job_id}; it resumes from the newest complete checkpoint ({reason})")
     return job_id

@@ -44,8 +44,7 @@ def queue(run: RunDir, cfg: RunConfig, after: str) -> str | None:
     if not cfg["resume"].get("successor"):
         return None
     try:
-        job = slurm.submit(str(run.script), after=after,
-                           extra=nodes.exclude_args(run.root.parent, cfg["resume"]["exclude_nodes_s"]))
+        job, _ = nodes.submit(str(run.script), run.root.parent, cfg["resume"]["exclude_nodes_s"], after=after)
     except SubmitError as e:
         log.warning("no successor queued behind job %s: %s; it is requeued or resubmitted instead", after, e)
         run.record("successor_failed", after=after, error=str(e))
