@@ -9,6 +9,7 @@ script what happened, because Lightning itself exits 0 on SIGTERM.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import inspect
 import io
@@ -385,6 +386,16 @@ def _strategy(cfg: RunConfig) -> Any:
     if not cfg["checkpoint"]["exact_resume"]:
         return DDPStrategy(timeout=timeout)
 
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    class ReadyOrderDDP(DistributedDataParallel):
+        """DDP that numbers the parameters last to first, the order their gradients are (roughly) ready in."""
+
+        def _build_params_for_reducer(self) -> tuple[list[Any], list[bool]]:
+            params, sparse = super()._build_params_for_reducer()  # type: ignore[no-untyped-call]
+            return params[::-1], sparse[::-1]
+
     class FixedBucketsDDP(DDPStrategy):
         """DDP whose gradient buckets have the same layout at every step of every process.
 
@@ -392,10 +403,19 @@ def _strategy(cfg: RunConfig) -> Any:
         rebuilds its buckets in the order the gradients became ready (``Reducer::rebuild_buckets``). A resumed
         process's first step therefore all-reduces in another layout than the uninterrupted run did at that step,
         and with more than two ranks a ring all-reduce then adds the ranks' values in another order: the weights
-        drift by an ulp. Here the rebuild happens once, at wrapping time, from the parameters' own order
-        (``_push_all_rebuilt_params``, what DDP's join hook does), so there is nothing left to restore. Cheaper
-        than ``find_unused_parameters=True`` (an autograd-graph walk every step), which was the earlier fix.
+        drift by an ulp. Here the rebuild happens once, at wrapping time, in the order the reducer numbers the
+        parameters (``_push_all_rebuilt_params``, what DDP's join hook does), so there is nothing left to restore.
+        That order is last to first (``ReadyOrderDDP``): the first bucket holds the last layers, whose gradients
+        are ready first, so its all-reduce overlaps the rest of the backward as in plain DDP. In the model's own
+        order the first bucket held the first layer, ready last, and nothing was sent before the backward ended
+        (measured: a 50M-parameter MLP's step 5% slower). Cheaper than ``find_unused_parameters=True`` (an
+        autograd-graph walk every step), which was the earlier fix.
         """
+
+        def _setup_model(self, model: Any) -> DistributedDataParallel:
+            device_ids = self.determine_ddp_device_ids()
+            with torch.cuda.stream(torch.cuda.Stream()) if device_ids is not None else contextlib.nullcontext():  # type: ignore[no-untyped-call]
+                return ReadyOrderDDP(module=model, device_ids=device_ids, **self._ddp_kwargs)
 
         def configure_ddp(self) -> None:
             super().configure_ddp()
