@@ -10,25 +10,30 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 
-def atomic_write(path: Path, data: str | bytes, mode: int = 0o666, sync_dir: bool = True) -> None:
+def atomic_write(path: Path, data: str | bytes | Callable[[IO[bytes]], None], mode: int = 0o666,
+                 sync_dir: bool = True) -> None:
     """Write a file so that readers see the old content or the new one, never a torn write.
 
+    ``data`` may be a function that writes into the open file (a large object streamed, never held twice).
     ``mode`` (before the umask) holds from the first byte: 0o600 keeps a private file private all along.
     ``sync_dir=False`` leaves the directory's fsync to whoever moves the directory next (another process may
     rename it as soon as the file appears: a checkpoint's staging directory).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    raw = data.encode() if isinstance(data, str) else data
     try:
         tmp.unlink(missing_ok=True)
         with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "wb") as f:
-            f.write(raw)
+            if callable(data):
+                data(f)
+            else:
+                f.write(data.encode() if isinstance(data, str) else data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
