@@ -66,6 +66,9 @@ from runner.rundir import EXIT_PREFLIGHT, RunDir, atomic_write, read_json
 from runner.spec.typed import RunConfig
 
 SIZING_BYTES = 1 << 20  # the first transfers of a probe: they connect and size the loop (whole on a slow link)
+# Full-size transfers a probe times, at most: their mean tells a link at half the median apart with room to spare,
+# and each one more holds every rank back from training (with 20, 0.5 s of a 2-node job's 1.1 s preflight here).
+PROBE_ITERS = 5
 JOB_SHARE = 0.4  # of preflight.probe_budget_s for the whole-job all-reduce; the pairs (3+ nodes) share the rest
 STORE_GRACE_S = 30  # extra time a TCPStore may take to start once its port answers (slow DNS, see run_checks)
 SLOW_STORE_S = 2.0  # slower than this is reported (warn)
@@ -197,7 +200,7 @@ def _measure(torch: Any, dist: Any, nbytes: int, group: Any, n: int, device: Any
     if full > budget_s:
         size, sec, iters = small, first, 1
     else:
-        size, iters = nbytes, max(1, min(20, int(budget_s / max(full, 1e-6))))
+        size, iters = nbytes, max(1, min(PROBE_ITERS, int(budget_s / max(full, 1e-6))))
         sec = timed(nbytes, iters)
     alg = algbw(size, sec)
     return {"size_bytes": size, "ranks": n, "iters": iters, "time_s": sec, "algbw_gbps": alg,
