@@ -271,19 +271,20 @@ def test_refused_submission_is_one_line_and_leaves_nothing(overrides: list[str],
 
 
 @slurm
-def test_when_the_remembered_bad_nodes_leave_too_few_the_oldest_are_let_back_in(env: dict[str, str],
+@pytest.mark.parametrize("older", ["n1", "n9"])  # n1 and n2: the whole 2-node partition; n9: no such node (any more)
+def test_when_the_remembered_bad_nodes_refuse_the_job_the_oldest_are_let_back_in(older: str, env: dict[str, str],
                                                                                   tmp_path: Path) -> None:
     from runner.host import nodes
 
-    nodes.record(tmp_path, ["n1"], "hang", "earlier-run", now=time.time() - 60)
-    nodes.record(tmp_path, ["n2"], "preflight", "earlier-run")  # n1 and n2: the whole 2-node partition
+    nodes.record(tmp_path, [older], "hang", "earlier-run", now=time.time() - 60)
+    nodes.record(tmp_path, ["n2"], "preflight", "earlier-run")
     out = runner("submit", str(CONF), f"run_root={tmp_path}", "num_nodes=1", "trainer.max_steps=1000000", env=env)
     run = Path(re.search(r"submitted job (\d+): (\S+)", out.stdout).group(2))  # type: ignore[union-attr]
     job = (run / "job_id").read_text().strip()
     try:
         [submitted] = [json.loads(x) for x in (run / "ledger.jsonl").read_text().splitlines()
                        if json.loads(x)["event"] == "submitted"]
-        assert submitted["bad_nodes_let_in"] == ["n1"]  # the older exclusion; n2 stays out
+        assert submitted["bad_nodes_let_in"] == [older]  # the older exclusion; n2 stays out
         shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, env=env).stdout
         assert "ExcNodeList=n2" in shown, shown
     finally:

@@ -24,8 +24,9 @@ from runner.host import slurm
 log = logging.getLogger(__name__)
 
 FILE = "nodes.jsonl"
-# sbatch's refusal when no set of nodes of the partition can ever hold the job (here: what --exclude leaves).
-UNFIT = "Requested node configuration is not available"
+# sbatch's refusals that an exclusion can cause: the nodes it leaves can never hold the job, or it names a node
+# the cluster no longer has (removed or renamed since it was remembered).
+REFUSALS = ("Requested node configuration is not available", "Invalid node name specified")
 CAUSES = ("preflight", "hang", "node_fail", "crashes")
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # a hostname as Slurm's --exclude takes it
 
@@ -110,9 +111,10 @@ def submit(script: str, root: Path, forget_after_s: float, after: str | None = N
     """sbatch ``script`` without the nodes ``root`` remembers as bad; returns the job id and the remembered nodes
     that had to be let back in.
 
-    When Slurm refuses because the nodes left can never hold the job (a small partition, most of it blamed once),
-    the oldest exclusions are let back in one by one: a job that may land on a suspect node beats a run that can
-    never start again. Any other refusal is raised as it is.
+    When Slurm refuses because the nodes left can never hold the job (a small partition, most of it blamed once)
+    or because it no longer knows a remembered node, the oldest exclusions are let back in one by one: a job that
+    may land on a suspect node beats a run that can never start again. Any other refusal, or one that remains
+    without exclusions, is raised as it is.
     """
     bad = [n for n, _ in sorted(remembered(root, forget_after_s).items(), key=lambda kv: (kv[1]["time"], kv[0]))]
     let_in = 0
@@ -121,12 +123,12 @@ def submit(script: str, root: Path, forget_after_s: float, after: str | None = N
         try:
             job = slurm.submit(script, extra=[f"--exclude={','.join(keep)}"] if keep else [], after=after)
         except SubmitError as e:
-            if not keep or UNFIT not in str(e):
+            if not keep or not any(r in str(e) for r in REFUSALS):
                 raise
             let_in += 1
             continue
         if let_in:
-            log.warning("the nodes left without %s cannot hold the job: %s let back in (the oldest exclusions)",
+            log.warning("sbatch refused the job without %s: %s let back in (the oldest exclusions)",
                         ",".join(sorted(bad)), ",".join(bad[:let_in]))
         return job, bad[:let_in]
 
