@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -232,3 +233,18 @@ def test_kill_during_background_write_keeps_the_previous_checkpoint(tmp_path: Pa
     for rank in (0, 1):
         assert f"resuming from {ckpts / 'step-0000010'} (step 10)" in rd.rank_log(rank).read_text()
     assert not list(ckpts.glob(".staging-*"))
+
+
+def test_a_resume_from_a_checkpoint_at_the_last_step_finishes(tmp_path: Path) -> None:
+    """A time limit's checkpoint can land on the last step: the next attempt has nothing left to train, and still
+    writes the final weights and the `finished` marker (it once crashed there, before any training hook ran)."""
+    runner("submit", str(QUICKSTART), f"run_root={tmp_path}", "trainer.max_steps=20", "checkpoint.every_n_steps=10")
+    run = final_run(tmp_path)
+    before = json.loads((run / "finished").read_text())
+    (run / "finished").unlink()  # as if the attempt had stopped right after its checkpoint at step 20
+    shutil.rmtree(run / "final")
+    out = runner("resume", str(run))
+    after = json.loads((final_run(tmp_path) / "finished").read_text())
+    assert after["step"] == 20, out.stdout + out.stderr
+    assert after["productive_s"] >= before["productive_s"] * 0.5  # the checkpoint's training time is kept
+    assert len(list((run / "final").glob("rank-*.pt"))) == 2

@@ -263,13 +263,16 @@ def make_callback(rd: RunDir, cfg: RunConfig, cfg_hash: str, flag: StopFlag, res
             self.writer = checkpoint.Writer()
             self.buffers: list[Any] = []  # rank 0's copy of the last checkpoint, reused by the next (_snapshot)
             self.progress_at = 0.0
+            # Here, not in on_train_start: a resume from a checkpoint at the last step (a time limit's, say)
+            # reaches its end without Lightning starting to train, and the `finished` marker still needs them.
+            self.t_start = time.time()
+            saved = read_json(resume_from / "manifest.json", {}) if resume_from else {}
+            self.base_productive = float(saved.get("productive_s", 0.0))
 
         def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
             flag.take_over_sigterm()
             self.last_saved = trainer.global_step
             self.t_start = time.time()
-            saved = read_json(resume_from / "manifest.json", {}) if resume_from else {}
-            self.base_productive = float(saved.get("productive_s", 0.0))
             if trainer.global_rank == 0:
                 before = read_json(rd.root / "progress.json", {}) or {}
                 lost = max(int(before.get("step", 0)) - trainer.global_step, 0)
