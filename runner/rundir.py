@@ -7,10 +7,12 @@ a kill or a full disk leaves either the old file or the new one, never half of o
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -49,6 +51,28 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def locked(path: Path, blocking: bool = True, fail_open: bool = False) -> Iterator[bool]:
+    """Hold an exclusive flock on ``path`` (created with its folder) for the with-block; the kernel drops it when
+    the holder dies, so a killed process never leaves a stale lock. Yields whether this process holds it:
+    ``blocking=False`` does not wait and yields False when another process holds it. ``fail_open=True`` goes on
+    unlocked (yields True) where no lock can be taken at all: a read-only folder, a filesystem without locks."""
+    with contextlib.ExitStack() as stack:
+        held: bool | None = None  # None: no lock to be had, going on without one
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            f = stack.enter_context(open(path, "a"))
+            fcntl.flock(f, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+            stack.callback(fcntl.flock, f, fcntl.LOCK_UN)  # also where a forked child shares the file
+            held = True
+        except BlockingIOError:
+            held = False
+        except OSError:
+            if not fail_open:
+                raise
+        yield held is not False
 
 
 def read_json(path: Path, default: Any = None) -> Any:

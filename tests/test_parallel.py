@@ -145,7 +145,7 @@ def test_failed_items_are_retried_then_listed_with_their_error(tmp_path: Path, w
 def test_one_driver_per_run(tmp_path: Path) -> None:
     p = driver.plan(CONF, [f"run_root={tmp_path}"])
     store = Store(p.run)
-    with driver._locked(store):
+    with driver._one_driver(store):
         assert store.driver_alive()
         out = runner("parallel", str(CONF), f"run_root={tmp_path}")
         assert out.returncode == 1 and "another `runner parallel`" in out.stderr

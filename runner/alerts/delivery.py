@@ -23,7 +23,7 @@ import re
 import stat
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from typing import Any
 from runner.alerts.causes import alert_from_run
 from runner.alerts.payload import Alert, redact, redact_obj, redacted_alert, render_payload
 from runner.errors import RunnerError
+from runner.rundir import locked
 
 log = logging.getLogger(__name__)
 
@@ -262,30 +263,6 @@ def _queued(run_dir: str | os.PathLike[str]) -> list[Path]:
         return []
 
 
-@contextlib.contextmanager
-def _queue_lock(run_dir: str | os.PathLike[str]) -> Iterator[bool]:
-    """Non-blocking exclusive lock so the trap and cron never send the same entry twice."""
-    qdir = queue_dir(run_dir)
-    try:
-        fd = os.open(qdir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
-    except OSError:
-        yield True  # cannot lock (read-only dir?): sending without the lock beats not sending
-        return
-    import fcntl
-
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        locked = True
-    except BlockingIOError:
-        locked = False
-    except OSError:
-        locked = True  # a filesystem without locks: as above
-    try:
-        yield locked
-    finally:
-        os.close(fd)
-
-
 def _set_aside(path: Path, why: str) -> None:
     """Move an entry that can never be delivered out of the queue, so it stops blocking the others."""
     dest = path.parent.parent / "rejected"
@@ -315,9 +292,11 @@ def _late_payload(entry: Mapping[str, Any], kind: str, url: str) -> dict[str, An
 def _flush(run_dir: str | os.PathLike[str], section: Mapping[str, Any], url: str,
            deadline: float) -> tuple[int, int, str]:
     """(sent, left, why the first one left was not sent); the caller logs the one warning."""
-    with _queue_lock(run_dir) as locked:
+    # One flush at a time, so the trap and cron never send an entry twice; where no lock can be taken (a
+    # read-only folder, a filesystem without locks) sending without it beats not sending.
+    with locked(queue_dir(run_dir) / ".lock", blocking=False, fail_open=True) as held:
         pending = _queued(run_dir)
-        if not locked:
+        if not held:
             return 0, len(pending), "another process is flushing the queue"
         sent = 0
         for path in pending:

@@ -13,7 +13,6 @@ Slurm packages (`scripts/install-slurm.sh`). Standard library only.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import shutil
@@ -29,6 +28,7 @@ from typing import Any
 
 from runner import proc
 from runner.errors import ClusterError
+from runner.rundir import locked
 
 DEFAULT_ROOT = Path("/tmp/runner-dev-cluster")
 ROOT_ENV = "RUNNER_DEV_CLUSTER_DIR"
@@ -569,15 +569,12 @@ def _locked(root: Path) -> Iterator[None]:
         finally:
             _held_locks[root] -= 1
         return
-    root.parent.mkdir(parents=True, exist_ok=True)
-    with open(f"{root}.lock", "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+    with locked(Path(f"{root}.lock")):
         _held_locks[root] = 1
         try:
             yield
         finally:
             _held_locks[root] = 0
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _load(root: Path) -> Cluster | None:

@@ -11,7 +11,6 @@ alerts of what running jobs recorded (a straggler: ``runner.host.notices``). Its
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import shlex
 import sys
@@ -22,7 +21,7 @@ from pathlib import Path
 from runner import log as runner_log
 from runner import policy, proc
 from runner.host.status import job_ids, manifest_of, records
-from runner.rundir import RunDir
+from runner.rundir import RunDir, locked
 from runner.spec.typed import RunConfig, read_resolved
 
 log = logging.getLogger(__name__)
@@ -123,10 +122,8 @@ def run_once(roots: list[Path]) -> int:
 
     for root in roots:
         root.mkdir(parents=True, exist_ok=True)
-        with open(root / ".runner-cron.lock", "w") as lock:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+        with locked(root / ".runner-cron.lock", blocking=False) as held:
+            if not held:
                 log.info("another instance is working on %s; leaving it to that one", root)
                 continue
             runs = runs_under(root)

@@ -9,23 +9,12 @@ lock keeps the two from queueing one twice.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-from collections.abc import Iterator, Mapping
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 from runner import alerts, policy, stragglers
-from runner.rundir import RunDir
+from runner.rundir import RunDir, locked
 from runner.spec.typed import RunConfig
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)  # held for a ledger read and a few small writes
-        yield
 
 
 def straggler_alert(run: RunDir, event: Mapping[str, Any], job_id: str | None) -> alerts.Alert:
@@ -43,7 +32,7 @@ def queue_stragglers(run: RunDir, cfg: RunConfig, job_id: str | None) -> int:
     """Queue the alert of every straggler record that has none yet, and record ``straggler_alert`` for each (also
     when alerts are off: it was decided). Returns how many alerts were queued; never raises."""
     try:
-        with _locked(run.root / "alerts" / ".stragglers.lock"):
+        with locked(run.root / "alerts" / ".stragglers.lock"):  # a ledger read, a few small writes
             due = policy.straggler_alerts(run.events())
             if not due:
                 return 0

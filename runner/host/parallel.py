@@ -9,7 +9,6 @@ a duplicate; a rerun of the same workload continues the same run directory and s
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
@@ -31,7 +30,7 @@ from runner.errors import RunnerError
 from runner.log import one_line
 from runner.parallel import plan as P
 from runner.parallel.store import Store
-from runner.rundir import RunDir, atomic_write, read_json
+from runner.rundir import RunDir, atomic_write, locked, read_json
 from runner.spec.typed import Parallel
 
 log = logging.getLogger(__name__)
@@ -156,21 +155,15 @@ def _on_term(signum: int, frame: FrameType | None) -> None:
 
 
 @contextmanager
-def _locked(store: Store) -> Iterator[None]:
+def _one_driver(store: Store) -> Iterator[None]:
     """One driver per run directory: a second one is refused at once (flock, released when the driver dies)."""
-    store.root.mkdir(parents=True, exist_ok=True)
-    with open(store.lock, "a+") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+    with locked(store.lock, blocking=False) as held:
+        if not held:
             who = read_json(store.driver, {}) or {}
             raise RunnerError(f"run {store.run.name}: found another `runner parallel` working on it (pid "
                               f"{who.get('pid', '?')} on {who.get('host', '?')}); expected one at a time. "
-                              "hint: wait for it, or `runner cancel` it") from None
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+                              "hint: wait for it, or `runner cancel` it")
+        yield
 
 
 def _cluster(p: Plan) -> Any:
@@ -312,7 +305,7 @@ def execute(p: Plan) -> int:
         print(f"nothing to do: all {p.total} items of {p.run.name} are done")
         return 0
     store = Store(p.run)
-    with _locked(store):
+    with _one_driver(store):
         first = _write_run(p)
         attempt = p.run.new_attempt()
         p.run.cancelled.unlink(missing_ok=True)  # running it again lifts a cancel, as `runner resume` does

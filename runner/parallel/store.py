@@ -9,7 +9,6 @@ at a time, so every item is in the output exactly once however often a lost work
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import signal
@@ -20,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runner.rundir import RunDir, atomic_write, read_json
+from runner.rundir import RunDir, atomic_write, locked, read_json
 
 
 @dataclass(frozen=True)
@@ -90,13 +89,8 @@ class Store:
         """Whether a `runner parallel` holds this run's lock (a killed driver's lock is released by the kernel)."""
         if not self.lock.exists():
             return False
-        with open(self.lock, "a+") as f:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return True
-            fcntl.flock(f, fcntl.LOCK_UN)
-            return False
+        with locked(self.lock, blocking=False) as held:
+            return not held
 
     def status(self, state: str, items: int) -> dict[str, Any]:
         """`runner status` fields of a parallel run; a driver that died without a word is a failed run."""

@@ -1,0 +1,54 @@
+"""The one flock every login-side lock goes through (cron, `runner parallel`, alert queues, straggler notices,
+the dev cluster): who holds it, and what happens where no lock can be had."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from runner.rundir import locked
+
+HOLD = "import sys,time; from pathlib import Path; from runner.rundir import locked\n" \
+       "with locked(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(30)"
+
+
+def test_a_second_process_is_refused_while_the_first_holds_it_and_gets_it_once_the_holder_dies(
+        tmp_path: Path) -> None:
+    lock = tmp_path / "sub" / ".lock"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(lock)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        with locked(lock, blocking=False) as held:
+            assert held is False
+    finally:
+        holder.kill()
+        holder.wait()
+    with locked(lock, blocking=False) as held:  # the kernel dropped the killed holder's lock
+        assert held is True
+        with locked(lock, blocking=False) as again:  # another open file of this process is another holder
+            assert again is False
+    with locked(lock, blocking=False) as held:  # released at the end of the block
+        assert held is True
+
+
+@pytest.mark.parametrize("fail_open", [False, True])
+def test_where_no_lock_can_be_had_it_raises_unless_told_to_go_on_unlocked(tmp_path: Path, fail_open: bool) -> None:
+    (tmp_path / "file").write_text("")
+    lock = tmp_path / "file" / ".lock"  # its folder is a file: cannot be created
+    if not fail_open:
+        with pytest.raises(OSError), locked(lock, blocking=False):
+            pass
+        return
+    with locked(lock, blocking=False, fail_open=True) as held:
+        assert held is True
+
+
+def test_an_error_in_the_block_propagates_and_releases_the_lock(tmp_path: Path) -> None:
+    lock = tmp_path / ".lock"
+    with pytest.raises(ValueError), locked(lock):
+        raise ValueError("in the block")
+    with locked(lock, blocking=False) as held:
+        assert held is True
