@@ -73,7 +73,7 @@ def test_a_submission_under_the_root_leaves_the_remembered_nodes_out(tmp_path: P
     assert cli.main(["submit", str(conf), f"run_root={tmp_path}", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "command:       sbatch --parsable --exclude=n2 " in out
-    assert "n2 left out" in out
+    assert "n2 left out" in out and "let back in" in out  # the plan says sbatch may not get this line
 
 
 BLAME = [

@@ -130,7 +130,8 @@ def plan(path: Path, overrides: list[str], allow_missing_image: bool = False) ->
     notes = [f"global batch:  {cfg.global_batch} = {cfg.local_batch} x {cfg.world_size} ranks x "
              f"{cfg.accumulate} accumulation"]
     if extra:
-        notes.append(f"bad nodes:     {extra[0].split('=', 1)[1]} left out (`runner nodes` lists why)")
+        notes.append(f"bad nodes:     {extra[0].split('=', 1)[1]} left out (`runner nodes` lists why); where sbatch "
+                     "refuses that, the oldest are let back in one by one (ledger: bad_nodes_let_in)")
     if cfg.data["scheduler"] == "slurm" and cfg.data["resume"]["successor"]:
         notes.append("successor:     the next attempt is queued behind each job (sbatch --dependency=afternotok:JOB "
                      "--kill-on-invalid-dep=yes, resume.successor)")
