@@ -399,15 +399,10 @@ def _strategy(cfg: RunConfig) -> Any:
     name = cfg["trainer"]["strategy"]
     if name == "fsdp":
         return FSDPStrategy(timeout=timeout)
-    # The gradients are views into DDP's all-reduce buckets: DDP no longer copies every gradient into its bucket
-    # and the averaged bucket back, and the gradients' memory is not held twice. Measured on a 50M-parameter MLP
-    # (2 ranks, gloo): 10% off the step, more than the non-finite guard's read of every gradient costs (2%).
-    # The same values, bit for bit; only code that calls ``.detach_()`` on a gradient would notice.
-    ddp = {"timeout": timeout, "gradient_as_bucket_view": True}
     if name == "ddp_find_unused_parameters_true":  # the layout is never rebuilt in this mode
-        return DDPStrategy(find_unused_parameters=True, **ddp)
+        return DDPStrategy(find_unused_parameters=True, timeout=timeout)
     if not cfg["checkpoint"]["exact_resume"]:
-        return DDPStrategy(**ddp)
+        return DDPStrategy(timeout=timeout)
 
     import torch
     from torch.nn.parallel import DistributedDataParallel
@@ -446,7 +441,7 @@ def _strategy(cfg: RunConfig) -> Any:
             reducer._push_all_rebuilt_params()
             reducer._rebuild_buckets()
 
-    return FixedBucketsDDP(**ddp)
+    return FixedBucketsDDP(timeout=timeout)
 
 
 def _reached_end(trainer: Any, tcfg: TrainerConfig) -> bool:
