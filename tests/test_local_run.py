@@ -248,3 +248,24 @@ def test_a_resume_from_a_checkpoint_at_the_last_step_finishes(tmp_path: Path) ->
     assert after["step"] == 20, out.stdout + out.stderr
     assert after["productive_s"] >= before["productive_s"] * 0.5  # the checkpoint's training time is kept
     assert len(list((run / "final").glob("rank-*.pt"))) == 2
+
+
+@pytest.mark.parametrize("action", ["skip", "stop"])
+def test_a_nan_on_one_rank_is_one_decision_on_every_rank(tmp_path: Path, action: str) -> None:
+    """A NaN on rank 1 alone, with two micro-batches a step: each rank checks only its own gradients, and one
+    all-reduce shares the verdict, so both ranks skip the same step (and stay identical) or both stop (no hang)."""
+    out = runner("submit", str(QUICKSTART), f"run_root={tmp_path}", "trainer.max_steps=20", "global_batch_size=32",
+                 "dataloader.train.batch_size=8", "model.faults.nan_at_step=7", "model.faults.rank=1",
+                 "model.lr=0.005", f"nonfinite.action={action}", check=False, timeout=240)
+    [run] = tmp_path.glob("quickstart-*")
+    events = [e for e in RunDir(run).events() if e["event"].startswith("nonfinite")]
+    if action == "stop":
+        assert [(e["event"], e["step"]) for e in events] == [("nonfinite", 7)], out.stdout + out.stderr
+        assert not (run / "finished").exists()
+        assert "non-finite gradients at step 7" in RunDir(run).rank_log(0).read_text()  # rank 0's loss was fine
+        assert "non-finite loss nan at step 7" in RunDir(run).rank_log(1).read_text()
+        return
+    assert [(e["event"], e["step"]) for e in events] == [("nonfinite_skipped", 7)], out.stdout + out.stderr
+    w = weights(run)
+    for key in w[0]:
+        assert torch.isfinite(w[0][key]).all() and torch.equal(w[0][key], w[1][key]), key
