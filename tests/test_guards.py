@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -51,3 +53,41 @@ def test_without_the_guard_the_nan_reaches_the_weights(tmp_path: Path) -> None:
                         enable_model_summary=False, accelerator="cpu", devices=1)
     trainer.fit(model, datamodule=ShardedDataModule(dataloader={"train": {"batch_size": 8}}))
     assert not _finite(model)  # what the guard prevents: the test above would pass vacuously otherwise
+
+
+def _verdicts(rank: int, world: int, port: int, nan_on: int, fsdp: bool, out: Any) -> None:
+    import torch.distributed as dist
+    from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        p = torch.nn.Parameter(torch.zeros(4))
+        p.grad = torch.full((4,), float("nan") if rank == nan_on else 1.0)  # this rank's shard of the gradients
+        trainer = SimpleNamespace(strategy=FSDPStrategy() if fsdp else DDPStrategy())
+        out.put((rank, make_guard(RunDir(Path("/nonexistent")), "stop", 0)._bad(trainer, SimpleNamespace(
+            param_groups=[{"params": [p]}]), torch.device("cpu"))))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("fsdp", [True, False])
+def test_with_fsdp_a_nan_in_one_shard_is_every_ranks_verdict(fsdp: bool) -> None:
+    """FSDP's ranks hold different shards of the gradients: one all-reduce of the verdicts makes a NaN in one shard
+    every rank's decision (else that rank alone would stop, and the others wait in their next collective). DDP's
+    gradients are the same everywhere after its all-reduce: no collective, each rank judges its own."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_verdicts, args=(r, 2, port, 1, fsdp, out)) for r in range(2)]
+    for proc in procs:
+        proc.start()
+    got = dict(out.get(timeout=60) for _ in procs)
+    for proc in procs:
+        proc.join(30)
+    assert got == ({0: True, 1: True} if fsdp else {0: False, 1: True})

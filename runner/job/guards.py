@@ -1,15 +1,14 @@
 """The non-finite guard: a NaN or inf never reaches the weights, and so never reaches a checkpoint.
 
-Each rank checks the gradients it contributes, each one as soon as backward has produced it (a post-accumulate-grad
-hook, on the backward that DDP all-reduces): the gradient is still in the CPU's cache or the GPU's queue then, where
-reading every gradient again just before the optimizer step costs a pass over all of them from memory (measured on a
-50M-parameter MLP, 2 CPU ranks: 44 ms a step that way, 5 ms this way). Just before the optimizer step the ranks
-add up their verdicts in one all-reduce of one number, so that every rank takes the same decision. The averaged
-gradients are finite when every rank's are (DDP divides before it adds, so the sum cannot overflow). With FSDP each
-rank reads its shard of the reduced gradients instead, and the verdicts are added up the same way.
-
-A non-finite gradient drops the update (the gradients are cleared, so the optimizer leaves the weights as they were)
-and, by ``nonfinite.action``:
+Checked just before each optimizer step, on the gradients *after* DDP's all-reduce: they are the same on every
+rank, so every rank takes the same decision without a collective of its own. A non-finite loss on one rank makes
+the averaged gradients non-finite on all. With FSDP each rank holds only its shard of the reduced gradients, so
+the ranks add up their verdicts in one all-reduce of one number: a NaN in one shard stops (or skips) every rank,
+never one rank alone (which would leave the others waiting in their next collective). The check is one pass over
+the gradients: ~0.1 ms for 50M on a GPU, 8 ms on one CPU core (measured; ~4% of a 50M-parameter MLP's step
+there). Checking each gradient as backward produces it measured no faster in Lightning on the CPU. Then the
+update is dropped (the gradients are cleared, so the optimizer
+leaves the weights as they were) and, by ``nonfinite.action``:
 
 - ``stop`` (default): training stops at this step without writing a checkpoint; the launcher exits
   ``EXIT_NONFINITE``, the exit hook records cause ``nan`` with the step and alerts, and the run waits for a
@@ -22,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 import traceback
 from typing import Any
@@ -35,60 +35,33 @@ def make_guard(rd: RunDir, action: str, max_skips: int) -> Any:
     import lightning as L
     import torch
     import torch.distributed as dist
+    from lightning.pytorch.strategies import FSDPStrategy
 
     class NonFiniteGuard(L.Callback):
         def __init__(self) -> None:
             self.tripped_at: int | None = None  # the step at which training stopped
             self.in_a_row = 0
             self.loss: Any = None
-            self.norms: list[Any] = []  # this backward's gradient norms, one per parameter, not read yet
-            self.collect = False
-            self.hooks: list[Any] = []
-
-        def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-            from lightning.pytorch.strategies import FSDPStrategy
-
-            if isinstance(trainer.strategy, FSDPStrategy):  # gradients live in FSDP's flat shards: read after
-                return
-            for p in pl_module.parameters():
-                if p.requires_grad:
-                    self.hooks.append(p.register_post_accumulate_grad_hook(self._gradient_done))  # type: ignore[no-untyped-call]
-
-        def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-            for h in self.hooks:
-                h.remove()
-            self.hooks.clear()
-
-        def _gradient_done(self, p: Any) -> None:
-            if self.collect:  # the norm is queued, not read: no sync with a GPU here
-                self.norms.append(torch.linalg.vector_norm(p.grad))
 
         def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: Any) -> None:
             # Kept, not read: the gradients decide, and the loss only names the cause when they are non-finite.
             # Reading it here would cost every step a device sync (and ~10 us on a CPU).
             self.loss = loss.detach()
-            # Only the backward that DDP all-reduces (the last of an accumulation): the gradients then hold the
-            # earlier micro-batches' too.
-            self.collect = bool(getattr(trainer.strategy.model, "require_backward_grad_sync", True))
-            self.norms.clear()
 
-        def _bad(self, optimizer: Any, device: Any) -> bool:
-            """Whether any rank's gradients are non-finite: one all-reduce of one number (none with one rank)."""
-            if self.hooks:
-                norms, self.norms = self.norms, []
-            else:
-                grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
-                norms = list(torch._foreach_norm(grads)) if grads else []
-            # The largest norm is finite iff every gradient is (max keeps a NaN).
-            bad = (~torch.isfinite(torch.stack(norms).max())).float().reshape(1) if norms \
-                else torch.zeros(1, device=device)
-            if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-                dist.all_reduce(bad)
+        def _bad(self, trainer: L.Trainer, optimizer: Any, device: Any) -> bool:
+            grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+            # One fused norm over all gradients and one read: the largest norm is finite iff every gradient is
+            # (max keeps a NaN). Half the per-step cost of isfinite().all() on a small model.
+            norm = torch.stack(torch._foreach_norm(grads)).max() if grads else torch.zeros((), device=device)
+            if not isinstance(trainer.strategy, FSDPStrategy) or not dist.is_initialized():
+                return not math.isfinite(norm.item())
+            bad = (~torch.isfinite(norm)).float().reshape(1)  # a sum, not a max: NCCL's max may drop a NaN
+            dist.all_reduce(bad)
             return bool(bad.item() > 0)
 
         def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) \
                 -> None:
-            if not self._bad(optimizer, pl_module.device):
+            if not self._bad(trainer, optimizer, pl_module.device):
                 self.in_a_row = 0
                 return
             for g in optimizer.param_groups:  # drop the update: the weights stay as they were
