@@ -252,8 +252,8 @@ def test_a_resume_from_a_checkpoint_at_the_last_step_finishes(tmp_path: Path) ->
 
 @pytest.mark.parametrize("action", ["skip", "stop"])
 def test_a_nan_on_one_rank_is_one_decision_on_every_rank(tmp_path: Path, action: str) -> None:
-    """A NaN on rank 1 alone, with two micro-batches a step: each rank checks only its own gradients, and one
-    all-reduce shares the verdict, so both ranks skip the same step (and stay identical) or both stop (no hang)."""
+    """A NaN on rank 1 alone, with two micro-batches a step: the averaged gradients carry it to rank 0 too, so both
+    ranks skip the same step (and stay identical) or both stop (no rank left waiting for the other)."""
     out = runner("submit", str(QUICKSTART), f"run_root={tmp_path}", "trainer.max_steps=20", "global_batch_size=32",
                  "dataloader.train.batch_size=8", "model.faults.nan_at_step=7", "model.faults.rank=1",
                  "model.lr=0.005", f"nonfinite.action={action}", check=False, timeout=240)
