@@ -55,26 +55,43 @@ def test_without_the_guard_the_nan_reaches_the_weights(tmp_path: Path) -> None:
     assert not _finite(model)  # what the guard prevents: the test above would pass vacuously otherwise
 
 
-def _verdicts(rank: int, world: int, port: int, nan_on: int, fsdp: bool, out: Any) -> None:
+def _verdicts(rank: int, port: int, case: str, out: Any) -> None:
     import torch.distributed as dist
     from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    from runner.job import guards
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
-        p = torch.nn.Parameter(torch.zeros(4))
-        p.grad = torch.full((4,), float("nan") if rank == nan_on else 1.0)  # this rank's shard of the gradients
-        trainer = SimpleNamespace(strategy=FSDPStrategy() if fsdp else DDPStrategy())
-        out.put((rank, make_guard(RunDir(Path("/nonexistent")), "stop", 0)._bad(trainer, SimpleNamespace(
-            param_groups=[{"params": [p]}]), torch.device("cpu"))))
+        guards.SHARD_ABOVE = 4 if case == "ddp, split" else 1 << 24
+        params = [torch.nn.Parameter(torch.zeros(4)) for _ in range(2)]
+        for p in params:
+            p.grad = torch.ones(4)
+        if case == "fsdp" or case == "ddp, small":  # a NaN in rank 1's gradients alone (FSDP: its shard)
+            params[0].grad[0] = float("nan") if rank == 1 else 1.0
+        else:  # DDP's reduced gradients, the same on both ranks: a NaN in the one rank 1 checks
+            params[1].grad[0] = float("nan")
+        trainer = SimpleNamespace(strategy=FSDPStrategy() if case == "fsdp" else DDPStrategy())
+        guard = make_guard(RunDir(Path("/nonexistent")), "stop", 0)
+        bad = guard._bad(trainer, SimpleNamespace(param_groups=[{"params": params}]), torch.device("cpu"))
+        out.put((rank, bad, [i for i, p in enumerate(params) if any(p is q for q in guard.share[1])]))
+    except Exception as e:  # noqa: BLE001 - to the test, which would otherwise wait for a verdict
+        out.put((rank, repr(e), None))
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("fsdp", [True, False])
-def test_with_fsdp_a_nan_in_one_shard_is_every_ranks_verdict(fsdp: bool) -> None:
-    """FSDP's ranks hold different shards of the gradients: one all-reduce of the verdicts makes a NaN in one shard
-    every rank's decision (else that rank alone would stop, and the others wait in their next collective). DDP's
-    gradients are the same everywhere after its all-reduce: no collective, each rank judges its own."""
+@pytest.mark.parametrize(("case", "expected"), [
+    # FSDP's ranks hold different shards: one all-reduce of the verdicts makes a NaN in one shard every rank's
+    # decision (else that rank alone would stop, and the others wait in their next collective).
+    ("fsdp", {0: (True, [0, 1]), 1: (True, [0, 1])}),
+    # DDP, small: each rank reads all of its (reduced, identical) gradients and decides alone, no collective;
+    # the different gradients here show that no verdict is shared.
+    ("ddp, small", {0: (False, [0, 1]), 1: (True, [0, 1])}),
+    # DDP above SHARD_ABOVE: each rank reads its share, and rank 0 learns of the NaN only from rank 1's verdict.
+    ("ddp, split", {0: (True, [0]), 1: (True, [1])}),
+])
+def test_the_ranks_decide_alike_reading_their_share(case: str, expected: dict[int, tuple[bool, list[int]]]) -> None:
     import socket
 
     import torch.multiprocessing as mp
@@ -84,10 +101,10 @@ def test_with_fsdp_a_nan_in_one_shard_is_every_ranks_verdict(fsdp: bool) -> None
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=_verdicts, args=(r, 2, port, 1, fsdp, out)) for r in range(2)]
+    procs = [ctx.Process(target=_verdicts, args=(r, port, case, out)) for r in range(2)]
     for proc in procs:
         proc.start()
-    got = dict(out.get(timeout=60) for _ in procs)
+    got = {rank: (bad, mine) for rank, bad, mine in (out.get(timeout=60) for _ in procs)}
     for proc in procs:
         proc.join(30)
-    assert got == ({0: True, 1: True} if fsdp else {0: False, 1: True})
+    assert got == expected
