@@ -55,6 +55,40 @@ def test_without_the_guard_the_nan_reaches_the_weights(tmp_path: Path) -> None:
     assert not _finite(model)  # what the guard prevents: the test above would pass vacuously otherwise
 
 
+class NaNFrom40(TinyRegressor):
+    """A model broken for good from step 40 on (after the scale below settled): every loss from then on is NaN."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        loss = super().training_step(batch, batch_idx)
+        return loss * float("nan") if self.global_step >= 40 else loss
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_fp16_gradscaler_overflows_are_left_to_the_scaler_and_a_streak_stops(tmp_path: Path, broken: bool) -> None:
+    """A real GradScaler on the CPU, started at 2^30 so that its first steps overflow fp16, as 2^16 does on a GPU:
+    the scaler skips them and halves its scale, and the guard does not stop the run for them (it once stopped
+    every fp16 run at its first overflow). A model broken for good still stops, after SCALER_STREAK steps."""
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    from runner.job.guards import SCALER_STREAK
+
+    rd = RunDir(tmp_path)
+    guard = make_guard(rd, "stop", 10)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**30)
+    model = (NaNFrom40 if broken else TinyRegressor)(lr=0.005)
+    trainer = L.Trainer(max_steps=100, callbacks=[guard], logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, accelerator="cpu", devices=1,
+                        plugins=[MixedPrecision("16-mixed", "cpu", scaler=scaler)])
+    trainer.fit(model, datamodule=ShardedDataModule(dataloader={"train": {"batch_size": 8}}))
+    assert _finite(model)
+    if broken:
+        assert guard.tripped_at == 40 + SCALER_STREAK
+        assert [(e["event"], e["step"]) for e in rd.events()] == [("nonfinite", 40 + SCALER_STREAK)]
+        return
+    assert scaler.get_scale() < 2.0**30  # the first steps did overflow
+    assert guard.tripped_at is None and trainer.global_step == 100 and rd.events() == []
+
+
 def _verdicts(rank: int, port: int, case: str, out: Any) -> None:
     import torch.distributed as dist
     from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy

@@ -15,6 +15,9 @@ leaves the weights as they were) and, by ``nonfinite.action``:
   person (``runner resume`` restarts it from the newest checkpoint, all of whose weights are finite);
 - ``skip``: the batch is skipped, recorded in the ledger (``nonfinite_skipped`` with the step), and training
   goes on; more than ``max_skips`` in a row stop it as above (the data or the model is broken, not one batch).
+
+With fp16 mixed precision, GradScaler skips overflowing steps itself and lowers its scale: the guard lets up to
+``SCALER_STREAK`` of them in a row pass unrecorded, and acts as above on a longer streak.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ log = logging.getLogger(__name__)
 # Gradient elements above which the ranks of a DDP run split the check and add up their verdicts: a read of 16M
 # fp32 elements (~2.5 ms on one CPU core, ~0.02 ms on a GPU) costs about what an all-reduce of one number does.
 SHARD_ABOVE = 1 << 24
+# Non-finite steps in a row that fp16's GradScaler may skip on its own before the guard acts: 32 halvings take
+# its scale from 2^16 to 2^-16, below any useful one, so a longer streak is a broken run, not a settling scale.
+SCALER_STREAK = 32
 
 
 def make_guard(rd: RunDir, action: str, max_skips: int) -> Any:
@@ -95,11 +101,15 @@ def make_guard(rd: RunDir, action: str, max_skips: int) -> Any:
             if not self._bad(trainer, optimizer, pl_module.device):
                 self.in_a_row = 0
                 return
+            self.in_a_row += 1
+            if getattr(trainer.precision_plugin, "scaler", None) is not None and self.in_a_row <= SCALER_STREAK:
+                # fp16's GradScaler (unscaled just before this hook) found the overflow too: it skips the step
+                # itself and halves its scale. Normal while the scale settles, as in the first steps at 2^16.
+                return
             for g in optimizer.param_groups:  # drop the update: the weights stay as they were
                 for p in g["params"]:
                     p.grad = None
             step = trainer.global_step
-            self.in_a_row += 1
             finite_loss = self.loss is None or bool(torch.isfinite(self.loss).all())
             what = "gradients" if finite_loss else f"loss {float(self.loss.float().sum())}"
             if action == "skip" and self.in_a_row <= max_skips:
