@@ -60,19 +60,18 @@ def locked(path: Path, blocking: bool = True, fail_open: bool = False) -> Iterat
     ``blocking=False`` does not wait and yields False when another process holds it. ``fail_open=True`` goes on
     unlocked (yields True) where no lock can be taken at all: a read-only folder, a filesystem without locks."""
     with contextlib.ExitStack() as stack:
-        held: bool | None = None  # None: no lock to be had, going on without one
+        held = True  # also where no lock can be had and fail_open goes on without one
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             f = stack.enter_context(open(path, "a"))
             fcntl.flock(f, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
             stack.callback(fcntl.flock, f, fcntl.LOCK_UN)  # also where a forked child shares the file
-            held = True
         except BlockingIOError:
             held = False
         except OSError:
             if not fail_open:
                 raise
-        yield held is not False
+        yield held
 
 
 def read_json(path: Path, default: Any = None) -> Any:
