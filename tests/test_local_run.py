@@ -211,6 +211,39 @@ def test_four_ranks_resume_bitwise_only_with_exact_resume(tmp_path: Path, exact:
     assert same is exact
 
 
+ZEROING = """
+from runner.dev.example import TinyRegressor
+
+
+class Zeroing(TinyRegressor):
+    def optimizer_zero_grad(self, epoch, batch_idx, optimizer):
+        optimizer.zero_grad(set_to_none=False)
+"""
+
+
+def test_a_module_that_keeps_zeroed_gradients_resumes_bitwise_on_three_ranks(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """runner's DDP makes the gradients views into its buckets, except for a module that zeroes them itself: a
+    kept gradient then enters the reducer as ``x / 3`` at every step, and a resumed process's first, fresh one as
+    ``x * (1 / 3)``, an ulp apart (exact for 2 and 4 ranks, which is why this test needs three)."""
+    (tmp_path / "zeroing.py").write_text(ZEROING)
+    three = ["num_device=3", "global_batch_size=24", "dataloader.train.total_shards=3",
+             "dataloader.valid.total_shards=3", "preflight.enabled=false", "model._target_=zeroing.Zeroing",
+             f"env.PYTHONPATH={tmp_path}"]
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")  # the CLI reads it
+    runner("submit", str(QUICKSTART), f"run_root={tmp_path / 'ref'}", f"trainer.max_steps={STEPS}", *three)
+    reference = all_weights(final_run(tmp_path / "ref"))
+    proc, run = start(tmp_path / "int", *three, SLOW)
+    wait_for(run / "checkpoints" / "step-0000010" / "COMPLETE")
+    proc.send_signal(signal.SIGUSR2)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 75, out
+    runner("resume", str(run))
+    resumed = all_weights(final_run(tmp_path / "int"))
+    assert len(resumed) == len(reference) == 3
+    assert_bitwise(resumed, reference)
+
+
 def test_kill_during_background_write_keeps_the_previous_checkpoint(tmp_path: Path, reference: list) -> None:
     """Checkpoints are written in the background; a kill mid-write leaves the previous one the newest complete
     one, and the resume (verified by rank 0 alone, the others take its verdict) ends bitwise equal."""

@@ -404,6 +404,7 @@ def _strategy(cfg: RunConfig) -> Any:
     if not cfg["checkpoint"]["exact_resume"]:
         return DDPStrategy(timeout=timeout)
 
+    import lightning as L
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
@@ -428,12 +429,22 @@ def _strategy(cfg: RunConfig) -> Any:
         order the first bucket held the first layer, ready last, and nothing was sent before the backward ended
         (measured: a 50M-parameter MLP's step 5% slower). Cheaper than ``find_unused_parameters=True`` (an
         autograd-graph walk every step), which was the earlier fix.
+
+        The gradients are views into the buckets (``gradient_as_bucket_view``): after the all-reduce nothing is
+        copied back into separate gradient tensors (measured: the 50M-parameter MLP's step 8% faster, 340 ->
+        311 ms, and one gradient-sized buffer less in memory). Exact resume holds because Lightning sets the
+        gradients to None between steps, so every step, a resumed one included, enters the reducer the same way.
+        A module that zeroes them itself (its own ``optimizer_zero_grad``, or manual optimization) would enter
+        it another way than a resumed first step does (``x / n`` instead of ``x * (1 / n)``), so it keeps copies.
         """
 
         def _setup_model(self, model: Any) -> DistributedDataParallel:
             device_ids = self.determine_ddp_device_ids()
+            views = model.automatic_optimization and \
+                type(model).optimizer_zero_grad is L.LightningModule.optimizer_zero_grad
             with torch.cuda.stream(torch.cuda.Stream()) if device_ids is not None else contextlib.nullcontext():  # type: ignore[no-untyped-call]
-                return ReadyOrderDDP(module=model, device_ids=device_ids, **self._ddp_kwargs)
+                return ReadyOrderDDP(module=model, device_ids=device_ids,
+                                     **{"gradient_as_bucket_view": views, **self._ddp_kwargs})
 
         def configure_ddp(self) -> None:
             super().configure_ddp()
