@@ -64,7 +64,7 @@ def test_each_runtime_passes_binds_env_and_the_run_dir() -> None:
     validation, since --bind and --container-mounts split on them), the run root is bound at its own path."""
     binds = ["/data/a+b", "/x@y%z"]
     words = shlex.split(srun_line(sbatch("podman", f"container.binds={json.dumps(binds)}")))
-    assert words[3:11] == ["podman", "run", "--rm", "--network=host", "--ipc=host", "--uts=host", "--pid=host",
+    assert words[2:10] == ["podman", "run", "--rm", "--network=host", "--ipc=host", "--uts=host", "--pid=host",
                            "--cgroupns=private"]
     for b in [*binds, str(RUN_DIR.parent)]:
         assert words[words.index(f"{b}:{b}") - 1] == "--volume"

@@ -500,6 +500,13 @@ def resume_point(rd: RunDir, cfg: RunConfig, cfg_hash: str, rank: int, attempt: 
 def train(rd: RunDir) -> int:
     """Run this rank's training; returns the process exit code."""
     cfg = read_resolved(rd.config)
+    # The signal handlers first of all: Slurm may send the time-limit signal seconds after the job starts (its
+    # timer has a 60 s grain), and a rank without a handler dies of it (SIGUSR2's default) instead of stopping
+    # at its first step with a checkpoint.
+    flag = StopFlag()
+    flag.install(cfg["slurm"]["signal"])
+    if cfg["slurm"]["signal"] != "TERM":
+        flag.install("TERM")  # scancel / preemption: checkpoint at the next step if the grace time allows
     manifest = json.loads(rd.manifest.read_text())
     rank, local, node, world = ranks()
     attempt = current_attempt(rd)
@@ -516,10 +523,6 @@ def train(rd: RunDir) -> int:
     if container.stale_image(manifest, cfg["resume"]["force"], rd if rank == 0 else None):
         return EXIT_PREFLIGHT
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    flag = StopFlag()
-    flag.install(cfg["slurm"]["signal"])
-    if cfg["slurm"]["signal"] != "TERM":
-        flag.install("TERM")  # scancel / preemption: checkpoint at the next step if the grace time allows
 
     import torch
 
