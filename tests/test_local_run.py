@@ -191,21 +191,28 @@ def all_weights(run: Path) -> list[dict[str, torch.Tensor]]:
     return [torch.load(f, weights_only=True) for f in sorted((run / "final").glob("rank-*.pt"))]
 
 
+def uninterrupted_and_resumed(tmp_path: Path, overrides: list[str]) -> tuple[list[dict[str, torch.Tensor]],
+                                                                            list[dict[str, torch.Tensor]]]:
+    """Every rank's final weights of an uninterrupted run, and of one stopped by SIGUSR2 after its checkpoint at
+    step 10 (exit 75) and resumed."""
+    runner("submit", str(QUICKSTART), f"run_root={tmp_path / 'ref'}", f"trainer.max_steps={STEPS}", *overrides)
+    reference = all_weights(final_run(tmp_path / "ref"))
+    proc, run = start(tmp_path / "int", *overrides, SLOW)
+    wait_for(run / "checkpoints" / "step-0000010" / "COMPLETE")
+    proc.send_signal(signal.SIGUSR2)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 75, out
+    runner("resume", str(run))
+    return reference, all_weights(final_run(tmp_path / "int"))
+
+
 @pytest.mark.parametrize("exact", [True, False])
 def test_four_ranks_resume_bitwise_only_with_exact_resume(tmp_path: Path, exact: bool) -> None:
     """With four ranks a ring all-reduce adds the ranks in an order that depends on DDP's bucket layout: a resume
     is bitwise exact only when the layout does not change after the restore (exact_resume, without
     find_unused_parameters). The False case shows the test can tell."""
     four = ["num_device=4", "preflight.enabled=false", f"checkpoint.exact_resume={str(exact).lower()}"]
-    runner("submit", str(QUICKSTART), f"run_root={tmp_path / 'ref'}", f"trainer.max_steps={STEPS}", *four)
-    reference = all_weights(final_run(tmp_path / "ref"))
-    proc, run = start(tmp_path / "int", *four, SLOW)
-    wait_for(run / "checkpoints" / "step-0000010" / "COMPLETE")
-    proc.send_signal(signal.SIGUSR2)
-    out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 75, out
-    runner("resume", str(run))
-    resumed = all_weights(final_run(tmp_path / "int"))
+    reference, resumed = uninterrupted_and_resumed(tmp_path, four)
     assert len(resumed) == len(reference) == 4
     same = all(torch.equal(a[k], b[k]) for a, b in zip(resumed, reference, strict=True) for k in a)
     assert same is exact
@@ -231,15 +238,7 @@ def test_a_module_that_keeps_zeroed_gradients_resumes_bitwise_on_three_ranks(tmp
              "dataloader.valid.total_shards=3", "preflight.enabled=false", "model._target_=zeroing.Zeroing",
              f"env.PYTHONPATH={tmp_path}"]
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")  # the CLI reads it
-    runner("submit", str(QUICKSTART), f"run_root={tmp_path / 'ref'}", f"trainer.max_steps={STEPS}", *three)
-    reference = all_weights(final_run(tmp_path / "ref"))
-    proc, run = start(tmp_path / "int", *three, SLOW)
-    wait_for(run / "checkpoints" / "step-0000010" / "COMPLETE")
-    proc.send_signal(signal.SIGUSR2)
-    out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 75, out
-    runner("resume", str(run))
-    resumed = all_weights(final_run(tmp_path / "int"))
+    reference, resumed = uninterrupted_and_resumed(tmp_path, three)
     assert len(resumed) == len(reference) == 3
     assert_bitwise(resumed, reference)
 
