@@ -12,7 +12,7 @@ L = pytest.importorskip("lightning")
 torch = pytest.importorskip("torch")
 
 from runner.dev.example import ShardedDataModule, TinyRegressor  # noqa: E402
-from runner.job.guards import make_guard  # noqa: E402
+from runner.job.guards import make_guard, nonfinite  # noqa: E402
 from runner.rundir import RunDir  # noqa: E402
 
 # Lightning 2.6 itself trips a FutureWarning of torch's pytree when it trains in-process.
@@ -31,6 +31,19 @@ def _fit(tmp_path: Path, action: str, faults: dict, max_skips: int = 10) -> tupl
 
 def _finite(model: TinyRegressor) -> bool:
     return all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+
+@pytest.mark.parametrize(("values", "bad"), [
+    ([1.0, -2.0], False),
+    ([3e38, -3e38], False),  # finite, but their norm overflows to inf: confirmed element by element
+    ([1.0, float("nan")], True),
+    ([float("inf"), 1.0], True),
+    ([-float("inf"), 3e38], True),
+])
+def test_nonfinite_is_true_only_for_a_nan_or_an_inf(values: list[float], bad: bool) -> None:
+    grads = [torch.ones(4, 4), torch.tensor(values)]
+    assert nonfinite(grads) is bad
+    assert nonfinite([]) is False
 
 
 def test_stop_keeps_the_weights_finite_and_names_the_step(tmp_path: Path) -> None:
