@@ -121,7 +121,7 @@ def _verdicts(rank: int, port: int, case: str, out: Any) -> None:
         trainer = SimpleNamespace(strategy=FSDPStrategy() if case == "fsdp" else DDPStrategy())
         guard = make_guard(RunDir(Path("/nonexistent")), "stop", 0)
         bad = guard._bad(trainer, SimpleNamespace(param_groups=[{"params": params}]), torch.device("cpu"))
-        out.put((rank, bad, [i for i, p in enumerate(params) if any(p is q for q in guard.share[1])]))
+        out.put((rank, bad, [i for i, p in enumerate(params) if any(p is q for q in guard.plan[1])]))
     except Exception as e:  # noqa: BLE001 - to the test, which would otherwise wait for a verdict
         out.put((rank, repr(e), None))
     finally:

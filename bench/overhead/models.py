@@ -1,5 +1,6 @@
 """The models both sides of bench/train_overhead train: runner's example model and a ~50M-parameter MLP, each
-writing rank 0's step times (wall clock) to ``$BENCH_TIMES`` at the end of training."""
+writing rank 0's step times (wall clock, and its training thread's CPU time) to ``$BENCH_TIMES`` at the end of
+training."""
 
 from __future__ import annotations
 
@@ -15,24 +16,31 @@ from runner.dev.example import TinyRegressor
 
 
 class _Clock:
-    """Records time.time() at every optimizer step on rank 0; writes them at the end of training."""
+    """Records time.time() and the thread's CPU time at every optimizer step; rank 0 writes them at the end.
+
+    The CPU time counts what the rank itself spends on a step (its own work and any framework's around it), apart
+    from waiting for the other ranks or for a core that other ranks share."""
 
     times: list[float]
+    cpu: list[float]
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         self.times.append(time.time())
+        self.cpu.append(time.thread_time())
 
     def on_train_end(self) -> None:
         path = os.environ.get("BENCH_TIMES")
         if path and self.trainer.global_rank == 0:  # type: ignore[attr-defined]
-            with open(path, "w") as f:
-                json.dump({"times": self.times, "start_step": self.trainer.global_step - len(self.times)}, f)  # type: ignore[attr-defined]
+            start = self.trainer.global_step - len(self.times)  # type: ignore[attr-defined]
+            with open(path + ".part", "w") as f:  # renamed whole: the bench waits for the name, then reads it
+                json.dump({"times": self.times, "cpu": self.cpu, "start_step": start}, f)
+            os.replace(path + ".part", path)
 
 
 class Tiny(_Clock, TinyRegressor):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.times = []
+        self.times, self.cpu = [], []
 
 
 class Wide(_Clock, TinyRegressor):
@@ -44,7 +52,7 @@ class Wide(_Clock, TinyRegressor):
         for i in range(layers):
             blocks += [nn.Linear(dim if i == 0 else hidden, hidden), nn.ReLU()]
         self.net = nn.Sequential(*blocks, nn.Dropout(0.1), nn.Linear(hidden, 1))
-        self.times = []
+        self.times, self.cpu = [], []
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)

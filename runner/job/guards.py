@@ -67,42 +67,44 @@ def make_guard(rd: RunDir, action: str, max_skips: int) -> Any:
             self.tripped_at: int | None = None  # the step at which training stopped
             self.in_a_row = 0
             self.loss: Any = None
-            self.share: tuple[Any, list[Any], bool] = (None, [], False)  # see _share
+            self.plan: tuple[Any, list[Any], bool] = (None, [], False)  # see _plan
 
         def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: Any) -> None:
             # Kept, not read: the gradients decide, and the loss only names the cause when they are non-finite.
             # Reading it here would cost every step a device sync (and ~10 us on a CPU).
             self.loss = loss.detach()
 
-        def _share(self, optimizer: Any, ranks: int, rank: int) -> tuple[list[Any], bool]:
+        def _plan(self, trainer: L.Trainer, optimizer: Any) -> tuple[list[Any], bool]:
             """The parameters whose gradients this rank checks, and whether the ranks add up their verdicts.
 
             DDP's reduced gradients are the same on every rank, so above ``SHARD_ABOVE`` elements each rank
             checks a share (largest first, each to the least loaded rank: the same split on every rank) and one
             all-reduce adds up the verdicts; a 50M-parameter model's check then reads 1/ranks of its gradients.
-            Below it one read is cheaper than the collective, and every rank checks them all on its own.
+            Below it one read is cheaper than the collective, and every rank checks them all on its own. With
+            FSDP each rank checks its whole shard, and the verdicts are always added up. Worked out once per
+            trainer and optimizer: at every step it would cost more than a small model's check itself.
             """
-            params = [p for g in optimizer.param_groups for p in g["params"]]
-            key = (id(optimizer), len(params), ranks, rank)
-            if self.share[0] != key:
-                if ranks == 1 or sum(p.numel() for p in params) <= SHARD_ABOVE:
-                    self.share = (key, params, False)
+            key = (id(trainer), id(optimizer), len(optimizer.param_groups))
+            if self.plan[0] != key:
+                world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+                fsdp = isinstance(trainer.strategy, FSDPStrategy)
+                params = [p for g in optimizer.param_groups for p in g["params"]]
+                if fsdp or world == 1 or sum(p.numel() for p in params) <= SHARD_ABOVE:
+                    self.plan = (key, params, fsdp and world > 1)
                 else:
-                    load, mine = [0] * ranks, []
+                    rank, load, mine = dist.get_rank(), [0] * world, []
                     for i in sorted(range(len(params)), key=lambda i: (-params[i].numel(), i)):
                         least = load.index(min(load))
                         load[least] += params[i].numel()
                         if least == rank:
                             mine.append(params[i])
-                    self.share = (key, mine, True)
-            return self.share[1], self.share[2]
+                    self.plan = (key, mine, True)
+            return self.plan[1], self.plan[2]
 
         def _bad(self, trainer: L.Trainer, optimizer: Any, device: Any) -> bool:
-            world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-            fsdp = isinstance(trainer.strategy, FSDPStrategy)  # each rank holds its own shard: it checks it all
-            params, shared = self._share(optimizer, 1 if fsdp else world, dist.get_rank() if world > 1 else 0)
+            params, collective = self._plan(trainer, optimizer)
             bad = nonfinite([p.grad for p in params if p.grad is not None])
-            if world == 1 or not (shared or fsdp):
+            if not collective:
                 return bad
             verdicts = torch.tensor([float(bad)], device=device)  # a sum, not a max: NCCL's max may drop a NaN
             dist.all_reduce(verdicts)

@@ -21,6 +21,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, cast
@@ -76,46 +77,58 @@ AGREE_S = 0.1  # aim: ranks compare stop flags about this often (or every step, 
 PROGRESS_S = 2.0  # progress.json is rewritten at most this often (and at every checkpoint)
 
 
+STOP, SUPERSEDED = "stop", "superseded"  # what the ranks agree on (Agreement.check)
+
+
+def _verdict(stop: bool, superseded: bool) -> str | None:
+    return SUPERSEDED if superseded else STOP if stop else None  # a superseded job writes nothing, not even on a signal
+
+
 class Agreement:
     """Decides, identically on every rank, at which step training stops, without a blocking collective per step.
 
     At a check step every rank waits for the reduction it started at the previous check (long done by now), reads
-    the verdict, and starts the next one, non-blocking: ``[stop flag, steps until the next check]``, reduced with
-    MAX (rank 0 proposes the interval from its step time, so every rank agrees on the next check step). A signal
-    is acted on within two intervals (0.2 s, or two steps); the stop step is the same on every rank, and the
-    checkpoint is written there, so a preemption loses no step.
+    the verdict, and starts the next one, non-blocking: ``[stop flag, superseded, steps until the next check]``,
+    reduced with MAX (rank 0 proposes the interval from its step time, so every rank agrees on the next check
+    step). A signal is acted on within two intervals (0.2 s, or two steps); the stop step is the same on every
+    rank, and the checkpoint is written there, so a preemption loses no step. ``superseded(step)`` is this rank's
+    reading of the run's owner (``owner.reader``): when any rank finds another job owns the run, every rank
+    leaves at the same step, without a checkpoint.
     """
 
-    def __init__(self, flag: StopFlag) -> None:
+    def __init__(self, flag: StopFlag, superseded: Callable[[int], bool] = lambda step: False) -> None:
         self.flag = flag
+        self.superseded = superseded
         self.next_check = -1
         self.every = 1
         self.work: Any = None
         self.buf: Any = None
         self.mark: tuple[float, int] | None = None
 
-    def check(self, trainer: Any, step: int) -> bool:
-        """Called at every optimizer step boundary with the global step; True when all ranks stop here."""
+    def check(self, trainer: Any, step: int) -> str | None:
+        """Called at every optimizer step boundary with the global step: STOP or SUPERSEDED when all ranks stop
+        here (for that reason), else None."""
         import torch
         import torch.distributed as dist
 
-        local = self.flag.signum is not None
         if not (dist.is_available() and dist.is_initialized()) or trainer.world_size == 1:
-            return local
+            return _verdict(self.flag.signum is not None, self.superseded(step))
         if step < self.next_check:
-            return False
-        stop = False
+            return None
+        verdict = None
         if self.work is not None:
             self.work.wait()
-            stop, self.every = bool(self.buf[0].item()), max(int(self.buf[1].item()), 1)
+            verdict = _verdict(bool(self.buf[0].item()), bool(self.buf[1].item()))
+            self.every = max(int(self.buf[2].item()), 1)
             self.work = None
         self.next_check = step + self.every
-        if stop:
-            return True
-        self.buf = torch.tensor([int(local), self.propose(step) if trainer.global_rank == 0 else 0],
-                                dtype=torch.int64, device=trainer.strategy.root_device)
+        if verdict:
+            return verdict
+        mine = [int(self.flag.signum is not None), int(self.superseded(step))]
+        self.buf = torch.tensor([*mine, self.propose(step) if trainer.global_rank == 0 else 0], dtype=torch.int64,
+                                device=trainer.strategy.root_device)
         self.work = dist.all_reduce(self.buf, op=dist.ReduceOp.MAX, async_op=True)
-        return False
+        return None
 
     def propose(self, step: int) -> int:
         now = time.monotonic()
@@ -259,7 +272,7 @@ def make_callback(rd: RunDir, cfg: RunConfig, cfg_hash: str, flag: StopFlag, res
             self.last_saved = -1
             self.stopped_by_signal = False
             self.t0 = time.time()
-            self.agreement = Agreement(flag)
+            self.agreement = Agreement(flag, owner.reader(rd, cfg["resume"]["owner_check_every_n_steps"]))
             self.writer = checkpoint.Writer()
             self.buffers: list[Any] = []  # rank 0's copy of the last checkpoint, reused by the next (_snapshot)
             self.progress_at = 0.0
@@ -292,7 +305,10 @@ def make_callback(rd: RunDir, cfg: RunConfig, cfg_hash: str, flag: StopFlag, res
             if not boundary:
                 return
             step = trainer.global_step
-            stop = self.agreement.check(trainer, step)
+            verdict = self.agreement.check(trainer, step)
+            if verdict == SUPERSEDED:
+                owner.step_aside(rd, os.environ.get("SLURM_JOB_ID"), step)
+            stop = verdict == STOP
             if trainer.global_rank == 0:
                 if time.monotonic() - self.progress_at >= PROGRESS_S:
                     self.progress(step)
@@ -553,7 +569,7 @@ def train(rd: RunDir) -> int:
 
         plugins.append(SLURMEnvironment(auto_requeue=False))
     tcfg: dict[str, Any] = {k: v for k, v in cfg["trainer"].items() if k != "strategy"}  # + open arguments
-    owner_check = owner.make_callback(rd, cfg["resume"]["owner_check_every_n_steps"])  # one trainer per run
+    owner_check = owner.make_callback(rd)  # one trainer per run (and the periodic check in the agreement)
     # The non-finite guard runs before the optimizer step and before the checkpoint callback; the watchdog's pulse
     # first of all, so the stall clock stops before the last checkpoint is awaited at the end.
     wd = watchdog.Watchdog(rd, rank, world, attempt, factor=cfg["watchdog"]["factor"],

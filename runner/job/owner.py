@@ -4,12 +4,17 @@ The run's ``job_id`` file names the job that owns it; ``runner resume`` and ``ru
 submit a new job, and never while the old one may be alive (``runner.policy``). Should two jobs still meet on
 one run (a resubmission that raced a requeue, a user who sbatch'ed the script by hand), the older one must not
 keep training, and above all must not write a checkpoint next to the owner's. The batch script checks once
-before the ranks start; this callback checks while they train: every ``resume.owner_check_every_n_steps``
-steps, before every checkpoint (``on_save_checkpoint`` runs on every rank before anything is written) and
-before the final weights. Each rank reads the file itself; one all-reduce of the 0/1 "still the owner" flags
-(all must agree, i.e. the minimum) lets every rank stop at the same step, so no rank waits in a collective for
-one that left. A superseded job exits ``EXIT_SUPERSEDED`` (78) without writing anything more; the exit hook
-records it as superseded and neither requeues nor alerts.
+before the ranks start; the ranks check while they train:
+
+- every ``resume.owner_check_every_n_steps`` steps each rank reads the file, and its verdict rides on the
+  launcher's stop agreement (``launch.Agreement``, a non-blocking reduction): every rank stops at the same
+  step, a fraction of a second later, without a blocking collective of its own;
+- before every checkpoint (``on_save_checkpoint`` runs on every rank before anything is written) and before
+  the final weights, with one blocking all-reduce of the 0/1 "still the owner" flags (all must agree).
+
+Either way every rank stops at the same step, so no rank waits in a collective for one that left. A superseded
+job exits ``EXIT_SUPERSEDED`` (78) without writing anything more; the exit hook records it as superseded and
+neither requeues nor alerts.
 
 A local run has no job id and no check: it is started in the foreground and its directory is new.
 """
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 from runner.rundir import EXIT_SUPERSEDED, RunDir
@@ -30,31 +36,38 @@ def still_owner(rd: RunDir, job_id: str) -> bool:
     return rd.job_id() in (None, job_id)
 
 
-def make_callback(rd: RunDir, every_n_steps: int) -> Any:
-    """A Lightning callback that ends a superseded job (``SystemExit(78)``) at the same step on every rank."""
+def step_aside(rd: RunDir, job: str | None, step: int) -> None:
+    """End this rank of a superseded job: nothing more is written."""
+    log.warning("job %s no longer owns %s (its job_id is %s): stopping at step %d without a checkpoint; exit %d",
+                job, rd.root, rd.job_id(), step, EXIT_SUPERSEDED)
+    raise SystemExit(EXIT_SUPERSEDED)
+
+
+def reader(rd: RunDir, every_n_steps: int) -> Callable[[int], bool]:
+    """``superseded(step)``: whether the run's ``job_id`` names another job, read at most every ``every_n_steps``
+    steps (the last reading in between; once superseded, always; never for a run without a Slurm job)."""
+    job = os.environ.get("SLURM_JOB_ID")
+    state = {"read_at": -every_n_steps, "superseded": False}
+
+    def superseded(step: int) -> bool:
+        if job and not state["superseded"] and step - state["read_at"] >= every_n_steps:
+            state["read_at"], state["superseded"] = step, not still_owner(rd, job)
+        return bool(state["superseded"])
+
+    return superseded
+
+
+def make_callback(rd: RunDir) -> Any:
+    """A Lightning callback that ends a superseded job (``SystemExit(78)``) before it writes a checkpoint or the
+    final weights, at the same step on every rank (the periodic check rides on the stop agreement instead)."""
     import lightning as L
 
     job = os.environ.get("SLURM_JOB_ID")
 
     class OwnerCheck(L.Callback):
-        def __init__(self) -> None:
-            self.checked_step = -1
-
         def check(self, trainer: L.Trainer) -> None:
-            if not job:
-                return
-            self.checked_step = trainer.global_step
-            if trainer.strategy.reduce_boolean_decision(still_owner(rd, job), all=True):
-                return
-            log.warning("job %s no longer owns %s (its job_id is %s): stopping at step %d without a checkpoint; "
-                        "exit %d", job, rd.root, rd.job_id(), trainer.global_step, EXIT_SUPERSEDED)
-            raise SystemExit(EXIT_SUPERSEDED)
-
-        def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                               batch_idx: int) -> None:
-            step = trainer.global_step  # the same on every rank; unchanged over accumulated batches: check once
-            if step % every_n_steps == 0 and step != self.checked_step:
-                self.check(trainer)
+            if job and not trainer.strategy.reduce_boolean_decision(still_owner(rd, job), all=True):
+                step_aside(rd, job, trainer.global_step)
 
         def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule,
                                checkpoint: dict[str, Any]) -> None:
