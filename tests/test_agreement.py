@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import signal
-import socket
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 import torch
@@ -15,6 +13,7 @@ import torch
 from runner.job import owner
 from runner.job.launch import STOP, SUPERSEDED, Agreement, StopFlag
 from runner.rundir import RunDir
+from tests.gloo_ranks import on_two_ranks
 
 
 @pytest.mark.parametrize(("job", "owners", "expected"), [
@@ -39,29 +38,22 @@ def test_the_owner_is_read_every_n_steps(job: str | None, owners: dict[int, str]
     assert got == expected
 
 
-def _agree(rank: int, port: int, case: str, out: Any) -> None:
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+def _agree(rank: int, case: str) -> tuple[int | None, str | None]:
+    """The step at which this rank stops, and why; rank 0 alone is signalled, rank 1 alone finds another owner."""
+    flag = StopFlag()
+    agreement = Agreement(flag, lambda step: case != "signal" and rank == 1 and step >= 7)
+    trainer = SimpleNamespace(world_size=2, global_rank=rank, strategy=SimpleNamespace(root_device="cpu"))
     try:
-        flag = StopFlag()
-        agreement = Agreement(flag, lambda step: case != "signal" and rank == 1 and step >= 7)
-        trainer = SimpleNamespace(world_size=2, global_rank=rank, strategy=SimpleNamespace(root_device="cpu"))
         for step in range(1, 200):
             if case != "superseded" and rank == 0 and step == 4:
                 flag.signum = signal.SIGUSR2  # what the handler sets
             time.sleep(0.01)  # a 10 ms step: the ranks compare flags every 10 steps (AGREE_S)
             verdict = agreement.check(trainer, step)
             if verdict:
-                out.put((rank, step, verdict))
-                break
-        else:
-            out.put((rank, None, None))
-        agreement.finish()
-    except Exception as e:  # noqa: BLE001 - to the test, which would otherwise wait for a verdict
-        out.put((rank, repr(e), None))
+                return step, verdict
+        return None, None
     finally:
-        dist.destroy_process_group()
+        agreement.finish()
 
 
 @pytest.mark.parametrize(("case", "verdict"), [
@@ -70,19 +62,7 @@ def _agree(rank: int, port: int, case: str, out: Any) -> None:
     ("both", SUPERSEDED),  # a superseded job writes nothing, not even the signal's checkpoint
 ])
 def test_every_rank_stops_at_the_same_step(case: str, verdict: str) -> None:
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_agree, args=(r, port, case, out)) for r in range(2)]
-    for proc in procs:
-        proc.start()
-    got = dict(((rank, (step, v)) for rank, step, v in (out.get(timeout=60) for _ in procs)))
-    for proc in procs:
-        proc.join(30)
+    got = on_two_ranks(_agree, case)
     assert got[0] == got[1], got
     step, v = got[0]
     assert v == verdict and isinstance(step, int) and step <= 7 + 2 * 10 + 2, got  # within two intervals

@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 from runner.dev.example import ShardedDataModule, TinyRegressor  # noqa: E402
 from runner.job.guards import make_guard, nonfinite  # noqa: E402
 from runner.rundir import RunDir  # noqa: E402
+from tests.gloo_ranks import on_two_ranks  # noqa: E402
 
 # Lightning 2.6 itself trips a FutureWarning of torch's pytree when it trains in-process.
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec:FutureWarning")
@@ -102,30 +103,24 @@ def test_fp16_gradscaler_overflows_are_left_to_the_scaler_and_a_streak_stops(tmp
     assert guard.tripped_at is None and trainer.global_step == 100 and rd.events() == []
 
 
-def _verdicts(rank: int, port: int, case: str, out: Any) -> None:
-    import torch.distributed as dist
+def _verdicts(rank: int, case: str) -> tuple[bool, list[int]]:
+    """This rank's verdict, and which of the two parameters it read."""
     from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
 
     from runner.job import guards
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
-        guards.SHARD_ABOVE = 4 if case == "ddp, split" else 1 << 24
-        params = [torch.nn.Parameter(torch.zeros(4)) for _ in range(2)]
-        for p in params:
-            p.grad = torch.ones(4)
-        if case == "fsdp" or case == "ddp, small":  # a NaN in rank 1's gradients alone (FSDP: its shard)
-            params[0].grad[0] = float("nan") if rank == 1 else 1.0
-        else:  # DDP's reduced gradients, the same on both ranks: a NaN in the one rank 1 checks
-            params[1].grad[0] = float("nan")
-        trainer = SimpleNamespace(strategy=FSDPStrategy() if case == "fsdp" else DDPStrategy())
-        guard = make_guard(RunDir(Path("/nonexistent")), "stop", 0)
-        bad = guard._bad(trainer, SimpleNamespace(param_groups=[{"params": params}]), torch.device("cpu"))
-        out.put((rank, bad, [i for i, p in enumerate(params) if any(p is q for q in guard.plan[1])]))
-    except Exception as e:  # noqa: BLE001 - to the test, which would otherwise wait for a verdict
-        out.put((rank, repr(e), None))
-    finally:
-        dist.destroy_process_group()
+    guards.SHARD_ABOVE = 4 if case == "ddp, split" else 1 << 24
+    params = [torch.nn.Parameter(torch.zeros(4)) for _ in range(2)]
+    for p in params:
+        p.grad = torch.ones(4)
+    if case == "fsdp" or case == "ddp, small":  # a NaN in rank 1's gradients alone (FSDP: its shard)
+        params[0].grad[0] = float("nan") if rank == 1 else 1.0
+    else:  # DDP's reduced gradients, the same on both ranks: a NaN in the one rank 1 checks
+        params[1].grad[0] = float("nan")
+    trainer = SimpleNamespace(strategy=FSDPStrategy() if case == "fsdp" else DDPStrategy())
+    guard = make_guard(RunDir(Path("/nonexistent")), "stop", 0)
+    bad = guard._bad(trainer, SimpleNamespace(param_groups=[{"params": params}]), torch.device("cpu"))
+    return bad, [i for i, p in enumerate(params) if any(p is q for q in guard.plan[1])]
 
 
 @pytest.mark.parametrize(("case", "expected"), [
@@ -139,19 +134,4 @@ def _verdicts(rank: int, port: int, case: str, out: Any) -> None:
     ("ddp, split", {0: (True, [0]), 1: (True, [1])}),
 ])
 def test_the_ranks_decide_alike_reading_their_share(case: str, expected: dict[int, tuple[bool, list[int]]]) -> None:
-    import socket
-
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_verdicts, args=(r, port, case, out)) for r in range(2)]
-    for proc in procs:
-        proc.start()
-    got = {rank: (bad, mine) for rank, bad, mine in (out.get(timeout=60) for _ in procs)}
-    for proc in procs:
-        proc.join(30)
-    assert got == expected
+    assert on_two_ranks(_verdicts, case) == expected
