@@ -29,7 +29,7 @@ def test_the_owner_is_read_every_n_steps(job: str | None, owners: dict[int, str]
     else:
         monkeypatch.setenv("SLURM_JOB_ID", job)
     rd = RunDir(tmp_path)
-    superseded = owner.reader(rd, 5)
+    superseded = owner.Reader(rd, 5)
     got = []
     for step in range(12):
         if step in owners:

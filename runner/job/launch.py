@@ -92,7 +92,7 @@ class Agreement:
     reduced with MAX (rank 0 proposes the interval from its step time, so every rank agrees on the next check
     step). A signal is acted on within two intervals (0.2 s, or two steps); the stop step is the same on every
     rank, and the checkpoint is written there, so a preemption loses no step. ``superseded(step)`` is this rank's
-    reading of the run's owner (``owner.reader``): when any rank finds another job owns the run, every rank
+    reading of the run's owner (``owner.Reader``): when any rank finds another job owns the run, every rank
     leaves at the same step, without a checkpoint.
     """
 
@@ -272,7 +272,8 @@ def make_callback(rd: RunDir, cfg: RunConfig, cfg_hash: str, flag: StopFlag, res
             self.last_saved = -1
             self.stopped_by_signal = False
             self.t0 = time.time()
-            self.agreement = Agreement(flag, owner.reader(rd, cfg["resume"]["owner_check_every_n_steps"]))
+            self.owner = owner.Reader(rd, cfg["resume"]["owner_check_every_n_steps"])
+            self.agreement = Agreement(flag, self.owner)
             self.writer = checkpoint.Writer()
             self.buffers: list[Any] = []  # rank 0's copy of the last checkpoint, reused by the next (_snapshot)
             self.progress_at = 0.0
@@ -307,7 +308,7 @@ def make_callback(rd: RunDir, cfg: RunConfig, cfg_hash: str, flag: StopFlag, res
             step = trainer.global_step
             verdict = self.agreement.check(trainer, step)
             if verdict == SUPERSEDED:
-                owner.step_aside(rd, os.environ.get("SLURM_JOB_ID"), step)
+                self.owner.step_aside(step)
             stop = verdict == STOP
             if trainer.global_rank == 0:
                 if time.monotonic() - self.progress_at >= PROGRESS_S:

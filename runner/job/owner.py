@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from runner.rundir import EXIT_SUPERSEDED, RunDir
 
@@ -36,25 +35,30 @@ def still_owner(rd: RunDir, job_id: str) -> bool:
     return rd.job_id() in (None, job_id)
 
 
-def step_aside(rd: RunDir, job: str | None, step: int) -> None:
+def step_aside(rd: RunDir, job: str | None, step: int) -> NoReturn:
     """End this rank of a superseded job: nothing more is written."""
     log.warning("job %s no longer owns %s (its job_id is %s): stopping at step %d without a checkpoint; exit %d",
                 job, rd.root, rd.job_id(), step, EXIT_SUPERSEDED)
     raise SystemExit(EXIT_SUPERSEDED)
 
 
-def reader(rd: RunDir, every_n_steps: int) -> Callable[[int], bool]:
-    """``superseded(step)``: whether the run's ``job_id`` names another job, read at most every ``every_n_steps``
-    steps (the last reading in between; once superseded, always; never for a run without a Slurm job)."""
-    job = os.environ.get("SLURM_JOB_ID")
-    state = {"read_at": -every_n_steps, "superseded": False}
+class Reader:
+    """``reader(step)``: whether the run's ``job_id`` names another job than this one, read at most every
+    ``every_n_steps`` steps (the last reading in between; once superseded, always; never without a Slurm job)."""
 
-    def superseded(step: int) -> bool:
-        if job and not state["superseded"] and step - state["read_at"] >= every_n_steps:
-            state["read_at"], state["superseded"] = step, not still_owner(rd, job)
-        return bool(state["superseded"])
+    def __init__(self, rd: RunDir, every_n_steps: int) -> None:
+        self.rd, self.every = rd, every_n_steps
+        self.job = os.environ.get("SLURM_JOB_ID")
+        self.read_at = -every_n_steps
+        self.superseded = False
 
-    return superseded
+    def __call__(self, step: int) -> bool:
+        if self.job and not self.superseded and step - self.read_at >= self.every:
+            self.read_at, self.superseded = step, not still_owner(self.rd, self.job)
+        return self.superseded
+
+    def step_aside(self, step: int) -> NoReturn:
+        step_aside(self.rd, self.job, step)
 
 
 def make_callback(rd: RunDir) -> Any:
