@@ -12,7 +12,7 @@ L = pytest.importorskip("lightning")
 torch = pytest.importorskip("torch")
 
 from runner.dev.example import ShardedDataModule, TinyRegressor  # noqa: E402
-from runner.job.guards import make_guard, nonfinite  # noqa: E402
+from runner.job.guards import FEW, buckets, make_guard, nonfinite  # noqa: E402
 from runner.rundir import RunDir  # noqa: E402
 from tests.gloo_ranks import on_two_ranks  # noqa: E402
 
@@ -37,14 +37,45 @@ def _finite(model: TinyRegressor) -> bool:
 @pytest.mark.parametrize(("values", "bad"), [
     ([1.0, -2.0], False),
     ([3e38, -3e38], False),  # finite, but their norm overflows to inf: confirmed element by element
+    ([3e38, 3e38], False),  # finite, but their sum overflows too
     ([1.0, float("nan")], True),
     ([float("inf"), 1.0], True),
     ([-float("inf"), 3e38], True),
 ])
-def test_nonfinite_is_true_only_for_a_nan_or_an_inf(values: list[float], bad: bool) -> None:
-    grads = [torch.ones(4, 4), torch.tensor(values)]
+@pytest.mark.parametrize("many", [False, True], ids=["few: sums", "many: fused norms"])
+def test_nonfinite_is_true_only_for_a_nan_or_an_inf(values: list[float], bad: bool, many: bool) -> None:
+    grads = [torch.ones(4, 4)] * (FEW if many else 1) + [torch.tensor(values)]
     assert nonfinite(grads) is bad
     assert nonfinite([]) is False
+
+
+def test_nonfinite_adds_half_precision_in_float32() -> None:
+    """100k fp16 gradients of 1.0 add up past fp16's 65504: still finite, and no element-wise read is needed."""
+    assert nonfinite([torch.ones(100_000, dtype=torch.float16)]) is False
+
+
+def _views(sizes: list[int], buffer: int, offsets: list[int] | None = None) -> list[Any]:
+    flat = torch.zeros(buffer)
+    starts = offsets or [sum(sizes[:i]) for i in range(len(sizes))]
+    return [flat[a:a + n] for a, n in zip(starts, sizes, strict=True)]
+
+
+@pytest.mark.parametrize(("grads", "read"), [
+    pytest.param(lambda: _views([6, 3, 1], 10), [10], id="views tiling one buffer: one flat tensor"),
+    pytest.param(lambda: _views([6, 4], 10) + _views([2, 2], 4), [10, 4], id="two buffers: two"),
+    pytest.param(lambda: [torch.zeros(6), torch.zeros(4)], None, id="separate tensors: read themselves"),
+    pytest.param(lambda: _views([6, 3], 10), None, id="a gap: another tensor's elements"),
+    pytest.param(lambda: _views([6, 4], 10, [0, 5]), None, id="overlapping views"),
+    pytest.param(lambda: [torch.zeros(3, 2).t(), torch.zeros(6)[0:0]], None, id="not contiguous"),
+    pytest.param(lambda: [torch.zeros(2)[:1], torch.zeros(2, dtype=torch.float64)[1:]], None, id="one each"),
+])
+def test_buckets_are_read_only_where_the_gradients_cover_them_exactly(grads: Any, read: list[int] | None) -> None:
+    tensors = grads()
+    flats = buckets(tensors)
+    assert (None if flats is None else [f.numel() for f in flats]) == read
+    if flats is not None:  # the same memory: a NaN written into a gradient is in its bucket
+        tensors[-1].view(-1)[0] = float("nan")
+        assert nonfinite(flats) and not nonfinite(flats[:-1] if len(flats) > 1 else [])
 
 
 def test_stop_keeps_the_weights_finite_and_names_the_step(tmp_path: Path) -> None:
@@ -135,3 +166,29 @@ def _verdicts(rank: int, case: str) -> tuple[bool, list[int]]:
 ])
 def test_the_ranks_decide_alike_reading_their_share(case: str, expected: dict[int, tuple[bool, list[int]]]) -> None:
     assert on_two_ranks(_verdicts, case) == expected
+
+
+def _ddp_reads(rank: int, case: str) -> tuple[bool, bool, list[int]]:
+    """A real DDP's reduced gradients, checked before and after a NaN lands in one of them: the verdicts, and the
+    sizes of what the guard read when it found the NaN."""
+    from lightning.pytorch.strategies import DDPStrategy
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    ddp = DistributedDataParallel(model, gradient_as_bucket_view=case == "bucket views")
+    ddp(torch.randn(8, 16)).sum().backward()
+    params = list(model.parameters())
+    guard = make_guard(RunDir(Path("/nonexistent")), "stop", 0)
+    trainer, optimizer = SimpleNamespace(strategy=DDPStrategy()), SimpleNamespace(param_groups=[{"params": params}])
+    clean = guard._bad(trainer, optimizer, torch.device("cpu"))
+    params[2].grad.view(-1)[5] = float("nan")
+    return clean, guard._bad(trainer, optimizer, torch.device("cpu")), [t.numel() for t in guard.views[1]]
+
+
+@pytest.mark.parametrize(("case", "read"), [
+    ("bucket views", [32 + 1 + 16 * 32 + 32]),  # runner's DDP: the one bucket, whole (the layout DDP gives)
+    ("copies", []),  # Lightning's default DDP: the gradients themselves
+])
+def test_with_ddp_the_guard_reads_the_buckets_the_gradients_are_views_into(case: str, read: list[int]) -> None:
+    assert on_two_ranks(_ddp_reads, case) == {0: (False, True, read), 1: (False, True, read)}

@@ -2,7 +2,8 @@
 
 Checked just before each optimizer step, on the gradients *after* DDP's all-reduce: they are the same on every
 rank, and a non-finite loss on one rank makes them non-finite on all. For a small model every rank reads them all
-and decides on its own, without a collective. Above ``SHARD_ABOVE`` gradient elements each rank reads a share of
+and decides on its own, without a collective; with runner's DDP the gradients are views into a few buckets, and
+the read is one sum per bucket instead of a norm per gradient (a third of a small model's check). Above ``SHARD_ABOVE`` gradient elements each rank reads a share of
 them and one all-reduce of one number adds up the verdicts: every rank decides alike, and the check of a
 50M-parameter model reads 1/ranks of its gradients (a full read is 8 ms on one CPU core, ~0.1 ms on a GPU). With
 FSDP each rank holds its own shard of the reduced gradients: it reads it all, and the verdicts are added up the
@@ -39,21 +40,54 @@ SHARD_ABOVE = 1 << 24
 # Non-finite steps in a row that fp16's GradScaler may skip on its own before the guard acts: 32 halvings take
 # its scale from 2^16 to 2^-16, below any useful one, so a longer streak is a broken run, not a settling scale.
 SCALER_STREAK = 32
+# Tensors up to which the check reads each one's sum (DDP's buckets: a 50M-parameter model has ~9 of 25 MB);
+# above it, one fused norm over all of them (separate gradients: a call per tensor would cost more).
+FEW = 16
 
 
-def nonfinite(grads: list[Any]) -> bool:
-    """Whether any of these gradients holds a NaN or an inf.
+def nonfinite(tensors: list[Any]) -> bool:
+    """Whether any of these tensors (gradients, or the buckets they are views into) holds a NaN or an inf.
 
-    One fused norm over them and one read: the largest norm is finite when every gradient is (max keeps a NaN),
-    half the per-step cost of ``isfinite().all()`` on a small model. Finite gradients whose norm is beyond the
-    dtype's range (above ~3.4e38 in float32) make it inf too, so a non-finite norm (rare) is confirmed element by
-    element before it stops a run.
+    One number read from all of them, finite when every element is: the sum of each of a few tensors (DDP's
+    buckets: per-call costs dominate a small model's check, and a sum is the cheapest read), else the largest of
+    their norms in one fused call (max keeps a NaN). Finite values whose sum or norm is beyond the dtype's range
+    (above ~3.4e38 in float32) make it inf too, so a non-finite number (rare) is confirmed element by element
+    before it stops a run.
     """
     import torch
 
-    if not grads or math.isfinite(torch.stack(torch._foreach_norm(grads)).max().item()):
+    if not tensors:
         return False
-    return not all(bool(torch.isfinite(g).all()) for g in grads)
+    if len(tensors) <= FEW:  # half precision sums in float32: many small fp16 gradients add up past 65504
+        sums = [t.sum(dtype=torch.float32 if t.element_size() < 4 else None) for t in tensors]
+        total = (sums[0] if len(sums) == 1 else torch.stack(sums).sum()).item()
+    else:
+        total = torch.stack(torch._foreach_norm(tensors)).max().item()
+    return not math.isfinite(total) and not all(bool(torch.isfinite(t).all()) for t in tensors)
+
+
+def buckets(grads: list[Any]) -> list[Any] | None:
+    """The storages that ``grads`` cover exactly, each as one flat tensor, when there are fewer of them than
+    gradients (runner's DDP keeps the gradients as views into its few buckets); else None (separate tensors, or
+    views that leave gaps, overlap, or are not contiguous: then the gradients themselves are read)."""
+    import torch
+
+    shared: dict[int, tuple[Any, list[Any]]] = {}
+    for g in grads:
+        storage = g.untyped_storage()
+        shared.setdefault(storage.data_ptr(), (storage, []))[1].append(g)
+    if len(shared) >= len(grads):
+        return None
+    flats = []
+    for start, (storage, views) in shared.items():
+        size, dtype = views[0].element_size(), views[0].dtype
+        spans = sorted((v.data_ptr(), v.data_ptr() + v.numel() * size) for v in views)
+        tiled = spans[0][0] == start and spans[-1][1] == start + storage.nbytes() and \
+            all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
+        if not tiled or any(v.dtype != dtype or not v.is_contiguous() for v in views):
+            return None
+        flats.append(torch.empty(0, dtype=dtype, device=views[0].device).set_(storage))
+    return flats
 
 
 def make_guard(rd: RunDir, action: str, max_skips: int) -> Any:
@@ -68,6 +102,7 @@ def make_guard(rd: RunDir, action: str, max_skips: int) -> Any:
             self.in_a_row = 0
             self.loss: Any = None
             self.plan: tuple[Any, list[Any], bool] = (None, [], False)  # see _plan
+            self.views: tuple[list[int], list[Any]] | None = None  # see _reads
 
         def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: Any) -> None:
             # Kept, not read: the gradients decide, and the loss only names the cause when they are non-finite.
@@ -89,6 +124,7 @@ def make_guard(rd: RunDir, action: str, max_skips: int) -> Any:
                 world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
                 fsdp = isinstance(trainer.strategy, FSDPStrategy)
                 params = [p for g in optimizer.param_groups for p in g["params"]]
+                self.views = None
                 if fsdp or world == 1 or sum(p.numel() for p in params) <= SHARD_ABOVE:
                     self.plan = (key, params, fsdp and world > 1)
                 else:
@@ -101,9 +137,25 @@ def make_guard(rd: RunDir, action: str, max_skips: int) -> Any:
                     self.plan = (key, mine, True)
             return self.plan[1], self.plan[2]
 
+        def _reads(self, grads: list[Any]) -> list[Any]:
+            """What this rank reads to check ``grads``: the buckets they are views into (a small model's check is
+            then one sum instead of a norm per gradient; runner's DDP), or the gradients themselves. The buckets
+            are found again whenever a gradient moves; a run whose gradients are separate tensors at its first
+            step reads them from then on (they move at every step: Lightning frees them between steps)."""
+            if self.views is None or self.views[1]:
+                where = [g.data_ptr() for g in grads]
+                if self.views is None or where != self.views[0]:
+                    self.views = (where, buckets(grads) or [])
+                if self.views[1]:
+                    return self.views[1]
+            return grads
+
         def _bad(self, trainer: L.Trainer, optimizer: Any, device: Any) -> bool:
             params, collective = self._plan(trainer, optimizer)
-            bad = nonfinite([p.grad for p in params if p.grad is not None])
+            grads = [p.grad for p in params if p.grad is not None]
+            # Ranks that add up verdicts read gradients: a share's buckets would hold the other ranks' shares too,
+            # and FSDP's gradients are already one flat tensor per unit.
+            bad = nonfinite(grads if collective else self._reads(grads))
             if not collective:
                 return bad
             verdicts = torch.tensor([float(bad)], device=device)  # a sum, not a max: NCCL's max may drop a NaN
