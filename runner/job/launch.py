@@ -111,10 +111,10 @@ class Agreement:
         import torch
         import torch.distributed as dist
 
-        if not (dist.is_available() and dist.is_initialized()) or trainer.world_size == 1:
-            return _verdict(self.flag.signum is not None, self.superseded(step))
-        if step < self.next_check:
+        if step < self.next_check:  # most steps: nothing more to do
             return None
+        if not (dist.is_available() and dist.is_initialized()) or trainer.world_size == 1:
+            return _verdict(self.flag.signum is not None, self.superseded(step))  # next_check stays -1
         verdict = None
         if self.work is not None:
             self.work.wait()

@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 import traceback
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -91,7 +91,7 @@ def summarize(reports: Mapping[int, Mapping[str, Any]], world: int, hosts: Mappi
             "phases": dict(counts)}
 
 
-def _median(values: list[float]) -> float | None:
+def _median(values: Sequence[float]) -> float | None:
     return round(statistics.median(values), 5) if values else None
 
 
@@ -112,9 +112,11 @@ class Watchdog:
         self._exit = exit
         self._step = -1
         self._advanced = time.monotonic()
-        self._durations: list[float] = []
-        self._compute: list[float] = []  # this rank's own time per step: batch start to backward
-        self._data: list[float] = []  # its wait for data: previous batch end to this batch start
+        # The last 50 of each, appended by the training thread; the watchdog thread reads them whole (sorted() and
+        # len() of a deque run under the GIL without yielding it).
+        self._durations: deque[float] = deque(maxlen=50)
+        self._compute: deque[float] = deque(maxlen=50)  # this rank's own time per step: batch start to backward
+        self._data: deque[float] = deque(maxlen=50)  # its wait for data: previous batch end to this batch start
         self._batch_start = self._batch_end = 0.0
         self._busy = 0  # >0 while a long, legitimate pause runs (a checkpoint write): no hang then
         self.report_every_s = report_every_s
@@ -141,23 +143,23 @@ class Watchdog:
         self._stop.set()
 
     def beat(self, step: int) -> None:
-        """Called by the training thread at every step: two assignments, no I/O."""
+        """Called by the training thread at every step: a few assignments, no I/O."""
         now = time.monotonic()
         self._batch_end = now
         if step != self._step:
             if self._step >= 0:
-                self._durations = (self._durations + [now - self._advanced])[-50:]
+                self._durations.append(now - self._advanced)
             self._step, self._advanced = step, now
 
     def batch_start(self) -> None:
         now = time.monotonic()
         if self._batch_end:
-            self._data = (self._data + [now - self._batch_end])[-50:]
+            self._data.append(now - self._batch_end)
         self._batch_start = now
 
     def before_backward(self) -> None:
         if self._batch_start:
-            self._compute = (self._compute + [time.monotonic() - self._batch_start])[-50:]
+            self._compute.append(time.monotonic() - self._batch_start)
 
     def busy(self, on: bool) -> None:
         """Around a long pause that is not a hang (a checkpoint write); the stall clock restarts after it."""
