@@ -49,6 +49,21 @@ def test_nonfinite_is_true_only_for_a_nan_or_an_inf(values: list[float], bad: bo
     assert nonfinite([]) is False
 
 
+@pytest.mark.parametrize("many", [False, True], ids=["few: sums", "many: fused norms"])
+def test_a_sparse_gradient_is_checked_by_its_values(tmp_path: Path, many: bool) -> None:
+    """nn.Embedding(sparse=True) gives a sparse gradient: no storage to find buckets in, no dense norm kernel."""
+    emb = torch.nn.Embedding(10, 4, sparse=True)
+    emb(torch.tensor([1, 2])).sum().backward()
+    params = [emb.weight] + [torch.nn.Parameter(torch.zeros(2)) for _ in range(FEW if many else 1)]
+    for p in params[1:]:
+        p.grad = torch.zeros(2)
+    guard = make_guard(RunDir(tmp_path), "stop", 0)
+    trainer, optimizer = SimpleNamespace(strategy=None), SimpleNamespace(param_groups=[{"params": params}])
+    assert guard._bad(trainer, optimizer, torch.device("cpu")) is False
+    emb.weight.grad._values()[0, 0] = float("nan")
+    assert guard._bad(trainer, optimizer, torch.device("cpu")) is True
+
+
 def test_nonfinite_adds_half_precision_in_float32() -> None:
     """100k fp16 gradients of 1.0 add up past fp16's 65504: still finite, and no element-wise read is needed."""
     assert nonfinite([torch.ones(100_000, dtype=torch.float16)]) is False

@@ -59,6 +59,7 @@ def nonfinite(tensors: list[Any]) -> bool:
 
     if not tensors:
         return False
+    tensors = [t._values() if t.is_sparse else t for t in tensors]  # an nn.Embedding(sparse=True)'s gradient
     if len(tensors) <= FEW:  # half precision sums in float32: many small fp16 gradients add up past 65504
         sums = [t.sum(dtype=torch.float32 if t.element_size() < 4 else None) for t in tensors]
         total = (sums[0] if len(sums) == 1 else torch.stack(sums).sum()).item()
@@ -143,6 +144,8 @@ def make_guard(rd: RunDir, action: str, max_skips: int) -> Any:
             then one sum instead of a norm per gradient; runner's DDP), or the gradients themselves. The buckets
             are found again whenever a gradient moves; a run whose gradients are separate tensors at its first
             step reads them from then on (they move at every step: Lightning frees them between steps)."""
+            if self.views is None and any(g.is_sparse for g in grads):
+                self.views = ([], [])  # a sparse gradient has no storage of its own to be a view into
             if self.views is None or self.views[1]:
                 where = [g.data_ptr() for g in grads]
                 if self.views is None or where != self.views[0]:
