@@ -3,7 +3,7 @@
 Checked just before each optimizer step, on the gradients *after* DDP's all-reduce: they are the same on every
 rank, and a non-finite loss on one rank makes them non-finite on all. For a small model every rank reads them all
 and decides on its own, without a collective; with runner's DDP the gradients are views into a few buckets, and
-the read is one sum per bucket instead of a norm per gradient (a third of a small model's check). Above
+the read is one sum per bucket instead of a norm per gradient (less than half of a small model's check). Above
 ``SHARD_ABOVE`` gradient elements each rank reads a share of them and one all-reduce of one number adds up the
 verdicts: every rank decides alike, and the check of a 50M-parameter model reads 1/ranks of its gradients (a full
 read is 8 ms on one CPU core, ~0.1 ms on a GPU). With FSDP each rank holds its own shard of the reduced
