@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import cast
 
 import pytest
 import torch
@@ -206,16 +207,40 @@ def uninterrupted_and_resumed(tmp_path: Path, overrides: list[str]) -> tuple[lis
     return reference, all_weights(final_run(tmp_path / "int"))
 
 
-@pytest.mark.parametrize("exact", [True, False])
-def test_four_ranks_resume_bitwise_only_with_exact_resume(tmp_path: Path, exact: bool) -> None:
+@pytest.mark.parametrize("setting, exact", [
+    ("checkpoint.exact_resume=true", True),
+    ("checkpoint.exact_resume=false", False),  # shows the test can tell
+    # what exact resume falls back to on a torch without the private DDP parts runner's fixed buckets use
+    ("trainer.strategy=ddp_find_unused_parameters_true", True),
+])
+def test_four_ranks_resume_bitwise_only_with_a_fixed_bucket_layout(tmp_path: Path, setting: str, exact: bool) -> None:
     """With four ranks a ring all-reduce adds the ranks in an order that depends on DDP's bucket layout: a resume
-    is bitwise exact only when the layout does not change after the restore (exact_resume, without
-    find_unused_parameters). The False case shows the test can tell."""
-    four = ["num_device=4", "preflight.enabled=false", f"checkpoint.exact_resume={str(exact).lower()}"]
+    is bitwise exact only when the layout does not change after the restore (exact_resume's fixed buckets, or
+    find_unused_parameters, with which DDP never rebuilds them)."""
+    four = ["num_device=4", "preflight.enabled=false", setting]
     reference, resumed = uninterrupted_and_resumed(tmp_path, four)
     assert len(resumed) == len(reference) == 4
     same = all(torch.equal(a[k], b[k]) for a, b in zip(resumed, reference, strict=True) for k in a)
     assert same is exact
+
+
+def test_exact_resume_falls_back_to_find_unused_parameters_on_a_torch_without_the_private_parts(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch.nn.parallel import DistributedDataParallel
+
+    from runner.job import launch
+    from runner.spec import typed
+
+    assert launch.fixed_buckets_missing(DistributedDataParallel, torch.distributed.Reducer) == []  # this torch
+    assert launch.fixed_buckets_missing(object, None) == [
+        "DistributedDataParallel._build_params_for_reducer", "Reducer._push_all_rebuilt_params",
+        "Reducer._rebuild_buckets"]
+    cfg = cast(typed.RunConfig, {"network": {"pg_timeout_s": 60}, "trainer": {"strategy": "ddp"},
+                                 "checkpoint": {"exact_resume": True}})
+    assert type(launch._strategy(cfg)).__name__ == "FixedBucketsDDP"
+    monkeypatch.setattr(launch, "fixed_buckets_missing", lambda ddp, reducer: ["Reducer._rebuild_buckets"])
+    fallback = launch._strategy(cfg)
+    assert type(fallback).__name__ == "DDPStrategy" and fallback._ddp_kwargs == {"find_unused_parameters": True}
 
 
 ZEROING = """

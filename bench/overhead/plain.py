@@ -3,6 +3,7 @@
 Same model, data, Trainer arguments and checkpoint interval as runner's side; checkpoints by Lightning's
 ModelCheckpoint; DDP with Lightning's defaults. Started by Lightning's own launcher (local) or by srun.
 Usage: python bench/overhead/plain.py MODEL DIM DEVICES NODES MAX_STEPS EVERY OUT_DIR
+(or ``main(argv)`` in a process that srun started: bench/overhead/via_submitit.py)
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from models import Tiny, Wide  # noqa: E402
 from runner.dev.example import ShardedDataModule  # noqa: E402
 
 
-def main() -> None:
-    model_name, dim, devices, nodes, max_steps, every, out = sys.argv[1:8]
+def main(argv: list[str] | None = None) -> None:
+    model_name, dim, devices, nodes, max_steps, every, out = (sys.argv[1:] if argv is None else argv)[:7]
     torch.set_num_threads(1)
     L.seed_everything(1234)
     model = Tiny(dim=int(dim), hidden=32, lr=0.01) if model_name == "tiny" else Wide(dim=int(dim))

@@ -409,6 +409,18 @@ def combine(parts: list[Any]) -> Any:
     return type("RunnerCallbacks", (L.Callback,), hooks)()
 
 
+# What runner's fixed-bucket DDP overrides or calls in torch's DDP and its C++ reducer: private, and so checked.
+FIXED_BUCKETS_USES = (("DistributedDataParallel", "_build_params_for_reducer"),
+                      ("Reducer", "_push_all_rebuilt_params"), ("Reducer", "_rebuild_buckets"))
+
+
+def fixed_buckets_missing(ddp: Any, reducer: Any) -> list[str]:
+    """The private parts of torch's DDP that ``_strategy``'s fixed-bucket DDP needs and this torch lacks: an
+    image with a torch that renamed them trains with ``find_unused_parameters`` instead of failing at setup."""
+    owners = {"DistributedDataParallel": ddp, "Reducer": reducer}
+    return [f"{cls}.{name}" for cls, name in FIXED_BUCKETS_USES if not hasattr(owners[cls], name)]
+
+
 def _strategy(cfg: RunConfig) -> Any:
     from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
 
@@ -424,6 +436,12 @@ def _strategy(cfg: RunConfig) -> Any:
     import lightning as L
     import torch
     from torch.nn.parallel import DistributedDataParallel
+
+    missing = fixed_buckets_missing(DistributedDataParallel, getattr(torch.distributed, "Reducer", None))
+    if missing:
+        log.warning("this torch %s lacks DDP's %s: exact resume falls back to find_unused_parameters=True (the "
+                    "same bitwise resume, an autograd-graph walk every step)", torch.__version__, ", ".join(missing))
+        return DDPStrategy(find_unused_parameters=True, timeout=timeout)
 
     class ReadyOrderDDP(DistributedDataParallel):
         """DDP that numbers the parameters last to first, the order their gradients are (roughly) ready in."""
