@@ -409,16 +409,13 @@ def combine(parts: list[Any]) -> Any:
     return type("RunnerCallbacks", (L.Callback,), hooks)()
 
 
-# What runner's fixed-bucket DDP overrides or calls in torch's DDP and its C++ reducer: private, and so checked.
-FIXED_BUCKETS_USES = (("DistributedDataParallel", "_build_params_for_reducer"),
-                      ("Reducer", "_push_all_rebuilt_params"), ("Reducer", "_rebuild_buckets"))
-
-
 def fixed_buckets_missing(ddp: Any, reducer: Any) -> list[str]:
-    """The private parts of torch's DDP that ``_strategy``'s fixed-bucket DDP needs and this torch lacks: an
-    image with a torch that renamed them trains with ``find_unused_parameters`` instead of failing at setup."""
-    owners = {"DistributedDataParallel": ddp, "Reducer": reducer}
-    return [f"{cls}.{name}" for cls, name in FIXED_BUCKETS_USES if not hasattr(owners[cls], name)]
+    """The private parts of torch's DDP (its class, its C++ reducer) that ``_strategy``'s fixed-bucket DDP
+    overrides or calls and this torch lacks: an image whose torch renamed them trains with
+    ``find_unused_parameters`` instead of failing at setup."""
+    uses = ((ddp, "DistributedDataParallel._build_params_for_reducer"),
+            (reducer, "Reducer._push_all_rebuilt_params"), (reducer, "Reducer._rebuild_buckets"))
+    return [what for owner, what in uses if not hasattr(owner, what.split(".")[1])]
 
 
 def _strategy(cfg: RunConfig) -> Any:
