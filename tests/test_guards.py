@@ -198,7 +198,7 @@ def _ddp_reads(rank: int, case: str) -> tuple[bool, bool, list[int]]:
     trainer, optimizer = SimpleNamespace(strategy=DDPStrategy()), SimpleNamespace(param_groups=[{"params": params}])
     clean = guard._bad(trainer, optimizer, torch.device("cpu"))
     params[2].grad.view(-1)[5] = float("nan")
-    return clean, guard._bad(trainer, optimizer, torch.device("cpu")), [t.numel() for t in guard.views[1]]
+    return clean, guard._bad(trainer, optimizer, torch.device("cpu")), [t.numel() for t in guard.views[1] or []]
 
 
 @pytest.mark.parametrize(("case", "read"), [

@@ -104,7 +104,7 @@ def make_guard(rd: RunDir, action: str, max_skips: int) -> Any:
             self.in_a_row = 0
             self.loss: Any = None
             self.plan: tuple[Any, list[Any], bool] = (None, [], False)  # see _plan
-            self.views: tuple[list[int], list[Any]] | None = None  # see _reads
+            self.views: tuple[list[int], list[Any] | None] | None = None  # see _reads
 
         def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: Any) -> None:
             # Kept, not read: the gradients decide, and the loss only names the cause when they are non-finite.
@@ -144,15 +144,14 @@ def make_guard(rd: RunDir, action: str, max_skips: int) -> Any:
             then one sum instead of a norm per gradient; runner's DDP), or the gradients themselves. The buckets
             are found again whenever a gradient moves; a run whose gradients are separate tensors at its first
             step reads them from then on (they move at every step: Lightning frees them between steps)."""
-            if self.views is None and any(g.is_sparse for g in grads):
-                self.views = ([], [])  # a sparse gradient has no storage of its own to be a view into
-            if self.views is None or self.views[1]:
+            if self.views is None:  # the first step of this plan
+                sparse = any(g.is_sparse for g in grads)  # no storage of its own: no view into a bucket
+                self.views = ([], None) if sparse else ([g.data_ptr() for g in grads], buckets(grads))
+            elif self.views[1] is not None:
                 where = [g.data_ptr() for g in grads]
-                if self.views is None or where != self.views[0]:
-                    self.views = (where, buckets(grads) or [])
-                if self.views[1]:
-                    return self.views[1]
-            return grads
+                if where != self.views[0]:
+                    self.views = (where, buckets(grads))
+            return self.views[1] or grads
 
         def _bad(self, trainer: L.Trainer, optimizer: Any, device: Any) -> bool:
             params, collective = self._plan(trainer, optimizer)
