@@ -93,6 +93,10 @@ class Cluster:
         """A shell line that points Slurm client commands at this cluster."""
         return f"export SLURM_CONF={self.conf}"
 
+    def slurmd_pid(self, node: str) -> int | None:
+        """The pid of ``node``'s slurmd (every job step on the node is its descendant), None when not running."""
+        return _read_pid(_Paths(self.root).node_pid(node))
+
     def client_env(self) -> dict[str, str]:
         """os.environ plus env(): what a subprocess running sbatch/sacct should get."""
         return {**os.environ, **self.env()}
