@@ -420,6 +420,8 @@ def table(report: Mapping[str, Any]) -> str:
         if c.get("note"):
             lines.append(f"    note: {c['note']}")
     lines.append(report.get("summary", ""))
+    if report.get("phases_s"):  # rank 0's view: the rendezvous includes waiting for the slowest rank to start
+        lines.append("time: " + ", ".join(f"{k} {v:.2f} s" for k, v in report["phases_s"].items()))
     if report.get("reused"):
         r = report["reused"]
         lines.append(f"reused from the preflight {r['age_s']:.0f} s ago (same nodes and image): "

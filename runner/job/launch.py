@@ -559,8 +559,9 @@ def train(rd: RunDir) -> int:
     import torch
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    # The preflight checks run in their own short-lived process group (on their own port), before Lightning is
-    # imported: a bad node or interface stops the job here (exit 77), before any step. Not in a thread beside the
+    # The preflight checks run before Lightning is imported: a bad node or interface stops the job here (exit 77),
+    # before any step. When they pass, the process group they measured in is the training's (Lightning finds
+    # torch.distributed initialized): one rendezvous and one group for the job, not two. Not in a thread beside the
     # import: measured, they took 3-4x longer there (the import holds the GIL, and with fewer cores than ranks
     # the CPU), ended after the import anyway, and timed the probe against the other ranks' imports.
     code = preflight.in_job(rd, cfg, rank, local, node, world, ne)

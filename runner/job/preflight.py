@@ -21,6 +21,7 @@ torch is imported inside the functions that need it, when the launcher has alrea
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -129,8 +130,15 @@ class _Job:
     node: int
     world: int
     ne: NetEnv
+    train: bool = True  # training follows in this process (not `runner preflight`): the process group is kept
     host: str = field(default_factory=socket.gethostname)
     t0: float = field(default_factory=time.monotonic)
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per phase, in order (rank 0's in the report)
+
+    def phase(self, name: str) -> None:
+        """The phase `name` ended now: it took the time since the previous one ended."""
+        now = time.monotonic() - self.t0
+        self.phases[name] = round(now - sum(self.phases.values()), 3)
 
     @property
     def pf(self) -> dict[str, Any]:
@@ -207,49 +215,74 @@ def _measure(torch: Any, dist: Any, nbytes: int, group: Any, n: int, device: Any
             "busbw_gbps": busbw(alg, n), "cut": size < nbytes}
 
 
-def _probe(job: _Job, store: Any, leaders: list[int], hosts: list[str]) -> tuple[str, dict[str, Any]]:
-    """Bandwidth over the whole job and between ring pairs of nodes; returns (backend, results on rank 0)."""
+def _join(job: _Job, store: Any) -> Any:
+    """The job's process group, on the preflight's store: the one Lightning trains in when the checks pass (its
+    DDP finds torch.distributed initialized and keeps it), so the job builds one rendezvous and one group, not
+    two. The backend and device are Lightning's choice for the config (nccl on a GPU, gloo on CPU). Returns the
+    device the probe runs on."""
     import torch
     import torch.distributed as dist
 
     gpu = job.cfg["trainer"]["accelerator"] != "cpu" and torch.cuda.is_available()
-    backend = "nccl" if gpu else "gloo"
     device = torch.device("cuda", job.local) if gpu else torch.device("cpu")
     if gpu:
         torch.cuda.set_device(device)
+    # The preflight's short timeout while it probes (a dead link fails in seconds); the training's after it.
     timeout = timedelta(seconds=2 * job.pf["timeout_s"])
-    dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=job.rank, world_size=job.world,
-                            timeout=timeout)
-    try:
-        nbytes = int(job.pf["probe_mib"]) << 20
-        budget = float(job.pf["probe_budget_s"])
-        # Two nodes have one link between them, which the whole-job all-reduce has just measured: probing the
-        # pair as well took 60% of the budget to measure it again, and it could not tell which end is slow
-        # either. The pairs start at three nodes, where they name the slow node.
-        pairs = ring_pairs(len(leaders)) if len(leaders) > 2 else []
-        out: dict[str, Any] = {"job": _measure(torch, dist, nbytes, None, job.world, device, JOB_SHARE * budget),
-                               "pairs": []}
-        if len(leaders) == 2 and job.rank == 0:
-            out["pairs"].append({**out["job"], "nodes": hosts, "from": "job"})
-        groups = [dist.new_group([leaders[a], leaders[b]]) for a, b in pairs]
-        for (a, b), group in zip(pairs, groups, strict=True):
-            if job.rank in (leaders[a], leaders[b]):
-                res = _measure(torch, dist, nbytes, group, 2, device, (1 - JOB_SHARE) * budget / len(pairs))
-                out["pairs"].append({**res, "nodes": [hosts[a], hosts[b]]})
-            dist.barrier()
-        if job.rank != 0 and out["pairs"]:
-            store.set(f"pairs/{job.rank}", json.dumps(out["pairs"]))
-        dist.barrier()
-        if job.rank == 0:
-            seen = {tuple(p["nodes"]) for p in out["pairs"]}
-            for r in leaders[1:]:
-                for p in json.loads(store.get(f"pairs/{r}")) if store.check([f"pairs/{r}"]) else []:
-                    if tuple(p["nodes"]) not in seen:
-                        seen.add(tuple(p["nodes"]))
-                        out["pairs"].append(p)
-        return backend, out
-    finally:
+    dist.init_process_group("nccl" if gpu else "gloo", store=dist.PrefixStore("pg", store), rank=job.rank,
+                            world_size=job.world, timeout=timeout, device_id=device if gpu else None)
+    return device
+
+
+def _hand_over(job: _Job, status: str) -> None:
+    """After the verdict: keep the process group for the training (with its timeout), or take it down."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    if job.train and status != FAIL:
+        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=job.cfg["network"]["pg_timeout_s"]))
+        if dist.get_backend() == "nccl":  # as Lightning does for a group it built: torch warns at exit otherwise
+            atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
+    else:
         dist.destroy_process_group()
+
+
+def _probe(job: _Job, store: Any, leaders: list[int], hosts: list[str], device: Any) -> dict[str, Any]:
+    """Bandwidth over the whole job and between ring pairs of nodes, in the job's process group; results on
+    rank 0."""
+    import torch
+    import torch.distributed as dist
+
+    nbytes = int(job.pf["probe_mib"]) << 20
+    budget = float(job.pf["probe_budget_s"])
+    # Two nodes have one link between them, which the whole-job all-reduce has just measured: probing the
+    # pair as well took 60% of the budget to measure it again, and it could not tell which end is slow
+    # either. The pairs start at three nodes, where they name the slow node.
+    pairs = ring_pairs(len(leaders)) if len(leaders) > 2 else []
+    out: dict[str, Any] = {"job": _measure(torch, dist, nbytes, None, job.world, device, JOB_SHARE * budget),
+                           "pairs": []}
+    if len(leaders) == 2 and job.rank == 0:
+        out["pairs"].append({**out["job"], "nodes": hosts, "from": "job"})
+    groups = [dist.new_group([leaders[a], leaders[b]]) for a, b in pairs]
+    for (a, b), group in zip(pairs, groups, strict=True):
+        if job.rank in (leaders[a], leaders[b]):
+            res = _measure(torch, dist, nbytes, group, 2, device, (1 - JOB_SHARE) * budget / len(pairs))
+            out["pairs"].append({**res, "nodes": [hosts[a], hosts[b]]})
+        dist.barrier()
+    for group in groups:  # the training keeps the job's group, never these (a no-op where a rank is not in one)
+        dist.destroy_process_group(group)
+    if job.rank != 0 and out["pairs"]:
+        store.set(f"pairs/{job.rank}", json.dumps(out["pairs"]))
+    dist.barrier()
+    if job.rank == 0:
+        seen = {tuple(p["nodes"]) for p in out["pairs"]}
+        for r in leaders[1:]:
+            for p in json.loads(store.get(f"pairs/{r}")) if store.check([f"pairs/{r}"]) else []:
+                if tuple(p["nodes"]) not in seen:
+                    seen.add(tuple(p["nodes"]))
+                    out["pairs"].append(p)
+    return out
 
 
 def _tools(job: _Job, store: Any, leaders: list[int], hosts: list[str]) -> list[dict[str, Any]]:
@@ -365,6 +398,7 @@ def _finish(job: _Job, checks: list[Check], extra: dict[str, Any]) -> str:
     text = summary(checks, status)
     addr, port = job.master
     report = {"status": status, "summary": text, "time": time.time(), "duration_s": time.monotonic() - job.t0,
+              "phases_s": job.phases,
               "world_size": job.world, "master": f"{addr}:{port}", "checks": [asdict(c) for c in checks],
               "thresholds": {k: job.pf[k] for k in ("min_busbw_gbps", "fail_below_median", "warn_below_median",
                                                     "probe_mib", "probe_budget_s", "timeout_s", "min_free_gb")},
@@ -403,6 +437,7 @@ def run_checks(job: _Job) -> str:
 
     pf = job.pf
     facts = _local_facts(job)
+    job.phase("node")
     addr, port = job.master
     if job.world == 1:
         checks = [Check(**c) for c in facts["checks"]]
@@ -443,48 +478,58 @@ def run_checks(job: _Job) -> str:
         store.wait(["decision"], wait)
         d = json.loads(store.get("decision"))
         go, leaders, hosts, prev = d["go"], d["leaders"], d["hosts"], {} if d["reuse"] else None
+    job.phase("rendezvous")
     extra: dict[str, Any] = {"nodes": hosts, "backend": None}
     if job.rank == 0:
         extra["fingerprint"] = fingerprint
-    if prev is not None:  # a restart onto the same nodes and image: the measurements of a moment ago still hold
-        go = False
-        if job.rank == 0:
-            extra.update(backend=prev.get("backend"), bandwidth=prev.get("bandwidth") or {},
-                         tools=prev.get("tools", []),
-                         reused={"from": prev["time"], "age_s": round(time.time() - prev["time"], 1),
-                                 "parts": ["bandwidth", "tools"]})
-            bw = extra["bandwidth"]
-            checks += [Check(**c) for c in extra["tools"]]
-            checks += evaluate_bandwidth(bw.get("job"), bw.get("pairs", []), pf["min_busbw_gbps"])
-    if go:
+    if prev is not None and job.rank == 0:  # a restart onto the same nodes and image: the measurements hold
+        extra.update(backend=prev.get("backend"), bandwidth=prev.get("bandwidth") or {},
+                     tools=prev.get("tools", []),
+                     reused={"from": prev["time"], "age_s": round(time.time() - prev["time"], 1),
+                             "parts": ["bandwidth", "tools"]})
+        bw = extra["bandwidth"]
+        checks += [Check(**c) for c in extra["tools"]]
+        checks += evaluate_bandwidth(bw.get("job"), bw.get("pairs", []), pf["min_busbw_gbps"])
+    measure = go and prev is None
+    grouped = go and (measure or job.train)  # the job's process group: probed in, and kept for the training
+    if grouped:
+        tools: list[dict[str, Any]] = []
         try:
-            backend, bw = _probe(job, store, leaders, hosts)
-            extra.update(backend=backend, bandwidth=bw)
-            tools = _tools(job, store, leaders, hosts)
+            device = _join(job, store)
+            job.phase("group")
+            if measure:
+                extra.update(backend=dist.get_backend(), bandwidth=_probe(job, store, leaders, hosts, device))
+                tools = _tools(job, store, leaders, hosts)
+                job.phase("probe")
         except RuntimeError as e:  # a timeout or a connect error inside gloo/nccl: the data plane is broken
-            bw, tools = {}, [asdict(Check("probe", job.host, FAIL, str(e).splitlines()[0][:300], "completes",
-                                          "the data plane between nodes is broken: check the interface and "
-                                          "firewalls for the ports gloo/NCCL open"))]
+            tools = [asdict(Check("probe", job.host, FAIL, str(e).splitlines()[0][:300], "completes",
+                                  "the data plane between nodes is broken: check the interface and "
+                                  "firewalls for the ports gloo/NCCL open"))]
         store.set(f"tools/{job.rank}", json.dumps(tools))
     tools_s = 5 * pf["timeout_s"] + 10  # nccl-tests and ib_write_bw, when present, get this long
     if job.rank != 0:
         store.wait(["final"], timedelta(seconds=tools_s + 30))  # + rank 0 sending the alert
         status = str(store.get("final").decode())
+        _hand_over(job, status)
         store.set(f"bye/{job.rank}", "1")
         return status
-    if go:
+    if grouped:
         deadline = time.monotonic() + tools_s
-        extra["tools"] = []
+        new: list[dict[str, Any]] = []
         for r in range(job.world):
             while not store.check([f"tools/{r}"]) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            extra["tools"] += json.loads(store.get(f"tools/{r}")) if store.check([f"tools/{r}"]) else []
-        checks += [Check(**c) for c in extra["tools"]]
+            new += json.loads(store.get(f"tools/{r}")) if store.check([f"tools/{r}"]) else []
+        extra["tools"] = extra.get("tools", []) + new
+        checks += [Check(**c) for c in new]
+    if measure:
         bw = extra.get("bandwidth") or {}
         checks += evaluate_bandwidth(bw.get("job"), bw.get("pairs", []), pf["min_busbw_gbps"],
                                      pf["fail_below_median"], pf["warn_below_median"])
+    job.phase("verdict")
     status = _finish(job, checks, extra)
     store.set("final", status)
+    _hand_over(job, status)
     with contextlib.suppress(RuntimeError):  # let the others disconnect before the server goes away
         store.wait([f"bye/{r}" for r in range(1, job.world)], timedelta(seconds=5))
     return status
@@ -495,7 +540,7 @@ def in_job(rd: RunDir, cfg: RunConfig, rank: int, local: int, node: int, world: 
     only = os.environ.get(ONLY_ENV) == "1"
     if not cfg["preflight"]["enabled"] and not only:
         return None
-    job = _Job(rd, cfg, rank, local, node, world, ne)
+    job = _Job(rd, cfg, rank, local, node, world, ne, train=not only)
     status = run_checks(job)
     print(f"runner: preflight {status} ({time.monotonic() - job.t0:.1f} s)", flush=True)
     if status == FAIL:
