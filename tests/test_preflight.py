@@ -69,6 +69,19 @@ def test_all_reduce_perf_garbage_raises_one_line() -> None:
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("times, cap, done", [
+    ([0.040], 5, False),  # one transfer says nothing about how steady the link is
+    ([0.040, 0.042], 5, True),  # two that agree: a steady link, measured in 2 instead of 5
+    ([0.040, 0.080], 5, False),  # a link that varies gets more transfers
+    ([0.040, 0.080, 0.041, 0.079], 5, False),
+    ([0.040, 0.080, 0.041, 0.079, 0.040], 5, True),  # ... up to the cap, and their mean is the result
+    ([0.9], 1, True),  # a budget for one full-size transfer
+    ([0.100, 0.116], 5, False), ([0.100, 0.114], 5, True),  # within 15% of the faster one
+])
+def test_the_probe_stops_once_two_transfers_agree_or_at_its_cap(times: list[float], cap: int, done: bool) -> None:
+    assert preflight.measured(times, cap) is done
+
+
 def test_nccl_tests_check_fails_on_wrong_results() -> None:
     text = (SAMPLES / "all_reduce_perf_n8.txt").read_text()
     last = [ln for ln in text.splitlines() if ln.strip().startswith("268435456")][0]

@@ -70,6 +70,9 @@ SIZING_BYTES = 1 << 20  # the first transfers of a probe: they connect and size 
 # Full-size transfers a probe times, at most: their mean tells a link at half the median apart with room to spare,
 # and each one more holds every rank back from training (with 20, 0.5 s of a 2-node job's 1.1 s preflight here).
 PROBE_ITERS = 5
+# A steady link is measured once two transfers in a row agree this closely: on the dev cluster 2 transfers took
+# 0.1 s where 5 took 0.24 s of a 0.4 s preflight, and the first step waits for every one of them.
+STEADY = 0.15
 JOB_SHARE = 0.4  # of preflight.probe_budget_s for the whole-job all-reduce; the pairs (3+ nodes) share the rest
 STORE_GRACE_S = 30  # extra time a TCPStore may take to start once its port answers (slow DNS, see run_checks)
 SLOW_STORE_S = 2.0  # slower than this is reported (warn)
@@ -180,6 +183,12 @@ def _local_facts(job: _Job) -> dict[str, Any]:
     return facts
 
 
+def measured(times: list[float], cap: int) -> bool:
+    """Whether the full-size transfers timed so far (every rank has the same list) measure the link: `cap` of them,
+    or the last two within STEADY of each other. Their mean is the result; a link that varies gets more."""
+    return len(times) >= cap or (len(times) >= 2 and abs(times[-1] - times[-2]) <= STEADY * min(times[-2:]))
+
+
 def _measure(torch: Any, dist: Any, nbytes: int, group: Any, n: int, device: Any, budget_s: float) -> dict[str, Any]:
     """Time all-reduces in `group` within about ``budget_s``: a small transfer first (it connects, and tells how
     long the full size would take), then the full size as often as fits. On a link so slow that one full-size
@@ -208,8 +217,11 @@ def _measure(torch: Any, dist: Any, nbytes: int, group: Any, n: int, device: Any
     if full > budget_s:
         size, sec, iters = small, first, 1
     else:
-        size, iters = nbytes, max(1, min(PROBE_ITERS, int(budget_s / max(full, 1e-6))))
-        sec = timed(nbytes, iters)
+        cap = max(1, min(PROBE_ITERS, int(budget_s / max(full, 1e-6))))
+        times = [timed(nbytes, 1)]
+        while not measured(times, cap):
+            times.append(timed(nbytes, 1))
+        size, sec, iters = nbytes, sum(times) / len(times), len(times)
     alg = algbw(size, sec)
     return {"size_bytes": size, "ranks": n, "iters": iters, "time_s": sec, "algbw_gbps": alg,
             "busbw_gbps": busbw(alg, n), "cut": size < nbytes}
