@@ -567,6 +567,9 @@ def train(rd: RunDir) -> int:
     code = preflight.in_job(rd, cfg, rank, local, node, world, ne)
     if code is not None:  # a failed check, or `runner preflight` (the checks alone, without Lightning's imports)
         return code
+    if torch.distributed.is_initialized():
+        log.info("training in the preflight's process group (%s, %d ranks)", torch.distributed.get_backend(),
+                 torch.distributed.get_world_size())
     import lightning as L
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
