@@ -10,10 +10,12 @@ How, in phases, never blocking longer than ``preflight.timeout_s`` on the networ
 1. every rank checks its own node (GPUs, interface, paths, free space, code and package hashes);
 2. rank 0 opens a TCPStore on MASTER_ADDR next to MASTER_PORT; the other ranks first probe that port with a
    plain TCP connect (seconds, never a hang), then join and post their results to the store;
-3. if nothing failed so far, a short-lived process group (gloo on CPU, nccl on GPU) measures all-reduce
-   bandwidth over the whole job and, from three nodes on, between pairs of nodes, so that a slow node is named;
+3. if nothing failed so far, the job's process group (gloo on CPU, nccl on GPU) is built on that store and
+   measures all-reduce bandwidth over the whole job and, from three nodes on, between pairs of nodes, so that a
+   slow node is named;
 4. rank 0 writes ``preflight.json`` and ``preflight.txt`` and tells every rank the outcome; on failure the
-   alert goes out from rank 0 in a local run, from the batch script's exit hook (host side) under Slurm.
+   alert goes out from rank 0 in a local run, from the batch script's exit hook (host side) under Slurm. On a
+   pass the process group stays up, with the training's timeout: Lightning finds it and trains in it.
    A rank that cannot reach rank 0 writes its own result under ``logs/preflight/``.
 
 torch is imported inside the functions that need it, when the launcher has already imported it.
