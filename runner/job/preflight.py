@@ -107,7 +107,7 @@ def probe_tcp(host: str, port: int, timeout_s: float) -> tuple[bool, str, float]
             last = "connection timed out (packets dropped: a firewall or a wrong address?)"
         except OSError as e:
             last = f"{e.strerror or e}"
-        time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+        time.sleep(min(0.02, max(0.0, deadline - time.monotonic())))  # rank 0 listens within ms of the others
 
 
 def _is_local_address(host: str, ifaces: Mapping[str, Mapping[str, Any]]) -> bool:
@@ -351,6 +351,8 @@ def _run_tool(name: str, host: str, argv: list[str], limit: float, judge: Callab
 def _collect(job: _Job, store: Any) -> tuple[list[dict[str, Any]], list[int]]:
     """Rank 0: every rank's facts from the store, or from its own file when it could not reach us."""
     deadline = time.monotonic() + job.pf["timeout_s"] + 3  # the common case: an unreachable rank wrote its file
+    with contextlib.suppress(RuntimeError):  # blocks until the last rank reports: no polling delay on a pass
+        store.wait([f"local/{r}" for r in range(job.world)], timedelta(seconds=job.pf["timeout_s"] + 3))
     got: dict[int, dict[str, Any]] = {}
     while True:
         for r in range(job.world):
@@ -406,9 +408,13 @@ def _reusable(job: _Job, fingerprint: dict[str, Any]) -> dict[str, Any] | None:
     return prev
 
 
-def _finish(job: _Job, checks: list[Check], extra: dict[str, Any]) -> str:
-    """Rank 0: status, report files, ledger, alert on failure."""
+def _finish(job: _Job, checks: list[Check], extra: dict[str, Any], store: Any = None) -> str:
+    """Rank 0: status, report files, ledger, alert on failure. With the store, the other ranks hear the verdict:
+    on a pass before the files are written (they go on to train; fsyncs on a shared file system take a while),
+    on a failure after (they exit 77, and srun's --kill-on-bad-exit would stop this rank mid-report)."""
     status = report_status(checks, bool(job.pf["fail_on_warn"]))
+    if store is not None and status != FAIL:
+        store.set("final", status)
     text = summary(checks, status)
     addr, port = job.master
     report = {"status": status, "summary": text, "time": time.time(), "duration_s": time.monotonic() - job.t0,
@@ -426,6 +432,8 @@ def _finish(job: _Job, checks: list[Check], extra: dict[str, Any]) -> str:
         alerts.notify(job.rd.root, job.cfg["alerts"], "preflight_failed", exit_code=EXIT_PREFLIGHT, cause=text,
                       extra={"report": "preflight.txt"})
     atomic_write(job.rd.preflight, json.dumps(report, indent=2) + "\n")
+    if store is not None and status == FAIL:
+        store.set("final", status)
     return status
 
 
@@ -528,12 +536,10 @@ def run_checks(job: _Job) -> str:
         store.set(f"bye/{job.rank}", "1")
         return status
     if grouped:
-        deadline = time.monotonic() + tools_s
-        new: list[dict[str, Any]] = []
-        for r in range(job.world):
-            while not store.check([f"tools/{r}"]) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            new += json.loads(store.get(f"tools/{r}")) if store.check([f"tools/{r}"]) else []
+        keys = [f"tools/{r}" for r in range(job.world)]
+        with contextlib.suppress(RuntimeError):  # a rank that has not reported by then is left out
+            store.wait(keys, timedelta(seconds=tools_s))
+        new = [c for k in keys if store.check([k]) for c in json.loads(store.get(k))]
         extra["tools"] = extra.get("tools", []) + new
         checks += [Check(**c) for c in new]
     if measure:
@@ -541,8 +547,7 @@ def run_checks(job: _Job) -> str:
         checks += evaluate_bandwidth(bw.get("job"), bw.get("pairs", []), pf["min_busbw_gbps"],
                                      pf["fail_below_median"], pf["warn_below_median"])
     job.phase("verdict")
-    status = _finish(job, checks, extra)
-    store.set("final", status)
+    status = _finish(job, checks, extra, store)
     _hand_over(job, status)
     with contextlib.suppress(RuntimeError):  # let the others disconnect before the server goes away
         store.wait([f"bye/{r}" for r in range(1, job.world)], timedelta(seconds=5))
