@@ -143,7 +143,7 @@ class _Job:
     def phase(self, name: str) -> None:
         """The phase `name` ended now: it took the time since the previous one ended."""
         now = time.monotonic() - self.t0
-        self.phases[name] = round(now - sum(self.phases.values()), 3)
+        self.phases[name] = max(0.0, round(now - sum(self.phases.values()), 3))
 
     @property
     def pf(self) -> dict[str, Any]:
