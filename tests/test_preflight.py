@@ -457,3 +457,36 @@ def test_a_restart_reuses_the_measurements_only_on_the_same_nodes_and_image(
     rd.preflight.write_text(json.dumps(previous))
     job = preflight._Job(rd, {"preflight": {"reuse_s": change.get("reuse_s", 60)}}, 0, 0, 0, 4, None)  # type: ignore[arg-type, typeddict-item]
     assert (preflight._reusable(job, now) is not None) is reused
+
+
+@pytest.mark.parametrize("status", [PASS, FAIL])
+def test_other_ranks_hear_a_failure_only_once_its_report_is_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   status: str) -> None:
+    """On a pass the other ranks go on to train while rank 0 writes the report; on a failure they exit 77, and
+    srun's --kill-on-bad-exit would stop rank 0 mid-report: they hear it only once preflight.json is there."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    monkeypatch.setenv("SLURM_JOB_ID", "1")  # under Slurm the exit hook alerts, not rank 0
+    cfg = spec.load(QUICKSTART, [f"run_root={tmp_path}"]).data
+    rd = RunDir(tmp_path / "run")
+    rd.logs.mkdir(parents=True)
+    server = dist.TCPStore("127.0.0.1", 0, 2, True, timedelta(seconds=10), wait_for_workers=False)
+    client = dist.TCPStore("127.0.0.1", server.port, 2, False, timedelta(seconds=10))
+    heard: list[tuple[str, bool]] = []
+
+    def other_rank() -> None:
+        client.wait(["final"], timedelta(seconds=10))
+        heard.append((client.get("final").decode(), rd.preflight.exists()))
+
+    t = threading.Thread(target=other_rank)
+    t.start()
+    check = checks.Check("free space", "n1", status, "0.5 GB free" if status == FAIL else "80 GB free", ">= 1 GB")
+    job = preflight._Job(rd, cfg, 0, 0, 0, 2, None)  # type: ignore[arg-type]
+    assert preflight._finish(job, [check], {"nodes": ["n1"], "backend": None}, server) == status
+    t.join(10)
+    assert heard and heard[0][0] == status
+    if status == FAIL:
+        assert heard[0][1], "the other ranks heard the failure before its report was written"
+    assert json.loads(rd.preflight.read_text())["status"] == status
