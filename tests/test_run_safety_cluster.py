@@ -193,6 +193,10 @@ def test_broken_runs_never_stop_cron_from_the_others(slurm_cluster: devcluster.C
         run = submit(env, root, "model.step_time_s=-1", "resume.max_restarts=3")  # every rank fails at step 1
         wait_for("the job to fail", lambda: any(e.get("outcome") == "failed" for e in events(run)), 120, run)
         wait_for("its alert", lambda: not list((run / "alerts" / "queue").glob("*.json")), 30, run)
+        job = (run / "job_id").read_text().strip()  # the exit hook has recorded; the batch script is still ending
+        squeue = ["squeue", "-h", "-j", job, "-o", "%T"]
+        wait_for("Slurm to end the job", lambda: not subprocess.run(squeue, env=env, capture_output=True, text=True,
+                                                                    timeout=30).stdout.strip(), 30, run)
         bad_manifest = root / "bad-manifest"
         shutil.copytree(run, bad_manifest)
         (bad_manifest / "manifest.json").write_text('{"scheduler": "slurm", ')
