@@ -96,6 +96,10 @@ class RunDir:
         return self.root / "config.yaml"
 
     @property
+    def program_config(self) -> Path:  # program mode: the program's own config (`${program_config}`)
+        return self.root / "program.yaml"
+
+    @property
     def manifest(self) -> Path:
         return self.root / "manifest.json"
 
