@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from runner.job import owner
-from runner.job.launch import STOP, SUPERSEDED, Agreement, StopFlag
+from runner.job.callback import STOP, SUPERSEDED, Agreement, StopFlag
 from runner.rundir import RunDir
 from tests.gloo_ranks import on_two_ranks
 

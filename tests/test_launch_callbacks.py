@@ -10,7 +10,7 @@ import pytest
 L = pytest.importorskip("lightning")
 
 from runner.dev.example import ShardedDataModule, TinyRegressor  # noqa: E402
-from runner.job.launch import combine  # noqa: E402
+from runner.job.callback import combine  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec:FutureWarning")
 

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import cast
 
 import pytest
 import torch
@@ -183,7 +182,7 @@ def test_each_attempt_logs_into_its_own_folder(tmp_path: Path) -> None:
     # the launcher's lines in a rank log carry their time and module
     for what in ("rank 0/2", "received SIGUSR2", "checkpoint step-0000010 complete", "stopped on signal at step"):
         [line] = [line for line in first.splitlines() if what in line]
-        assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d INFO runner\.job\.launch: ", line), line
+        assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d INFO runner\.job\.(launch|callback): ", line), line
 
 
 def final_run(root: Path) -> Path:
@@ -232,18 +231,15 @@ def test_exact_resume_falls_back_to_find_unused_parameters_on_a_torch_without_th
         monkeypatch: pytest.MonkeyPatch) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
-    from runner.job import launch
-    from runner.spec import typed
+    from runner.job import internals
 
-    assert launch.fixed_buckets_missing(DistributedDataParallel, torch.distributed.Reducer) == []  # this torch
-    assert launch.fixed_buckets_missing(object, None) == [
+    assert internals.fixed_buckets_missing(DistributedDataParallel, torch.distributed.Reducer) == []  # this torch
+    assert internals.fixed_buckets_missing(object, None) == [
         "DistributedDataParallel._build_params_for_reducer", "Reducer._push_all_rebuilt_params",
         "Reducer._rebuild_buckets"]
-    cfg = cast(typed.RunConfig, {"network": {"pg_timeout_s": 60}, "trainer": {"strategy": "ddp"},
-                                 "checkpoint": {"exact_resume": True}})
-    assert type(launch._strategy(cfg)).__name__ == "FixedBucketsDDP"
-    monkeypatch.setattr(launch, "fixed_buckets_missing", lambda ddp, reducer: ["Reducer._rebuild_buckets"])
-    fallback = launch._strategy(cfg)
+    assert type(internals.strategy("ddp", True, 60)).__name__ == "FixedBucketsDDP"
+    monkeypatch.setattr(internals, "fixed_buckets_missing", lambda ddp, reducer: ["Reducer._rebuild_buckets"])
+    fallback = internals.strategy("ddp", True, 60)
     assert type(fallback).__name__ == "DDPStrategy" and fallback._ddp_kwargs == {"find_unused_parameters": True}
 
 

@@ -15,7 +15,6 @@ import logging
 from typing import Any
 
 from runner.rundir import RunDir
-from runner.spec.typed import RunConfig
 
 log = logging.getLogger(__name__)
 EXACT = "exact"
@@ -39,11 +38,10 @@ def resumable(loader: Any) -> bool:
     return callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))
 
 
-def callback(rd: RunDir, cfg: RunConfig, rank: int, world: int) -> Any:
-    """A Lightning callback that measures and records; it changes nothing in training."""
+def callback(rd: RunDir, configured: int | None, rank: int, world: int) -> Any:
+    """A Lightning callback that measures and records; it changes nothing in training. ``configured``: the global
+    batch the config asks for (None: a program's own, not known to runner)."""
     import lightning as L
-
-    configured = cfg["dataloader"]["train"]["batch_size"] * world * cfg["trainer"]["accumulate_grad_batches"]
 
     class Honesty(L.Callback):
         exactness = ""
@@ -64,9 +62,9 @@ def callback(rd: RunDir, cfg: RunConfig, rank: int, world: int) -> Any:
             local = batch_len(batch)
             acc = trainer.accumulate_grad_batches
             real = None if local is None else local * world * acc
-            log.log(logging.INFO if real == configured else logging.WARNING,
-                    "global batch measured at the first step: %s = %s x %d ranks x %d accumulation (the config "
-                    "says %d)", real, local, world, acc, configured)
+            log.log(logging.INFO if real == configured or configured is None else logging.WARNING,
+                    "global batch measured at the first step: %s = %s x %d ranks x %d accumulation%s", real, local,
+                    world, acc, f" (the config says {configured})" if configured is not None else "")
             rd.record("data", exactness=self.exactness, global_batch=real, configured_global_batch=configured,
                       local_batch=local)
 

@@ -554,12 +554,14 @@ def run_checks(job: _Job) -> str:
     return status
 
 
-def in_job(rd: RunDir, cfg: RunConfig, rank: int, local: int, node: int, world: int, ne: NetEnv) -> int | None:
-    """The launcher's hook, after ``netenv.setup`` gave ``ne``: run the checks; an exit code, or None to train."""
+def in_job(rd: RunDir, cfg: RunConfig, rank: int, local: int, node: int, world: int, ne: NetEnv,
+           keep_group: bool = True) -> int | None:
+    """The launcher's hook, after ``netenv.setup`` gave ``ne``: run the checks; an exit code, or None to train.
+    ``keep_group``: training goes on in the process group the checks built (else it is taken down)."""
     only = os.environ.get(ONLY_ENV) == "1"
     if not cfg["preflight"]["enabled"] and not only:
         return None
-    job = _Job(rd, cfg, rank, local, node, world, ne, train=not only)
+    job = _Job(rd, cfg, rank, local, node, world, ne, train=keep_group and not only)
     status = run_checks(job)
     print(f"runner: preflight {status} ({time.monotonic() - job.t0:.1f} s)", flush=True)
     if status == FAIL:

@@ -106,9 +106,11 @@ class Watchdog:
     """One per rank. ``beat(step)`` from the training thread; everything else happens on the watchdog thread."""
 
     def __init__(self, rd: RunDir, rank: int, world: int, attempt: int, *, factor: float, floor_s: float,
-                 interval_s: float = 2.0, report_every_s: float = 30.0, exit: Any = os._exit) -> None:
+                 interval_s: float = 2.0, report_every_s: float = 30.0, first_step_s: float | None = None,
+                 exit: Any = os._exit) -> None:
         self.rd, self.rank, self.world, self.attempt = rd, rank, world, attempt
         self.factor, self.floor_s, self.interval_s = factor, floor_s, interval_s
+        self.first_step_s = first_step_s  # the longest wait for the first step once armed (None: no limit)
         self._exit = exit
         self._step = -1
         self._advanced = time.monotonic()
@@ -136,6 +138,7 @@ class Watchdog:
         return self.rd.root / "hangs" / f"attempt-{self.attempt}"
 
     def start(self) -> Watchdog:
+        self._advanced = time.monotonic()  # the first step's clock starts here
         self._thread.start()
         return self
 
@@ -167,7 +170,10 @@ class Watchdog:
         self._advanced = time.monotonic()
 
     def limit(self) -> float:
-        """Seconds without a step that make a hang: factor x the median step time, at least the floor."""
+        """Seconds without a step that make a hang: factor x the median step time, at least the floor; before the
+        first step, ``first_step_s``."""
+        if self._step < 0:
+            return self.first_step_s if self.first_step_s is not None else float("inf")
         median = statistics.median(self._durations) if self._durations else 0.0
         return max(self.factor * median, self.floor_s)
 
@@ -188,7 +194,7 @@ class Watchdog:
                     self._report_stragglers()
             except OSError as e:  # a full or flaky shared filesystem must not stop training
                 log.warning("heartbeat not written: %s", e)
-            if self._step >= 0 and not self._busy and time.monotonic() - self._advanced > self.limit():
+            if not self._busy and time.monotonic() - self._advanced > self.limit():
                 self._fire()
                 return
 

@@ -1,0 +1,171 @@
+"""Program mode: the config's ``command:`` runs as this rank, unchanged, with runner's guarantees around it.
+
+The launcher has done what needs no program (signal handlers, the rank log, the network environment, the preflight);
+here the rank gets the variables every launcher gives (torchrun's ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``; under srun also Slurm's, which Lightning's
+``SLURMEnvironment`` reads) and the command runs. ``python SCRIPT ...`` and ``python -m MODULE ...`` run in this
+process, as the interpreter would run them (``runpy``): no second interpreter, no second import of torch, and the
+signal handlers stay the launcher's. Any other command is a child process that gets every signal the launcher gets.
+
+In the program, each Lightning ``Trainer`` gets runner's callback through Lightning's callback-factory entry point
+(``runner.job.callback.factory``), which also resumes its ``fit`` from runner's newest checkpoint. What the fit did
+comes back in a small per-rank file, from which this module makes the exit code the batch script understands.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+import runpy
+import shutil
+import signal
+import subprocess
+import sys
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+from runner.job import callback, guards
+from runner.rundir import EXIT_PROGRAM, RunDir, read_json
+from runner.spec.typed import RunConfig
+
+log = logging.getLogger(__name__)
+_PYTHON = re.compile(r"python(\d+(\.\d+)?)?\Z")
+
+
+def in_process(command: list[str]) -> bool:
+    """``python SCRIPT ...`` or ``python -m MODULE ...`` (the rank's own Python): run here, like the interpreter."""
+    if len(command) < 2 or not _PYTHON.fullmatch(command[0]):
+        return False
+    return command[1] == "-m" and len(command) > 2 or not command[1].startswith("-")
+
+
+def problem(command: list[str], cwd: Path) -> str | None:
+    """Why ``command`` cannot start here (one line), or None."""
+    if in_process(command):
+        if command[1] == "-m":
+            try:
+                found = find_spec(command[2]) is not None
+            except (ImportError, ValueError):
+                found = False
+            return None if found else f"no module {command[2]!r} for `python -m` (sys.path: the image's Python)"
+        script = cwd / command[1]
+        return None if script.is_file() else f"no script {command[1]!r} in {cwd}"
+    if shutil.which(command[0], path=os.environ.get("PATH")) is None and not (cwd / command[0]).is_file():
+        return f"no command {command[0]!r} on PATH or in {cwd}"
+    return None
+
+
+def workdir(manifest: dict[str, Any]) -> Path:
+    """Where the program runs: the directory ``runner submit`` ran in (as sbatch does), if it exists here."""
+    cwd = Path(str(manifest.get("cwd") or os.getcwd()))
+    return cwd if cwd.is_dir() else Path.cwd()
+
+
+def check(rd: RunDir, command: list[str], manifest: dict[str, Any], rank: int) -> int | None:
+    """Before the preflight: EXIT_PROGRAM with one line (and a ledger entry) when the command cannot start."""
+    why = problem(command, workdir(manifest))
+    if why is None:
+        return None
+    log.error("program: %s. hint: check command: in the config (it runs in the directory runner submit ran in)", why)
+    if rank == 0:
+        rd.record("program_error", reason="not_found", detail=why)
+    return EXIT_PROGRAM
+
+
+def environment(rank: int, local: int, node: int, world: int, per_node: int) -> dict[str, str]:
+    """torchrun's variables for this rank (MASTER_ADDR and MASTER_PORT are set by whoever started the rank)."""
+    return {"RANK": str(rank), "LOCAL_RANK": str(local), "NODE_RANK": str(node), "WORLD_SIZE": str(world),
+            "LOCAL_WORLD_SIZE": str(per_node)}
+
+
+def _exit_code(code: Any) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)  # what the interpreter does with sys.exit("message")
+    return 1
+
+
+def _run_here(command: list[str], cwd: Path) -> int:
+    module = command[1] == "-m"
+    sys.argv = [command[2], *command[3:]] if module else command[1:]
+    # What the interpreter puts first on sys.path: the working directory for -m, the script's own for a script.
+    sys.path.insert(0, str(cwd if module else (cwd / command[1]).parent.resolve()))
+    try:
+        if module:
+            runpy.run_module(command[2], run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(str(cwd / command[1]), run_name="__main__")
+    except SystemExit as e:
+        return _exit_code(e.code)
+    return 0
+
+
+def _run_child(command: list[str], cwd: Path, signals: list[int]) -> int:
+    child = subprocess.Popen(command, cwd=cwd)  # noqa: S603 -- the user's own command, an argv list
+
+    def forward(signum: int, frame: Any) -> None:
+        child.send_signal(signum)
+
+    for sig in signals:
+        signal.signal(sig, forward)
+    code = child.wait()
+    return 128 - code if code < 0 else code  # killed by signal N: 128 + N, as a shell reports it
+
+
+def run(rd: RunDir, cfg: RunConfig, command: list[str], manifest: dict[str, Any],
+        ranks: tuple[int, int, int, int], attempt: int) -> int:
+    """Run the program as this rank; the launcher's exit code."""
+    rank, local, node, world = ranks
+    os.environ.update(environment(rank, local, node, world, cfg["num_device"]))
+    os.environ[callback.PROGRAM_ENV] = str(rd.root)
+    cwd = workdir(manifest)
+    os.chdir(cwd)
+    random.seed(cfg["seed"] + rank)  # per-rank seeds for a program that sets none (one that does wins)
+    import numpy as np
+    import torch
+
+    np.random.seed(cfg["seed"] + rank)
+    torch.manual_seed(cfg["seed"] + rank)
+    here = in_process(command)
+    log.info("program: %s (%s, in %s)", " ".join(command), "in this process" if here else "a child process", cwd)
+    try:
+        if here:
+            code = _run_here(command, cwd)
+        else:
+            code = _run_child(command, cwd, [getattr(signal, f"SIG{cfg['slurm']['signal']}"), signal.SIGTERM,
+                                             signal.SIGINT])
+    except Exception as e:  # the traceback reaches the log; a crash in the program's own code is recorded too
+        if not rd.crash_file(attempt, rank).exists():
+            guards.record_crash(rd, attempt, rank, -1, e)
+        raise
+    return conclude(rd, code, read_json(callback.outcome_file(rd, attempt, rank)), rank)
+
+
+def conclude(rd: RunDir, code: int, outcome: Any, rank: int) -> int:
+    """The exit code from the program's own and what its fit did (``outcome``: None when no Trainer of the program
+    carried runner's callback through a fit)."""
+    if code != 0:
+        log.info("the program exited %d", code)
+        return code
+    if not isinstance(outcome, dict):
+        log.warning("the program exited 0 and trained no Lightning Trainer with runner's callback: what needs the "
+                    "callback (checkpoints and resume, the hang watchdog, the non-finite guard) did not apply")
+        if rank == 0:
+            callback.finished(rd, None, lightning=False)
+        return 0
+    step = int(outcome.get("step", 0))
+    if step == 0 and not outcome.get("resumed"):
+        why = "the program exited 0 without training a step (an empty data loader? max_steps=0?)"
+        log.error("program: %s. hint: check its data and its Trainer's limits", why)
+        if rank == 0:
+            rd.record("program_error", reason="no_training", detail=why)
+        return EXIT_PROGRAM
+    if rank == 0:
+        callback.finished(rd, step, outcome.get("productive_s"))
+    log.info("finished at step %d", step)
+    return 0
