@@ -26,8 +26,12 @@ def _validate(args: argparse.Namespace) -> int:
     print(spec.dump(cfg.data), end="")
     for note in cfg.notes:
         logging.getLogger("runner.spec").warning("%s", note)
-    print(f"# world size {cfg.world_size}; global batch {cfg.global_batch} = {cfg.local_batch} (batch_size) x "
-          f"{cfg.world_size} (ranks) x {cfg.accumulate} (accumulate_grad_batches); config hash {cfg.hash()}")
+    if cfg.program_mode:
+        print(f"# world size {cfg.world_size}; global batch: the program's own (program mode); config hash "
+              f"{cfg.hash()}")
+    else:
+        print(f"# world size {cfg.world_size}; global batch {cfg.global_batch} = {cfg.local_batch} (batch_size) x "
+              f"{cfg.world_size} (ranks) x {cfg.accumulate} (accumulate_grad_batches); config hash {cfg.hash()}")
     return 0
 
 

@@ -8,12 +8,15 @@ from typing import Any, get_args, get_origin, get_type_hints
 
 import pytest
 
-from runner.spec import load, schema, typed
+from runner.spec import dump, load, schema, typed
 
-# Values that validation derives, so the typed view is narrower than what a user may write.
-DERIVED = {("trainer", "accumulate_grad_batches"): (int,), ("name",): (str,),
+# Values that validation derives, so the typed view is narrower than what a user may write (or, for batch_size,
+# wider: None in program mode, where the batch is the program's own).
+DERIVED = {("trainer", "accumulate_grad_batches"): (int,), ("name",): (str,), ("command",): (list, type(None)),
            **{("dataloader", split, key): (int,) for split in ("train", "valid")
-              for key in ("total_shards", "dist_world_size")}}
+              for key in ("total_shards", "dist_world_size")},
+           **{("dataloader", split, "batch_size"): (int, type(None)) for split in ("train", "valid")}}
+FILLED = {"program"}  # keys of the view that load fills, not the user: the program's own keys
 
 
 def _sections() -> list[tuple[tuple[str, ...], dict[str, Any], type]]:
@@ -39,6 +42,8 @@ def _types(hint: Any) -> set[type]:
                          else "")
 def test_view_mirrors_schema(where: tuple[str, ...], section: dict[str, Any], view: type) -> None:
     hints = get_type_hints(view)
+    if not where:
+        hints = {k: v for k, v in hints.items() if k not in FILLED}
     keys = {k for k in section if k != "*"}
     assert keys == set(hints), f"{'.'.join(where) or 'top level'}: schema and typed view differ"
     for key in keys:
@@ -57,3 +62,25 @@ def test_view_is_the_validated_dict(tmp_path: Any) -> None:
     cfg = load("conf/quickstart.yaml")
     v = typed.view(cfg.data)
     assert v is cfg.data and v["trainer"]["accumulate_grad_batches"] >= 1 and v["name"] == "quickstart"
+
+
+def test_program_mode_fills_what_the_view_declares(tmp_path: Any) -> None:
+    """A program's trainer and loaders lack keys the view declares: filled, so a reader never misses one."""
+    path = tmp_path / "p.yaml"
+    path.write_text("command: python train.py\nnum_device: 2\ntrainer: {logger: false}\n")
+    v = load(path).data
+    assert v["command"] == ["python", "train.py"] and v["program"] == {}
+    assert (v["trainer"]["devices"], v["trainer"]["num_nodes"], v["trainer"]["max_steps"],
+            v["trainer"]["max_epochs"], v["trainer"]["accumulate_grad_batches"]) == (2, 1, -1, None, 1)
+    for split in ("train", "valid"):
+        assert v["dataloader"][split] == {"batch_size": None, "num_workers": 0, "dist_world_size": 2,
+                                          "total_shards": 2}
+    assert "model" not in v and "data" not in v
+
+
+def test_read_resolved_reads_a_run_from_before_program_mode(tmp_path: Any) -> None:
+    cfg = load("conf/quickstart.yaml")
+    old = {k: v for k, v in cfg.data.items() if k not in ("command", "program")}
+    (tmp_path / "config.yaml").write_text(dump(old))
+    v = typed.read_resolved(tmp_path / "config.yaml")
+    assert v["command"] is None and v["program"] == {} and v["trainer"] == cfg.data["trainer"]

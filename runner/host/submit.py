@@ -10,6 +10,7 @@ import copy
 import json
 import logging
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -71,6 +72,8 @@ def new_run_dir(cfg: spec.Config) -> RunDir:
 
 def data_module(cfg: spec.Config) -> dict[str, object]:
     """What the manifest says about the data module: whether runner's ``dataloader`` settings reach it."""
+    if cfg.program_mode:
+        return {"target": None, "takes_dataloader": None, "global_batch": "the program's own"}
     takes = cfg.takes_dataloader
     return {"target": cfg.data["data"]["_target_"], "takes_dataloader": takes,
             "global_batch": cfg.global_batch if takes is not False else "the data module's own"}
@@ -121,6 +124,8 @@ def plan(path: Path, overrides: list[str], allow_missing_image: bool = False) ->
     files = {"config.yaml": spec.dump(cfg.data),
              "manifest.json": json.dumps(manifest, indent=2) + "\n",
              "job.sbatch": render.sbatch(cfg, rd_path, image)}
+    if cfg.document is not None:  # program mode: the program's config, ${program_config} in the command
+        files[RunDir(rd_path).program_config.name] = spec.dump(cfg.document)
     extra: list[str] = []
     if cfg.data["scheduler"] == "slurm":
         extra = nodes.exclude_args(rd_path.parent, cfg.data["resume"]["exclude_nodes_s"])
@@ -129,6 +134,9 @@ def plan(path: Path, overrides: list[str], allow_missing_image: bool = False) ->
         argv = [sys.executable, "-m", "runner.job.launch", str(rd_path)]
     notes = [f"global batch:  {cfg.global_batch} = {cfg.local_batch} x {cfg.world_size} ranks x "
              f"{cfg.accumulate} accumulation"]
+    if cfg.data["command"] is not None:
+        notes = [f"program:       {shlex.join(cfg.data['command'])} (on every rank; its config: "
+                 f"{RunDir(rd_path).program_config.name})", "global batch:  the program's own"]
     if extra:
         notes.append(f"bad nodes:     {extra[0].split('=', 1)[1]} left out (`runner nodes` lists why); where sbatch "
                      "refuses that, the oldest are let back in one by one (ledger: bad_nodes_let_in)")
@@ -289,6 +297,9 @@ def resize(run: RunDir, overrides: list[str]) -> str:
     ``global_batch_size`` the accumulation is derived again, so the config hash (which leaves the layout
     out) stays the same and the run resumes from its checkpoints.
     """
+    if read_resolved(run.config)["command"] is not None:
+        raise SubmitError(f"resume {run.name}: found a layout override for a program; expected none (the program "
+                          "reads its own config, program.yaml). hint: submit the config again with the new layout")
     bad = sorted({o.partition("=")[0] for o in overrides} - set(RESIZABLE))
     if bad:
         raise SubmitError(f"resume {run.name}: found an override of {', '.join(bad)}; expected only num_nodes or "

@@ -11,6 +11,7 @@ import hashlib
 import json
 import operator
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,13 +19,17 @@ from typing import Any
 import yaml
 
 from runner.errors import ConfigError
-from runner.spec import parallel, validate
-from runner.spec.schema import SCHEMA
+from runner.rundir import RunDir
+from runner.spec import parallel, split, validate
+from runner.spec.schema import BLOCK, PROGRAM, PROGRAM_TRAINER, SCHEMA, SCHEMA_PROGRAM, SHARDING
 from runner.spec.typed import RunConfig, view
-from runner.spec.validate import Problems
+from runner.spec.validate import Problems, Said
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv}
 _INTERP = re.compile(r"\$\{([^{}]+)\}")
+# OmegaConf's resolver syntax, ${name:args} (${oc.env:HOME}, ESPnet3's ${self_name:}): the program's to resolve.
+_BUILTIN = re.compile(r"\$\{\s*(run_dir|program_config)\s*\}")
+_RESOLVER = re.compile(r"\$\{\s*[A-Za-z_][\w.\-]*\s*:[^{}]{0,40}\}?")
 
 
 @dataclass
@@ -36,6 +41,14 @@ class Config:
     lines: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # warnings from validation (printed, recorded in the manifest)
     takes_dataloader: bool | None = None  # whether data._target_ takes `dataloader` (None: not known statically)
+    # Program mode: the program's config (program.yaml): the file as written, after the overrides, never
+    # interpolated (the program resolves its ${...}), without the runner: block. None in runner's own mode.
+    document: dict[str, Any] | None = None
+
+    @property
+    def program_mode(self) -> bool:
+        """The config names a command (program mode) instead of runner's own model/data."""
+        return self.data.get("command") is not None
 
     @property
     def name(self) -> str:
@@ -46,33 +59,52 @@ class Config:
         return int(self.data["num_nodes"]) * int(self.data["num_device"])
 
     @property
-    def local_batch(self) -> int:
-        return int(self.data["dataloader"]["train"]["batch_size"])
+    def local_batch(self) -> int | None:
+        """Per-rank batch; None in program mode (the program's own, as are the two below)."""
+        if self.program_mode:
+            return None
+        batch = self.data["dataloader"]["train"]["batch_size"]
+        return None if batch is None else int(batch)
 
     @property
-    def accumulate(self) -> int:
-        return int(self.data["trainer"]["accumulate_grad_batches"])
+    def accumulate(self) -> int | None:
+        return None if self.program_mode else int(self.data["trainer"]["accumulate_grad_batches"])
 
     @property
-    def global_batch(self) -> int:
-        return self.local_batch * self.world_size * self.accumulate
+    def global_batch(self) -> int | None:
+        local, acc = self.local_batch, self.accumulate
+        return None if local is None or acc is None else local * self.world_size * acc
 
     def hash(self) -> str:
         """Hash of everything that determines the training trajectory.
 
         The node count, the scheduler and alert settings are left out so that a run can resume on other
-        capacity (accumulation is re-derived to keep the global batch) without being called a new config.
+        capacity (accumulation is re-derived to keep the global batch) without being called a new config. In
+        program mode the command and the program's keys are in (the program's config decides its trajectory).
         """
         d: dict[str, Any] = copy.deepcopy(dict(self.data))
+        if not self.program_mode:  # runner's own mode hashes as it did before program mode existed
+            d.pop("command", None)
+            d.pop(PROGRAM, None)
         for key in ("name", "num_nodes", "num_device", "scheduler", "run_root", "slurm", "alerts", "preflight",
                     "resume", "env", "network", "container", "parallel"):
             d.pop(key, None)
         for key in ("devices", "num_nodes", "accumulate_grad_batches"):
             d["trainer"].pop(key, None)
-        for split in d["dataloader"].values():
-            split.pop("dist_world_size", None)
+        for loader in d["dataloader"].values():
+            if isinstance(loader, dict):
+                loader.pop("dist_world_size", None)
         d["global_batch"] = self.global_batch
-        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+        return hashlib.sha256(json.dumps(_str_keys(d), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _str_keys(value: Any) -> Any:
+    """JSON-ready: a program's mapping may have integer keys (YAML allows them), which sort_keys cannot mix."""
+    if isinstance(value, dict):
+        return {str(k): _str_keys(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_str_keys(v) for v in value]
+    return value
 
 
 def _line_map(node: yaml.Node, prefix: str = "", out: dict[str, int] | None = None) -> dict[str, int]:
@@ -180,7 +212,11 @@ _Loader.add_constructor("tag:yaml.org,2002:float", _construct_float)
 
 class _Dumper(yaml.SafeDumper):
     """Quotes every string that either YAML 1.1 (the job's reader) or runner's 1.2 loader would read as something
-    else, so a written config reads back the same with both (``1e3`` and ``0o17`` stay strings)."""
+    else, so a written config reads back the same with both (``1e3`` and ``0o17`` stay strings). A value used
+    twice (a YAML alias, a ``${key}`` of a mapping) is written out twice: no anchors for a reader to follow."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
 
 
 for _ch, _resolvers in _Loader.yaml_implicit_resolvers.items():
@@ -360,6 +396,9 @@ class _Interp:
     def value(self, value: Any) -> Any:
         if not isinstance(value, str) or "${" not in value:
             return value
+        resolver = _RESOLVER.search(value)
+        if resolver:
+            raise _Resolver(resolver.group(0))
         whole = _INTERP.fullmatch(value.strip())
         if whole:
             return self.expr(whole.group(1))
@@ -401,16 +440,51 @@ class _InterpError(Exception):
     pass
 
 
-def _resolve_all(node: Any, interp: _Interp, problems: Problems, path: str) -> Any:
+class _Resolver(_InterpError):
+    """An OmegaConf resolver in a value runner reads: runner runs none."""
+
+
+def _resolve_all(node: Any, interp: _Interp, problems: Problems, path: str,
+                 theirs: Callable[[str], bool] = lambda path: False) -> Any:
+    """Interpolate every value; where ``theirs(path)`` (a key runner does not read), a ``${...}`` that does not
+    resolve here is left as written: the program resolves it."""
     if isinstance(node, dict):
-        return {k: _resolve_all(v, interp, problems, f"{path}.{k}" if path else str(k)) for k, v in node.items()}
+        return {k: _resolve_all(v, interp, problems, f"{path}.{k}" if path else str(k), theirs)
+                for k, v in node.items()}
     if isinstance(node, list):
-        return [_resolve_all(v, interp, problems, path) for v in node]
+        return [_resolve_all(v, interp, problems, path, theirs) for v in node]
     try:
         return interp.value(node)
-    except _InterpError as e:
-        problems.add(path, node, str(e), "check the key inside ${...}")
+    except _Resolver as e:
+        if not theirs(path):
+            problems.add(path, Said(f"an OmegaConf resolver {e}"), "a value runner can read",
+                         "runner reads this key itself and runs no resolvers: write the value here (resolvers are "
+                         "fine in your program's keys)")
         return node
+    except _InterpError as e:
+        if not theirs(path):
+            problems.add(path, node, str(e), "check the key inside ${...}")
+        return node
+
+
+def _builtins(value: Any, builtins: dict[str, str]) -> Any:
+    """``${run_dir}`` and ``${program_config}`` written out in the program's config: they are runner's names, which
+    the program cannot resolve; every other ``${...}`` stays for the program."""
+    if isinstance(value, dict):
+        return {k: _builtins(v, builtins) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_builtins(v, builtins) for v in value]
+    if isinstance(value, str) and "${" in value:
+        return _BUILTIN.sub(lambda m: builtins[m.group(1)], value)
+    return value
+
+
+def _programs(path: str) -> bool:
+    """Program mode: a key under trainer: or dataloader: that runner does not read (it is the program's)."""
+    parts = path.split(".")
+    if parts[0] == "trainer":
+        return len(parts) > 1 and parts[1] not in PROGRAM_TRAINER
+    return parts[0] == "dataloader" and not (len(parts) == 3 and parts[2] in SHARDING)
 
 
 def load(path: str | Path, overrides: list[str] | None = None, run_dir: str = "${run_dir}",
@@ -421,35 +495,52 @@ def load(path: str | Path, overrides: list[str] | None = None, run_dir: str = "$
     False for a run directory's own resolved config, which was checked when it was submitted.
     ``kind="parallel"`` (``runner parallel``) checks only what a Dask workload reads (``SCHEMA_PARALLEL``):
     its ``data`` then holds no training sections, and the training properties of Config do not apply.
+    ``${...}`` names keys as the file does (``${runner.seed}`` under a runner: block); ``${run_dir}`` is
+    ``run_dir`` and ``${program_config}`` the program's config in it (``RunDir.program_config``).
     """
     path = Path(path)
     data, lines = read_yaml(path)
     apply_overrides(data, overrides or [])
+    document = copy.deepcopy(data)  # the program's config: as written, after the overrides, never interpolated
     problems = Problems(path, lines)
     validate.check_parallel(data, problems)
     if kind == "train" and parallel.only_parallel(data):
         raise ConfigError([f"{path}: found only a parallel: block (a Dask workload); expected a training config "
                            f"(trainer:, model:, data:). hint: run it with `runner parallel {path}`"])
-    data.setdefault("name", None)
-    data = _resolve_all(data, _Interp(data, {"run_dir": run_dir}), problems, "")
-    if data.get("name") is None:
-        data["name"] = re.sub(r"[^A-Za-z0-9_.\-]", "-", path.stem)[:100] or "run"
+    settings = data[BLOCK] if isinstance(data.get(BLOCK), dict) else data
+    settings.setdefault("name", None)
+    parts = split.split(data, problems)
+    program = kind == "train" and parts.own.get("command") is not None
+    builtins = {"run_dir": run_dir, "program_config": str(RunDir(Path(run_dir)).program_config)}
+    own = _resolve_all(parts.own, _Interp(data, builtins), problems, "", _programs if program else lambda p: False)
+    if own.get("name") is None:
+        own["name"] = re.sub(r"[^A-Za-z0-9_.\-]", "-", path.stem)[:100] or "run"
     base = path.resolve().parent
     takes = None
     if kind == "train":
-        validate.check_schema(data, SCHEMA, problems)
-        validate.check_rules(data, problems, base if files else None)
-        takes = validate.check_targets(data, problems, base)
+        for key in ("model", "data"):
+            if program and key in own:
+                problems.add(key, Said(f"both command and {key}"), "one of them",
+                             f"command runs your own program; model: and data: run runner's own training: "
+                             f"remove {key}: (and its partner) or command:")
+                del own[key]
+        validate.check_schema(own, SCHEMA_PROGRAM if program else SCHEMA, problems)
+        validate.check_command(own, problems)
+        validate.check_rules(own, problems, base if files else None, program)
+        takes = validate.check_targets(own, problems, base)
+        own[PROGRAM] = copy.deepcopy(parts.program)
     else:
-        validate.check_schema(data, parallel.SCHEMA_PARALLEL, problems)
+        validate.check_schema(own, parallel.SCHEMA_PARALLEL, problems)
         if not problems.items:
-            parallel.check(data["parallel"], problems, need_workload=True)
-            validate.check_env(data["env"], problems)
-        validate.check_targets(data, problems, base)
+            parallel.check(own["parallel"], problems, need_workload=True)
+            validate.check_env(own["env"], problems)
+        validate.check_targets(own, problems, base)
     if problems.items:
         shown, more = problems.items[:MAX_PROBLEMS], len(problems.items) - MAX_PROBLEMS
         raise ConfigError(shown + ([f"{path}: ... and {more} more problems like these"] if more > 0 else []))
-    return Config(data=view(data), path=path, lines=lines, notes=problems.notes, takes_dataloader=takes)
+    doc = {k: _builtins(v, builtins) for k, v in document.items() if k != BLOCK} if program else None
+    return Config(data=view(own), path=path, lines=lines, notes=problems.notes, takes_dataloader=takes,
+                  document=doc)
 
 
 def from_dict(data: dict[str, Any], path: Path) -> Config:

@@ -42,7 +42,8 @@ def _strings(value: Any) -> list[str]:
 
 def only_parallel(data: Mapping[str, Any]) -> bool:
     """A config for `runner parallel` alone: a parallel: block and none of the training sections."""
-    return isinstance(data.get("parallel"), Mapping) and not any(k in data for k in ("trainer", "model", "data"))
+    return isinstance(data.get("parallel"), Mapping) and \
+        not any(k in data for k in ("trainer", "model", "data", "command"))
 
 
 def check(par: Mapping[str, Any], problems: Adds, need_workload: bool) -> None:

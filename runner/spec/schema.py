@@ -91,6 +91,7 @@ SCHEMA: dict[str, Any] = {
     "scheduler": _f(str, "local", choices=("local", "slurm")),
     "run_root": _f(str, "runs", pattern=SBATCH_SAFE, expect="a path without spaces or shell characters"),
     "global_batch_size": _f((int, NONE), None, **POS_INT),
+    "command": _f((str, list, NONE), None),  # program mode: the argv every rank runs (a string is split like a shell)
     "trainer": {
         "accelerator": _f(str, "cpu", choices=("cpu", "gpu", "cuda", "auto")),
         "devices": _f(int, REQUIRED, **POS_INT),
@@ -207,3 +208,25 @@ SCHEMA: dict[str, Any] = {
         "reuse_s": _f((int, float), 3600, min=0),
     },
 }
+
+# A config shares its file with the program it runs (program mode, `command:`). runner reads these top-level keys,
+# and so may the program; what to train (`command`, or runner's own `model`/`data`) is named at the top level too.
+SHARED = ("num_nodes", "num_device", "trainer", "dataloader", "parallel")
+TOP_LEVEL = ("command", "model", "data")
+# runner's own settings: at the top level, or all of them in one `runner:` block (then every other top-level key,
+# ESPnet3's `scheduler:` and `seed:` included, is the program's).
+RUNNER_ONLY = tuple(k for k in SCHEMA if k not in SHARED and k not in TOP_LEVEL)
+BLOCK = "runner"
+PROGRAM = "program"  # the resolved config's copy of the program's top-level keys (a stored config reads it back)
+# Program mode: the program builds its own Trainer and loaders. runner reads these Trainer keys and each loader's
+# sharding (dataloader.<split>.total_shards/dist_world_size); every other key there is the program's.
+PROGRAM_TRAINER: dict[str, Any] = {
+    "accelerator": _f(str, "auto", choices=("cpu", "gpu", "cuda", "auto")),
+    "devices": _f((int, NONE), None, **POS_INT),  # None: = num_device
+    "num_nodes": _f((int, NONE), None, **POS_INT),  # None: = num_nodes
+    "strategy": _f(str, "auto", choices=(*STRATEGIES, "auto")),
+    "*": True,
+}
+SHARDING = {k: _LOADER[k] for k in ("total_shards", "dist_world_size")}  # what runner reads of a program's loader
+SCHEMA_PROGRAM: dict[str, Any] = {**{k: v for k, v in SCHEMA.items() if k not in ("model", "data")},
+                                  "trainer": PROGRAM_TRAINER, "dataloader": {"*": True}}

@@ -2,8 +2,11 @@
 
 These TypedDicts mirror ``runner.spec.schema.SCHEMA`` key for key (a test compares them), so a mistyped key
 is found by mypy on a laptop, not by a job at 3 a.m. Free-form sections (``model``, ``data``, ``env``, extra
-Lightning Trainer arguments) stay open mappings. At run time the view is the plain dict that was validated
-(or read back from the run directory's ``config.yaml``): no copy, no conversion.
+Lightning Trainer arguments) stay open mappings. In program mode (``command``) ``model`` and ``data`` are absent,
+``trainer`` and ``dataloader`` also hold the program's own keys, and the keys declared here that the program did
+not set are filled with the schema's defaults (a loader's ``batch_size`` is None: the program's own). At run time
+the view is the plain dict that was validated (or read back from the run directory's ``config.yaml``): no copy,
+no conversion.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ class Trainer(TypedDict):
 class Loader(TypedDict):
     total_shards: int
     dist_world_size: int
-    batch_size: int
+    batch_size: int | None  # None in program mode
     num_workers: int
 
 
@@ -152,6 +155,7 @@ class RunConfig(TypedDict):
     scheduler: str
     run_root: str
     global_batch_size: int | None
+    command: list[str] | None  # program mode: the argv every rank runs; None: runner's own mode (model, data)
     trainer: Trainer
     model: dict[str, Any]
     data: dict[str, Any]
@@ -167,6 +171,7 @@ class RunConfig(TypedDict):
     alerts: Alerts
     preflight: Preflight
     parallel: Parallel
+    program: dict[str, Any]  # the top-level keys runner does not own, as written (never interpolated)
 
 
 def view(data: dict[str, Any]) -> RunConfig:
@@ -178,4 +183,8 @@ def read_resolved(path: Path) -> RunConfig:
     """A run directory's ``config.yaml``: written by ``runner submit`` after validation, read by the job,
     the hooks and cron."""
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's loader: ~10x faster, same result
-    return view(yaml.load(path.read_text(), Loader=loader))  # noqa: S506 -- a safe loader
+    data = yaml.load(path.read_text(), Loader=loader)  # noqa: S506 -- a safe loader
+    if isinstance(data, dict):  # a run submitted before program mode existed
+        data.setdefault("command", None)
+        data.setdefault("program", {})
+    return view(data)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import difflib
 import math
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -22,32 +23,47 @@ from runner.spec.schema import (
     EVENTS,
     GPU_ONLY,
     NONE,
+    PROGRAM_TRAINER,
     REQUIRED,
     RESERVED_ENV,
     RESERVED_ENV_PREFIXES,
     SBATCH_SAFE,
+    SCHEMA,
+    SHARDING,
     TRAINER_KEYS,
     F,
 )
 
 
 class Problems:
-    def __init__(self, path: Path, lines: dict[str, int]):
+    def __init__(self, path: Path, lines: dict[str, int], moved: tuple[str, ...] = ()):
         self.path, self.lines = path, lines
+        self.moved = moved  # top-level keys the file holds under `runner:` (named runner.KEY, as the user wrote)
         self.items: list[str] = []
         self.notes: list[str] = []  # warnings: not errors, printed by validate and recorded by submit
 
     def note(self, text: str) -> None:
         self.notes.append(text)
 
+    def name(self, key: str) -> str:
+        """A key path of the validated dict as the config file spells it."""
+        return f"runner.{key}" if key.split(".")[0].split("[")[0] in self.moved else key
+
     def add(self, key: str, found: Any, expected: str, hint: str = "") -> None:
+        key = self.name(key)
         line = self.lines.get(key) or self.lines.get(key.rsplit(".", 1)[0]) or 0
         where = f"{self.path}:{line}" if line else str(self.path)
         msg = f"{where}: {key}: found {_show(found)}; expected {expected}"
         self.items.append(msg + (f". hint: {hint}" if hint else ""))
 
 
+class Said(str):
+    """A ``found`` that is already words (``found both command and model``), not a value to quote."""
+
+
 def _show(v: Any) -> str:
+    if isinstance(v, Said):
+        return str(v)
     if isinstance(v, str):
         return repr(v) if len(v) < 60 else repr(v[:57] + "...")
     return "nothing" if v is REQUIRED else repr(v)
@@ -104,7 +120,7 @@ def check_schema(data: dict[str, Any], schema: dict[str, Any], problems: Problem
             continue
         known = [k for k in schema if k != "*"] + (list(free) if isinstance(free, tuple) else [])
         close = difflib.get_close_matches(str(key), known, n=1)
-        hint = f"did you mean {prefix}{close[0]}?" if close else f"known keys: {', '.join(known)}"
+        hint = f"did you mean {problems.name(prefix + close[0])}?" if close else f"known keys: {', '.join(known)}"
         problems.add(path, key, "a known key", hint)
     for key, spec in schema.items():
         if key == "*":
@@ -138,24 +154,27 @@ def _ints(*values: Any) -> bool:
     return all(isinstance(v, int) and not isinstance(v, bool) for v in values)
 
 
-def check_rules(d: dict[str, Any], problems: Problems, base: Path | None = None) -> None:
+def check_rules(d: dict[str, Any], problems: Problems, base: Path | None = None, program: bool = False) -> None:
     """Cross-field rules, run even after schema errors (a ``BAD`` value is skipped): the ESPnet3 sharding rules,
     devices/num_nodes agreement, batch arithmetic, accelerator-dependent choices, and every string that reaches a
-    script. ``base``: the config's directory, for ``container.code`` and ``run_root`` (None: not checked)."""
+    script. ``base``: the config's directory, for ``container.code`` and ``run_root`` (None: not checked).
+    ``program``: program mode (``command:``): the Trainer and the loaders are the program's, so only what runner
+    reads is checked (``_check_program``)."""
     nodes, ndev, tr = d["num_nodes"], d["num_device"], d["trainer"]
     world = nodes * ndev if _ints(nodes, ndev) else None
+    if program:
+        _check_program(d, problems)
     if world is not None and _ints(tr["devices"]) and tr["devices"] != ndev:
         problems.add("trainer.devices", tr["devices"], f"{ndev} (= num_device)", "set trainer.devices: ${num_device}")
     if world is not None and _ints(tr["num_nodes"]) and tr["num_nodes"] != nodes:
         problems.add("trainer.num_nodes", tr["num_nodes"], f"{nodes} (= num_nodes)",
                      "set trainer.num_nodes: ${num_nodes}")
-    for split in ("train", "valid"):  # (an unknown split was reported by the schema check)
-        loader = d["dataloader"][split]
+    for split, loader in _loaders(d["dataloader"], program, problems):
         # Unset sharding is derived, so a block the user did not write never fails.
-        if loader["dist_world_size"] is None and world is not None:
+        if loader.get("dist_world_size") is None and world is not None:
             loader["dist_world_size"] = world
-        if loader["total_shards"] is None:
-            loader["total_shards"] = loader["dist_world_size"]
+        if loader.get("total_shards") is None:
+            loader["total_shards"] = loader.get("dist_world_size")
         dws, shards = loader["dist_world_size"], loader["total_shards"]
         if world is None or not _ints(dws, shards):
             continue
@@ -166,20 +185,108 @@ def check_rules(d: dict[str, Any], problems: Problems, base: Path | None = None)
             up = -(-shards // dws) * dws
             problems.add(f"dataloader.{split}.total_shards", shards, f"a multiple of dist_world_size={dws}",
                          f"use total_shards: {up}")
-    _check_batch(d, world, problems)
-    for key in ("max_steps", "max_epochs"):
-        if tr[key] == 0 and _ints(tr[key]):
-            problems.add(f"trainer.{key}", 0, "-1 (no limit) or a value >= 1", "0 trains nothing")
-    if tr["max_steps"] == -1 and tr["max_epochs"] is None:
-        problems.add("trainer.max_steps", None, "trainer.max_steps or trainer.max_epochs", "set trainer.max_steps")
+    if not program:
+        _check_batch(d, world, problems)
+        for key in ("max_steps", "max_epochs"):
+            if tr[key] == 0 and _ints(tr[key]):
+                problems.add(f"trainer.{key}", 0, "-1 (no limit) or a value >= 1", "0 trains nothing")
+        if tr["max_steps"] == -1 and tr["max_epochs"] is None:
+            problems.add("trainer.max_steps", None, "trainer.max_steps or trainer.max_epochs",
+                         "set trainer.max_steps")
     if tr["accelerator"] == "cpu":
         for key, gpu_only in GPU_ONLY.items():
             value = tr[key.split(".")[1]]
+            if program and key.split(".")[1] not in PROGRAM_TRAINER:
+                continue  # the program's setting
             if value in gpu_only and value is not BAD:
                 problems.add(key, value, "a value that runs on accelerator: cpu",
                              "bf16-mixed or 32-true on CPU" if "precision" in key else "use ddp on CPU, or "
                              "accelerator: gpu")
-    _check_strings(d, problems, base)
+    _check_strings(d, problems, base, program)
+
+
+def _loaders(dataloader: dict[str, Any], program: bool, problems: Problems) -> list[tuple[str, dict[str, Any]]]:
+    """The loaders whose sharding runner checks. Runner's own mode: train and valid (the schema refused any other
+    key). Program mode: train, valid and any other mapping under dataloader: that names total_shards or
+    dist_world_size (its other keys, such as ESPnet3's iter_factory, are the program's)."""
+    if not program:
+        return [(split, dataloader[split]) for split in ("train", "valid")]
+    out = []
+    for split, loader in dataloader.items():
+        if not isinstance(loader, dict) or not (split in ("train", "valid") or "total_shards" in loader
+                                                or "dist_world_size" in loader):
+            continue
+        for key in SHARDING:
+            wrong = _leaf_problem(loader.get(key), SHARDING[key])
+            if wrong:
+                problems.add(f"dataloader.{split}.{key}", loader[key], *wrong)
+                loader[key] = BAD
+        out.append((str(split), loader))
+    return out
+
+
+def _check_program(d: dict[str, Any], problems: Problems) -> None:
+    """Program mode: the program's Trainer and loaders hold what runner does not read. The keys the typed view
+    declares are filled (schema defaults; devices and num_nodes from the layout) so that readers never miss one;
+    runner derives no batch arithmetic for a program."""
+    tr, loaders = d["trainer"], d["dataloader"]
+    if tr["devices"] is None:
+        tr["devices"] = d["num_device"]
+    if tr["num_nodes"] is None:
+        tr["num_nodes"] = d["num_nodes"]
+    for key in ("precision", "max_steps", "max_epochs"):
+        tr.setdefault(key, SCHEMA["trainer"][key].default)
+    if tr.get("accumulate_grad_batches") is None:
+        tr["accumulate_grad_batches"] = 1
+    if d["global_batch_size"] not in (None, BAD):
+        problems.add("global_batch_size", d["global_batch_size"], "no global_batch_size with command:",
+                     "runner cannot derive a program's accumulation: set the batch size and "
+                     "trainer.accumulate_grad_batches in your program")
+    for split in ("train", "valid"):
+        loader = loaders.setdefault(split, {})
+        if isinstance(loader, dict):
+            loader.setdefault("batch_size", None)  # the program's own
+            loader.setdefault("num_workers", SCHEMA["dataloader"]["train"]["num_workers"].default)
+
+
+def check_command(d: dict[str, Any], problems: Problems) -> None:
+    """``command:``: the argv every rank runs. A string is split like a shell line (``shlex``: quotes group, no
+    expansion); a list is the argv itself (an integer item, such as ``${num_device}``, becomes its digits)."""
+    cmd = d["command"]
+    if cmd is None or cmd is BAD:
+        return
+    argv: list[str] = []
+    if isinstance(cmd, str):
+        if CONTROL.search(cmd):
+            problems.add("command", cmd, "a command on one line without control characters",
+                         "write it on one line, or as a list of arguments")
+            d["command"] = BAD
+            return
+        try:
+            argv = shlex.split(cmd)
+        except ValueError as e:
+            problems.add("command", cmd, "a command line with balanced quotes", f"{str(e).lower()}: close it, or "
+                         "write the command as a list of arguments")
+            d["command"] = BAD
+            return
+    else:
+        for i, item in enumerate(cmd):
+            if isinstance(item, bool) or not isinstance(item, (str, int)):
+                problems.add(f"command[{i}]", item, "a string",
+                             "quote it" + (f": YAML reads {item!r} as a number" if isinstance(item, float) else ""))
+            elif CONTROL.search(str(item)):
+                problems.add(f"command[{i}]", item, "an argument without control characters")
+            else:
+                argv.append(str(item))
+        if len(argv) < len(cmd):
+            d["command"] = BAD
+            return
+    if not argv or not argv[0]:
+        problems.add("command", cmd, "the command every rank runs", "e.g. command: python train.py --config "
+                     "${program_config}")
+        d["command"] = BAD
+        return
+    d["command"] = argv
 
 
 def _check_batch(d: dict[str, Any], world: int | None, problems: Problems) -> None:
@@ -216,12 +323,13 @@ def _walk(value: Any, path: str) -> Any:
         yield path, value
 
 
-def _check_strings(d: dict[str, Any], problems: Problems, base: Path | None) -> None:
+def _check_strings(d: dict[str, Any], problems: Problems, base: Path | None, program: bool = False) -> None:
     for section in _SCRIPT_SECTIONS:
         for path, value in _walk(d.get(section), section):
             if isinstance(value, str) and CONTROL.search(value):
                 problems.add(path, value, "a single line without control characters", "remove the newline or tab")
-    for path, value in _walk({k: v for k, v in d.items() if k not in ("model", "data")}, ""):
+    theirs = ("model", "data", "trainer", "dataloader") if program else ("model", "data")  # the program's values
+    for path, value in _walk({k: v for k, v in d.items() if k not in theirs}, ""):
         if isinstance(value, float) and not math.isfinite(value):
             problems.add(path.lstrip("."), value, "a finite number", "infinite and NaN values are not allowed")
     slurm = d["slurm"]
