@@ -457,12 +457,14 @@ def _resolve_all(node: Any, interp: _Interp, problems: Problems, path: str,
         return interp.value(node)
     except _Resolver as e:
         if not theirs(path):
+            problems.failed.add(path)
             problems.add(path, Said(f"an OmegaConf resolver {e}"), "a value runner can read",
                          "runner reads this key itself and runs no resolvers: write the value here (resolvers are "
                          "fine in your program's keys)")
         return node
     except _InterpError as e:
         if not theirs(path):
+            problems.failed.add(path)
             problems.add(path, node, str(e), "check the key inside ${...}")
         return node
 

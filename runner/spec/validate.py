@@ -41,6 +41,7 @@ class Problems:
         self.moved = moved  # top-level keys the file holds under `runner:` (named runner.KEY, as the user wrote)
         self.items: list[str] = []
         self.notes: list[str] = []  # warnings: not errors, printed by validate and recorded by submit
+        self.failed: set[str] = set()  # keys whose ${...} failed: said once, then skipped like a BAD leaf
 
     def note(self, text: str) -> None:
         self.notes.append(text)
@@ -51,7 +52,8 @@ class Problems:
 
     def add(self, key: str, found: Any, expected: str, hint: str = "") -> None:
         key = self.name(key)
-        line = self.lines.get(key) or self.lines.get(key.rsplit(".", 1)[0]) or 0
+        item = key.split("[")[0]  # command[1]: the list's line
+        line = self.lines.get(key) or self.lines.get(item) or self.lines.get(item.rsplit(".", 1)[0]) or 0
         where = f"{self.path}:{line}" if line else str(self.path)
         msg = f"{where}: {key}: found {_show(found)}; expected {expected}"
         self.items.append(msg + (f". hint: {hint}" if hint else ""))
@@ -136,6 +138,9 @@ def check_schema(data: dict[str, Any], schema: dict[str, Any], problems: Problem
                 check_schema(sub, spec, Problems(problems.path, {}), path + ".")  # defaults only, for the rules
                 continue
             check_schema(sub, spec, problems, path + ".")
+            continue
+        if path in problems.failed:
+            data[key] = BAD
             continue
         if key not in data:
             if spec.default is REQUIRED:
@@ -239,7 +244,7 @@ def _check_program(d: dict[str, Any], problems: Problems) -> None:
     if tr.get("accumulate_grad_batches") is None:
         tr["accumulate_grad_batches"] = 1
     if d["global_batch_size"] not in (None, BAD):
-        problems.add("global_batch_size", d["global_batch_size"], "no global_batch_size with command:",
+        problems.add("global_batch_size", d["global_batch_size"], "none when the config names a command",
                      "runner cannot derive a program's accumulation: set the batch size and "
                      "trainer.accumulate_grad_batches in your program")
     for split in ("train", "valid"):
