@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from runner.rundir import EXIT_HANG, EXIT_NONFINITE, EXIT_PREFLIGHT, EXIT_REQUEUE, EXIT_SUPERSEDED
+from runner.rundir import EXIT_HANG, EXIT_NONFINITE, EXIT_PREFLIGHT, EXIT_PROGRAM, EXIT_REQUEUE, EXIT_SUPERSEDED
 from runner.spec.typed import RunConfig
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -242,6 +242,8 @@ def after_exit(outcome: str, attempt: int, job_id: str | None, limits: Limits,
     ``hand_over`` cancels it.
     """
     used = failures(events)
+    if outcome == "failed" and (error := program_error(events)) is not None:
+        return Decision("stop", f"the program cannot train: {error.get('detail') or 'see its rank logs'}")
     if outcome == "failed" and (loop := crash_loop(events)) is not None:
         return Decision("stop", f"crash loop: {loop.get('type')} at {loop.get('frame')}, step {loop.get('step')}, "
                                 "in two attempts in a row")
@@ -478,6 +480,16 @@ def same_crash(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> bool
     if not a or not b or a.get("type") is None or a.get("step") is None:
         return False
     return all(a.get(k) == b.get(k) for k in ("type", "frame", "step"))
+
+
+def program_error(events: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """When the last exit was the launcher's "the program cannot train" (a command that does not exist, a program that
+    exits 0 without a step, a Trainer of another world size): the launcher's ledger entry saying why ({} when it
+    wrote none). Another attempt would end the same way."""
+    exits = [e for e in events if e["event"] == "exit"]
+    if not exits or exits[-1].get("exit_code") != EXIT_PROGRAM:
+        return None
+    return next((e for e in reversed(events) if e["event"] == "program_error"), {})
 
 
 def crash_loop(events: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:

@@ -226,6 +226,22 @@ def test_after_exit(outcome: str, attempt: int, job: str | None, limits: Limits,
     assert d.action == action and reason in d.reason, d
 
 
+NOT_FOUND = {"event": "program_error", "reason": "not_found", "detail": "no script 'train.py' in /w"}
+PROGRAM_EXITS = [
+    pytest.param([NOT_FOUND, {"event": "exit", "exit_code": 81}], "stop", "the program cannot train: no script",
+                 id="a command that cannot start stops for a person"),
+    pytest.param([{"event": "exit", "exit_code": 81}], "stop", "see its rank logs", id="exit 81 without a record"),
+    pytest.param([NOT_FOUND, {"event": "exit", "exit_code": 81}, {"event": "exit", "exit_code": 1}], "skip",
+                 "runner cron decides", id="an earlier program error does not stop a later crash"),
+]
+
+
+@pytest.mark.parametrize("events, action, reason", PROGRAM_EXITS)
+def test_after_exit_of_a_program_that_cannot_train(events: list[dict[str, Any]], action: str, reason: str) -> None:
+    d = policy.after_exit("failed", 1, "4", Limits(), events)
+    assert d.action == action and reason in d.reason, d
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # runner cron: skip, wait, resubmit or give up
 

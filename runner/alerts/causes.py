@@ -32,6 +32,7 @@ _PREEMPTED_RE = re.compile(r"DUE TO PREEMPTION|\bPREEMPTED\b")
 _PREFIX_RE = re.compile(r"^(?:\[(?:default)?rank\s*\d+\]:\s?|\d+:\s?)")
 _EXC_RE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Interrupt|Exit)(?::\s|:$|$)")
 _EXC_NAME_RE = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?::\s|:$|$)")
+_PROGRAM_RE = re.compile(r"runner\.job\.\w+: program: (.*)")  # program mode: the command cannot train (exit 81)
 _ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
 
 # Lower is a stronger sign that this rank's log shows the root cause.
@@ -73,7 +74,8 @@ def _exception_line(lines: list[str]) -> str | None:
 def guess_cause(log_lines: list[str], exit_code: int | None, slurm_state: str | None) -> str:
     """Name the most likely root cause, as `"<kind>: <evidence>"` or `"unknown"`.
 
-    Kinds: OOM, node failure, time limit, preemption, NCCL timeout, Python exception.
+    Kinds: OOM, node failure, time limit, preemption, NCCL timeout, program (a command that cannot train), Python
+    exception.
 
     Why this order: an OOM on one rank makes the other ranks fail in NCCL, and a dead node or a
     Slurm kill (time limit, preemption) does the same, so those beat NCCL errors in the logs; a
@@ -98,6 +100,9 @@ def guess_cause(log_lines: list[str], exit_code: int | None, slurm_state: str | 
     nccl = _first_match(_NCCL_RE, lines)
     if nccl:
         return f"NCCL timeout: {nccl}"
+    program = next((m.group(1) for line in lines if (m := _PROGRAM_RE.search(line))), None)
+    if program:
+        return f"program: {clip(program, _DETAIL_LIMIT)}"
     exc = _exception_line(lines)
     if exc:
         return f"Python exception: {exc}"

@@ -218,6 +218,7 @@ def make_checkpoint(rd: RunDir, cfg: RunConfig, cfg_hash: str, flag: StopFlag, a
             self.buffers: list[Any] = []  # rank 0's copy of the last checkpoint, reused by the next (snapshot)
             self.progress_at = 0.0
             self.resume_from: Path | None = None
+            self.rng: dict[str, Any] | None = None  # this rank's RNG state from the checkpoint, until restored
             # Here, not in on_train_start: a resume from a checkpoint at the last step (a time limit's, say)
             # reaches its end without Lightning starting to train, and the `finished` marker still needs them.
             self.t_start = time.time()
@@ -242,9 +243,21 @@ def make_checkpoint(rd: RunDir, cfg: RunConfig, cfg_hash: str, flag: StopFlag, a
             if resume_from is not None:
                 rng = resume_from / f"rng-rank{trainer.global_rank:05d}.pt"
                 if rng.is_file():
-                    _set_rng_state(torch.load(rng, weights_only=False))
+                    self.rng = torch.load(rng, weights_only=False)
                 else:
                     log.warning("%s missing (world size changed?); RNG not restored", rng)
+                # Between a checkpoint and the next step the uninterrupted run made no random draw mid-epoch, and
+                # the next epoch's loader iterator at an epoch's end (a DataLoader draws its base seed then). The
+                # resumed run makes that iterator's draw in any case: the state goes back after it mid-epoch, before
+                # it at an epoch's end.
+                if not (read_json(resume_from / "manifest.json", {}) or {}).get("mid_epoch"):
+                    self.on_train_batch_start(trainer, pl_module, None, 0)
+
+        def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                                 batch_idx: int) -> None:
+            if self.rng is not None:
+                _set_rng_state(self.rng)
+                self.rng = None
 
         def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                                batch_idx: int) -> None:
@@ -266,7 +279,7 @@ def make_checkpoint(rd: RunDir, cfg: RunConfig, cfg_hash: str, flag: StopFlag, a
             if guard is not None and guard.tripped_at is not None:
                 return  # a non-finite step: training stops here, and nothing of this step is saved
             if step != self.last_saved and (step % every == 0 or stop):
-                self.save(trainer, step)
+                self.save(trainer, step, mid_epoch=batch_idx + 1 != trainer.num_training_batches)
             if stop:
                 self.stopped_by_signal = True
                 trainer.should_stop = True
@@ -275,7 +288,7 @@ def make_checkpoint(rd: RunDir, cfg: RunConfig, cfg_hash: str, flag: StopFlag, a
             self.agreement.finish()
             self.writer.wait()  # the last checkpoint is complete before the launcher reports anything
 
-        def save(self, trainer: L.Trainer, step: int) -> None:
+        def save(self, trainer: L.Trainer, step: int, mid_epoch: bool = True) -> None:
             root, rank, world = rd.checkpoints, trainer.global_rank, trainer.world_size
             self.writer.wait()  # never two writes in flight
             staging = checkpoint.staging_dir(root, step)
@@ -290,7 +303,8 @@ def make_checkpoint(rd: RunDir, cfg: RunConfig, cfg_hash: str, flag: StopFlag, a
                 state = internals.snapshot(trainer, self.buffers)
             rng = _rng_state()
             manifest = {"step": step, "epoch": trainer.current_epoch, "config_hash": cfg_hash, "world_size": world,
-                        "time": time.time(), "runner_version": __version__, "productive_s": self.productive()}
+                        "time": time.time(), "runner_version": __version__, "productive_s": self.productive(),
+                        "mid_epoch": mid_epoch}
 
             def write() -> None:
                 staging.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import runner
 from runner.errors import PreflightError
@@ -253,8 +253,9 @@ def check_interface(spec: str | None, node: str, ifaces: Mapping[str, Mapping[st
 
 def check_gpus(accelerator: str, devices: int, visible: int | None, node: str,
                cuda_visible: str | None) -> Check:
-    """GPUs this node's ranks can see = trainer.devices (a CPU run passes with a note)."""
-    if accelerator == "cpu":
+    """GPUs this node's ranks can see = trainer.devices (a CPU run passes with a note; so does ``auto`` without
+    GPUs: Lightning then trains on the CPU)."""
+    if accelerator == "cpu" or accelerator == "auto" and not visible:
         return Check("gpus", node, PASS, "cpu run", "", "", "CPU run: no GPUs needed"
                      + (f" (CUDA_VISIBLE_DEVICES={cuda_visible})" if cuda_visible else ""))
     seen = visible or 0
@@ -298,14 +299,16 @@ def check_free_space(path: str, node: str, min_free_gb: float) -> Check:
 
 
 def code_to_compare(cfg: RunConfig) -> list[Path]:
-    """The code every node must run the same: the runner package and the modules of the model and data targets.
+    """The code every node must run the same: the runner package, the modules of the model and data targets, and
+    in program mode the Python files its command names (relative to the program's working directory, the current one).
 
     Not the files copied into an image (``runner.host.build.image_code_files``): these are hashed on each node.
     """
     package = Path(runner.__file__).resolve().parent
     files = [f for f in package.rglob("*.py") if "__pycache__" not in f.parts]
+    files += [Path(a).resolve() for a in cfg["command"] or [] if a.endswith(".py") and Path(a).is_file()]
     for section in ("model", "data"):
-        target = str(cfg[section].get("_target_", ""))
+        target = str(cast(dict[str, Any], cfg.get(section) or {}).get("_target_", ""))
         module = target.rpartition(".")[0]
         try:
             spec = importlib.util.find_spec(module) if module else None

@@ -21,7 +21,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from runner import __version__
 from runner.job import callback, container, internals
@@ -104,8 +104,8 @@ def train(rd: RunDir) -> int:
     if container.stale_image(manifest, cfg["resume"]["force"], rd if rank == 0 else None):
         return EXIT_PREFLIGHT
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    command = cast(list[str] | None, cfg.get("command"))  # typed once the spec knows the key
-    if command and (code := program.check(rd, command, manifest, rank)) is not None:
+    command = cfg["command"]
+    if command and (code := program.prepare(rd, command, manifest, rank)) is not None:
         return code  # a command that cannot start: one line, before the preflight builds a process group
 
     import torch
@@ -121,7 +121,7 @@ def train(rd: RunDir) -> int:
     if code is not None:  # a failed check, or `runner preflight` (the checks alone, without Lightning's imports)
         return code
     if command:
-        return program.run(rd, cfg, command, manifest, (rank, local, node, world), attempt)
+        return program.run(rd, cfg, command, (rank, local, node, world), attempt)
     if torch.distributed.is_initialized():
         log.info("training in the preflight's process group (%s, %d ranks)", torch.distributed.get_backend(),
                  torch.distributed.get_world_size())

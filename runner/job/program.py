@@ -64,9 +64,11 @@ def workdir(manifest: dict[str, Any]) -> Path:
     return cwd if cwd.is_dir() else Path.cwd()
 
 
-def check(rd: RunDir, command: list[str], manifest: dict[str, Any], rank: int) -> int | None:
-    """Before the preflight: EXIT_PROGRAM with one line (and a ledger entry) when the command cannot start."""
-    why = problem(command, workdir(manifest))
+def prepare(rd: RunDir, command: list[str], manifest: dict[str, Any], rank: int) -> int | None:
+    """Before the preflight: into the program's working directory; EXIT_PROGRAM with one line (and a ledger entry)
+    when the command cannot start."""
+    os.chdir(workdir(manifest))
+    why = problem(command, Path.cwd())
     if why is None:
         return None
     log.error("program: %s. hint: check command: in the config (it runs in the directory runner submit ran in)", why)
@@ -117,14 +119,12 @@ def _run_child(command: list[str], cwd: Path, signals: list[int]) -> int:
     return 128 - code if code < 0 else code  # killed by signal N: 128 + N, as a shell reports it
 
 
-def run(rd: RunDir, cfg: RunConfig, command: list[str], manifest: dict[str, Any],
-        ranks: tuple[int, int, int, int], attempt: int) -> int:
+def run(rd: RunDir, cfg: RunConfig, command: list[str], ranks: tuple[int, int, int, int], attempt: int) -> int:
     """Run the program as this rank; the launcher's exit code."""
     rank, local, node, world = ranks
     os.environ.update(environment(rank, local, node, world, cfg["num_device"]))
     os.environ[callback.PROGRAM_ENV] = str(rd.root)
-    cwd = workdir(manifest)
-    os.chdir(cwd)
+    cwd = Path.cwd()  # the program's (``prepare``)
     random.seed(cfg["seed"] + rank)  # per-rank seeds for a program that sets none (one that does wins)
     import numpy as np
     import torch
