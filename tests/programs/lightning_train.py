@@ -1,8 +1,8 @@
 """A plain Lightning training script, written as users write them: its own argparse, model, DataLoaders and
 Trainer, no import of runner. The tests run it unchanged under runner (program mode) and on its own.
 
---stateful uses torchdata's StatefulDataLoader with its StatefulDistributedSampler (resumable mid-epoch); --nan-at, --stall-at and --sleep are the
-faults the tests inject, the way a real program would misbehave.
+--stateful uses torchdata's StatefulDataLoader with its StatefulDistributedSampler (resumable mid-epoch); --nan-at,
+--stall-at and --sleep are the faults the tests inject, the way a real program would misbehave.
 """
 
 import argparse
