@@ -203,14 +203,16 @@ CONTAINER_ENV = ("MASTER_ADDR", "MASTER_PORT", "RUNNER_PREFLIGHT_PORT", "OMP_NUM
 IFNAME_ENV = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")  # passed only when network.ifname sets them
 
 
-def sbatch(cfg: Config, run_dir: Path, image: str) -> str:
+def sbatch(cfg: Config, run_dir: Path, image: str, program_dir: str | None = None) -> str:
+    """The batch script. ``program_dir``: where a program (``command:``) runs, bound into the container."""
     d, s = cfg.data, cfg.data["slurm"]
     flags = [f"--{key}={s[key]}" for key in ("partition", "account", "qos", "constraint", "mem") if s[key] is not None]
     flags += list(s["extra_flags"])
     gpus = s["gpus_per_node"]
     if gpus is None:
         gpus = d["num_device"] if d["trainer"]["accelerator"] in ("gpu", "cuda") else 0
-    binds = sorted({str(run_dir.parent.resolve()), *cfg.data["container"]["binds"]})
+    binds = sorted({str(run_dir.parent.resolve()), *cfg.data["container"]["binds"],
+                    *([program_dir] if program_dir and d["command"] else [])})
     env = sorted((k, str(v)) for k, v in d["env"].items())
     ifname = cfg.data["network"]["ifname"]
     env_names = [*CONTAINER_ENV, *(IFNAME_ENV if ifname else ()), *(k for k, _ in env)]

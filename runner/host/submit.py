@@ -120,10 +120,11 @@ def plan(path: Path, overrides: list[str], allow_missing_image: bool = False) ->
         "overrides": overrides, "scheduler": cfg.data["scheduler"], "image": image,
         "runtime": cfg.data["container"]["runtime"], "spec_hash": _spec_hash(cfg), "world_size": cfg.world_size,
         "global_batch": cfg.global_batch, "accumulate_grad_batches": cfg.accumulate, "git": git,
-        "created": time.time(), "host": socket.gethostname(), "data_module": data_module(cfg)}, secrets)
+        "created": time.time(), "host": socket.gethostname(), "data_module": data_module(cfg),
+        "cwd": os.getcwd()}, secrets)  # where a program (command:) runs, as sbatch runs a job where it was submitted
     files = {"config.yaml": spec.dump(cfg.data),
              "manifest.json": json.dumps(manifest, indent=2) + "\n",
-             "job.sbatch": render.sbatch(cfg, rd_path, image)}
+             "job.sbatch": render.sbatch(cfg, rd_path, image, os.getcwd())}
     if cfg.document is not None:  # program mode: the program's config, ${program_config} in the command
         files[RunDir(rd_path).program_config.name] = spec.dump(cfg.document)
     extra: list[str] = []
@@ -323,7 +324,7 @@ def resize(run: RunDir, overrides: list[str]) -> str:
         raise SubmitError(f"resume {run.name}: the new layout changes the global batch ({before.global_batch} -> "
                           f"{after.global_batch}); expected the same. hint: set global_batch_size in the config")
     atomic_write(run.config, spec.dump(after.data))
-    atomic_write(run.script, render.sbatch(after, run.root, manifest.get("image", "none")))
+    atomic_write(run.script, render.sbatch(after, run.root, manifest.get("image", "none"), manifest.get("cwd")))
     manifest.update(world_size=after.world_size, accumulate_grad_batches=after.accumulate)
     atomic_write(run.manifest, json.dumps(manifest, indent=2) + "\n")
     b, a = before.data, after.data

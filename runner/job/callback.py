@@ -421,10 +421,10 @@ class Guarantees:
         self.rd, self.cfg, self.cfg_hash, self.rank, self.world, self.attempt = rd, cfg, cfg_hash, rank, world, attempt
         self.guard = guards.make_guard(rd, cfg["nonfinite"]["action"], cfg["nonfinite"]["max_skips"])
         self.checkpoint = make_checkpoint(rd, cfg, cfg_hash, flag, attempt, self.guard)
-        w = cast(dict[str, Any], cfg["watchdog"])
+        w = cfg["watchdog"]
         self.watchdog = watchdog.Watchdog(rd, rank, world, attempt, factor=w["factor"], floor_s=w["floor_s"],
                                           report_every_s=w["straggler_report_s"],
-                                          first_step_s=w.get("first_step_s")) if w["enabled"] else None
+                                          first_step_s=w["first_step_s"]) if w["enabled"] else None
         pulse = [watchdog.make_pulse(self.watchdog)] if self.watchdog else []
         # The non-finite guard runs before the optimizer step and before the checkpoint callback; the watchdog's
         # pulse first of all, so the stall clock stops before the last checkpoint is awaited at the end.

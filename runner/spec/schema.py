@@ -171,6 +171,7 @@ SCHEMA: dict[str, Any] = {
         "factor": _f((int, float), 10, min=2),
         "floor_s": _f((int, float), 30, min=1),
         "straggler_report_s": _f((int, float), 30, min=1),
+        "first_step_s": _f((int, float), 900, min=1),  # from the start of fit to the first step (a hung loader)
     },
     "alerts": {
         "enabled": _f(bool, True),

@@ -119,6 +119,7 @@ class Watchdog(TypedDict):
     factor: float
     floor_s: float
     straggler_report_s: float
+    first_step_s: float
 
 
 class Preflight(TypedDict):
@@ -187,4 +188,6 @@ def read_resolved(path: Path) -> RunConfig:
     if isinstance(data, dict):  # a run submitted before program mode existed
         data.setdefault("command", None)
         data.setdefault("program", {})
+        if isinstance(data.get("watchdog"), dict):  # ... or before the first-step limit
+            data["watchdog"].setdefault("first_step_s", 900)
     return view(data)
