@@ -62,3 +62,32 @@ def test_parts_with_state_are_refused() -> None:
 
     with pytest.raises(TypeError, match="state_dict"):
         combine([Stateful()])
+
+
+def test_the_factory_gives_nothing_outside_a_run_of_runner(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Installed in an image, runner's entry point is inert in any process its launcher did not start."""
+    from runner.job import callback
+
+    monkeypatch.delenv(callback.PROGRAM_ENV, raising=False)
+    assert callback.factory() == []
+    trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False)
+    assert not [cb for cb in trainer.callbacks if type(cb).__name__ == "RunnerCallbacks"]
+
+
+def test_a_copied_runner_package_still_declares_its_entry_point(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) \
+        -> None:
+    """runner copied into an image (container.code) has no package metadata: the launcher declares the factory."""
+    import sys
+    from importlib import metadata
+
+    from runner.job import program
+    from runner.rundir import RunDir
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    monkeypatch.setattr(metadata, "entry_points", lambda **kw: [])  # as where runner was only copied
+    program.entry_point(RunDir(tmp_path))
+    where = str(tmp_path / "python")
+    assert sys.path[-1] == where and program.os.environ["PYTHONPATH"] == f"/elsewhere:{where}"
+    [dist] = metadata.distributions(path=[where])
+    assert [(e.group, e.value) for e in dist.entry_points] == [(program.GROUP, "runner.job.callback:factory")]

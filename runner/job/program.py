@@ -83,6 +83,28 @@ def environment(rank: int, local: int, node: int, world: int, per_node: int) -> 
             "LOCAL_WORLD_SIZE": str(per_node)}
 
 
+GROUP = "lightning.pytorch.callbacks_factory"
+
+
+def entry_point(rd: RunDir) -> None:
+    """Make runner's callback factory findable by Lightning in this process and its children.
+
+    Installed with pip, runner's package metadata declares the entry point. Copied into an image as a directory on
+    PYTHONPATH (``container.code``), it has no metadata: a small ``*.dist-info`` folder in the run directory, put on
+    sys.path and PYTHONPATH, declares it then (importlib.metadata reads such folders on every path entry)."""
+    from importlib.metadata import entry_points
+
+    if any(e.value == "runner.job.callback:factory" for e in entry_points(group=GROUP)):
+        return
+    where = rd.root / "python"
+    info = where / "runner_program_callback-1.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: runner-program-callback\nVersion: 1\n")
+    (info / "entry_points.txt").write_text(f"[{GROUP}]\nrunner = runner.job.callback:factory\n")
+    sys.path.append(str(where))
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(where)) if p)
+
+
 def _exit_code(code: Any) -> int:
     if code is None:
         return 0
@@ -124,6 +146,7 @@ def run(rd: RunDir, cfg: RunConfig, command: list[str], ranks: tuple[int, int, i
     rank, local, node, world = ranks
     os.environ.update(environment(rank, local, node, world, cfg["num_device"]))
     os.environ[callback.PROGRAM_ENV] = str(rd.root)
+    entry_point(rd)
     cwd = Path.cwd()  # the program's (``prepare``)
     random.seed(cfg["seed"] + rank)  # per-rank seeds for a program that sets none (one that does wins)
     import numpy as np
