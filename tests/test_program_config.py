@@ -329,3 +329,24 @@ def test_a_resolved_program_config_reads_back_as_itself(tmp_path: Path) -> None:
     stored = write(tmp_path, spec.dump(cfg.data), "config.yaml")
     again = spec.load(stored, files=False)
     assert again.data == cfg.data and again.hash() == cfg.hash()
+
+
+def test_beside_a_runner_block_a_programs_model_is_its_own(tmp_path: Path) -> None:
+    """ESPnet3's top-level model: is its model's config: with runner's settings in a block, it is the program's."""
+    model = "model:\n  encoder: conformer\n  vocab_size: 5000\n"
+    cfg = spec.load(write(tmp_path, SEED + BLOCK + model))
+    assert cfg.program_mode and cfg.data["program"]["model"] == {"encoder": "conformer", "vocab_size": 5000}
+    assert "model" not in cfg.data and not cfg.notes
+
+
+def test_runner_block_in_own_mode_gives_the_flat_files_config(tmp_path: Path) -> None:
+    flat = yaml.safe_load((REPO / "conf" / "quickstart.yaml").read_text())
+    shared = ("num_nodes", "num_device", "trainer", "dataloader")
+    nested = {**{k: flat[k] for k in shared}, "runner": {k: v for k, v in flat.items() if k not in shared},
+              "seed": "the program's", "slurm": {"time": "9:00:00"}}
+    cfg = spec.load(write(tmp_path, yaml.safe_dump(nested, sort_keys=False)))
+    plain = spec.load(REPO / "conf" / "quickstart.yaml")
+    assert cfg.hash() == plain.hash() and cfg.data["seed"] == plain.data["seed"] == 1234
+    assert cfg.data["program"] == {"seed": "the program's", "slurm": {"time": "9:00:00"}}
+    assert cfg.notes == ["slurm: at the top level it is your program's (this config has a runner: block); "
+                         "runner reads runner.slurm"]

@@ -523,8 +523,8 @@ def load(path: str | Path, overrides: list[str] | None = None, run_dir: str = "$
         for key in ("model", "data"):
             if program and key in own:
                 problems.add(key, Said(f"both command and {key}"), "one of them",
-                             f"command runs your own program; model: and data: run runner's own training: "
-                             f"remove {key}: (and its partner) or command:")
+                             f"model: and data: are runner's own training, command: your program: remove one; if "
+                             f"{key}: is your program's, put runner's settings in a runner: block")
                 del own[key]
         validate.check_schema(own, SCHEMA_PROGRAM if program else SCHEMA, problems)
         validate.check_command(own, problems)

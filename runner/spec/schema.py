@@ -211,11 +211,11 @@ SCHEMA: dict[str, Any] = {
 }
 
 # A config shares its file with the program it runs (program mode, `command:`). runner reads these top-level keys,
-# and so may the program; what to train (`command`, or runner's own `model`/`data`) is named at the top level too.
+# and so may the program; `command` (which makes it program mode) is always a top-level key too.
 SHARED = ("num_nodes", "num_device", "trainer", "dataloader", "parallel")
-TOP_LEVEL = ("command", "model", "data")
+TOP_LEVEL = ("command",)
 # runner's own settings: at the top level, or all of them in one `runner:` block (then every other top-level key,
-# ESPnet3's `scheduler:` and `seed:` included, is the program's).
+# ESPnet3's `scheduler:`, `seed:` and `model:` included, is the program's).
 RUNNER_ONLY = tuple(k for k in SCHEMA if k not in SHARED and k not in TOP_LEVEL)
 BLOCK = "runner"
 PROGRAM = "program"  # the resolved config's copy of the program's top-level keys (a stored config reads it back)

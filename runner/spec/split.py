@@ -18,6 +18,8 @@ from typing import Any
 from runner.spec.schema import BLOCK, PROGRAM, RUNNER_ONLY, SCHEMA, SHARED, TOP_LEVEL
 from runner.spec.validate import Problems
 
+MODEL = ("model", "data")  # runner's own mode's; beside a command they are the program's (under a runner: block)
+
 
 @dataclass
 class Split:
@@ -54,7 +56,7 @@ def split(data: dict[str, Any], problems: Problems) -> Split:
         own = {k: v for k, v in data.items() if k in owned}
     stored = data.get(PROGRAM)  # a resolved config (config.yaml) read back: the program's keys, already apart
     out = Split(own, dict(stored) if isinstance(stored, dict) else {}, has_block)
-    candidates = [k for k in owned if not (program_mode and k in ("model", "data"))]
+    candidates = [k for k in owned if not (program_mode and k in MODEL)]
     for k, v in data.items():
         if k in owned or (k == PROGRAM and isinstance(v, dict)):
             continue
@@ -63,7 +65,8 @@ def split(data: dict[str, Any], problems: Problems) -> Split:
             problems.add(str(k), k, f"{typo} or a key of your program's (not this close to {typo})",
                          f"did you mean {typo}?")
             continue
-        if has_block and k in RUNNER_ONLY and isinstance(SCHEMA[k], dict):  # slurm: left beside a runner: block
+        # slurm: left beside a runner: block (a program's model: beside one is as meant)
+        if has_block and k in RUNNER_ONLY and isinstance(SCHEMA[k], dict) and not (program_mode and k in MODEL):
             problems.note(f"{k}: at the top level it is your program's (this config has a {BLOCK}: block); "
                           f"runner reads {BLOCK}.{k}")
         out.program[k] = v
