@@ -221,6 +221,7 @@ def test_own_mode_user_variables_resolve_and_pass_through(tmp_path: Path) -> Non
     ("runner:\n  command: python x.py\n", "runner.command", "put command at the top level"),
     ("runner:\n  slurm:\n    time: forever\n", "runner.slurm.time", "expected Slurm time"),
     ("runner: slurm\n", "runner", "expected a mapping of runner's own settings"),
+    ("runner: []\n", "runner", "expected a mapping of runner's own settings"),
 ])
 def test_runner_block_errors_name_the_key_as_written(tmp_path: Path, text: str, key: str, needle: str) -> None:
     path = write(tmp_path, SEED + text)

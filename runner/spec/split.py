@@ -31,7 +31,8 @@ class Split:
 def split(data: dict[str, Any], problems: Problems) -> Split:
     """Sort a config's top-level keys into runner's and the program's. A key of the program's that is a near miss
     of one runner owns (``trainner``) is a problem, as is any key under ``runner:`` that is not a runner setting."""
-    has_block, block = BLOCK in data, data.get(BLOCK) or {}
+    has_block, block = BLOCK in data, data.get(BLOCK)
+    block = {} if block is None else block  # an empty runner: block
     program_mode = data.get("command") is not None
     if has_block:
         if not isinstance(block, dict):
