@@ -320,7 +320,7 @@ def resize(run: RunDir, overrides: list[str]) -> str:
     finally:
         staged.unlink(missing_ok=True)
     manifest = json.loads(run.manifest.read_text())
-    if after.hash() != manifest["config_hash"] and not data["resume"]["force"]:
+    if after.hash() != before.hash() and not data["resume"]["force"]:  # one hash rule for both, whatever wrote it
         raise SubmitError(f"resume {run.name}: the new layout changes the global batch ({before.global_batch} -> "
                           f"{after.global_batch}); expected the same. hint: set global_batch_size in the config")
     atomic_write(run.config, spec.dump(after.data))

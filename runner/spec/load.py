@@ -78,7 +78,7 @@ class Config:
     def hash(self) -> str:
         """Hash of everything that determines the training trajectory.
 
-        The node count, the scheduler and alert settings are left out so that a run can resume on other
+        The node count, the scheduler, the watchdog and alert settings are left out so that a run can resume on other
         capacity (accumulation is re-derived to keep the global batch) without being called a new config. In
         program mode the command and the program's keys are in (the program's config decides its trajectory).
         """
@@ -87,7 +87,7 @@ class Config:
             d.pop("command", None)
             d.pop(PROGRAM, None)
         for key in ("name", "num_nodes", "num_device", "scheduler", "run_root", "slurm", "alerts", "preflight",
-                    "resume", "env", "network", "container", "parallel"):
+                    "resume", "env", "network", "container", "parallel", "watchdog"):
             d.pop(key, None)
         for key in ("devices", "num_nodes", "accumulate_grad_batches"):
             d["trainer"].pop(key, None)
