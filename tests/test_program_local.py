@@ -1,0 +1,181 @@
+"""Program mode, locally: users' own scripts (tests/programs/, no import of runner) under `runner submit` with 2
+real processes, as they would run them: trained to the end, stopped by a signal and resumed, a NaN, a hang, bad
+input, and a program that is not Lightning."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from runner.job import checkpoint
+from runner.rundir import EXIT_HANG, EXIT_NONFINITE, EXIT_PROGRAM, EXIT_REQUEUE, RunDir, read_json
+
+pytestmark = pytest.mark.slow
+PROGRAMS = Path(__file__).resolve().parent / "programs"
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+CONF = """\
+num_nodes: 1
+num_device: 2
+runner:
+  name: pm
+  scheduler: local
+  container: {runtime: none}
+  checkpoint: {every_n_steps: 10}
+"""
+TRAIN = "python train.py --devices ${num_device} --num_nodes ${num_nodes} --max_steps 80"
+# For runs that get a signal: slow enough steps that it lands well before the last one (sleeping changes no number).
+SLOW = TRAIN + " --stateful --sleep 0.05"
+
+
+def submit(where: Path, command: str, *overrides: str, interrupt: int | None = None) -> tuple[int, str, RunDir]:
+    """Write conf.yaml (running ``command``) beside the test programs (lightning_train.py as train.py) in
+    ``where``, run `runner submit conf.yaml` there and return its exit code, its output and the run. ``interrupt``:
+    the signal sent to `runner submit` once the run's second checkpoint (step 20) is complete."""
+    shutil.copy(PROGRAMS / "lightning_train.py", where / "train.py")
+    shutil.copy(PROGRAMS / "torch_train.py", where / "torch_train.py")
+    (where / "conf.yaml").write_text(f"{CONF}command: {command}\n")
+    proc = subprocess.Popen([sys.executable, "-m", "runner", "submit", "conf.yaml", *overrides], cwd=where, env=ENV,
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    if interrupt is not None:
+        deadline = time.time() + 120
+        while not list(where.glob("runs/pm-*/checkpoints/step-0000020/COMPLETE")):
+            assert time.time() < deadline and proc.poll() is None, "no checkpoint at step 20"
+            time.sleep(0.02)
+        proc.send_signal(interrupt)
+    out, _ = proc.communicate(timeout=240)
+    [run] = where.glob("runs/pm-*")
+    return proc.returncode, out, RunDir(run)
+
+
+def resume(run: RunDir) -> None:
+    out = subprocess.run([sys.executable, "-m", "runner", "resume", str(run.root)], capture_output=True, text=True,
+                         env=ENV, timeout=240)  # from the repository: the program still runs where it was submitted
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def events(run: RunDir, name: str) -> list[dict[str, Any]]:
+    return [e for e in run.events() if e["event"] == name]
+
+
+def weights(run: RunDir) -> list[dict[str, torch.Tensor]]:
+    files = sorted(run.final.glob("rank-*.pt"))
+    assert [f.name for f in files] == ["rank-00000.pt", "rank-00001.pt"]
+    return [torch.load(f, weights_only=True) for f in files]
+
+
+def train_starts(run: RunDir, attempt: int) -> int:
+    """The step the script itself prints at on_train_start (its ``trainer.global_step``)."""
+    [step] = re.findall(r"^train starts at step (\d+)$", run.rank_log(0, attempt).read_text(), re.M)
+    return int(step)
+
+
+@pytest.fixture(scope="module")
+def undisturbed(tmp_path_factory: pytest.TempPathFactory) -> RunDir:
+    code, out, run = submit(tmp_path_factory.mktemp("undisturbed"), SLOW)
+    assert code == 0, out
+    return run
+
+
+def test_a_plain_lightning_script_trains_to_the_end_with_runners_callback(undisturbed: RunDir) -> None:
+    run = undisturbed
+    assert run.finished.exists() and [e["step"] for e in events(run, "finished")] == [80]
+    for rank in (0, 1):
+        info = read_json(run.root / "ranks" / f"rank-{rank:05d}.json")
+        assert info["rank"] == rank and info["runtime"] == "none" and info["in_container"] is False
+        log = run.rank_log(rank).read_text()
+        assert "Adding 1 callbacks from entry point 'runner'" in log  # Lightning's own line: its factory found ours
+        assert "trained to step 80" in log  # the script's code after fit ran
+    assert [step for step, _ in checkpoint.complete(run.checkpoints)] == [80, 70, 60]  # keep_last 3
+    assert all(checkpoint.verify(path) is None for _, path in checkpoint.complete(run.checkpoints))
+    assert [e["exactness"] for e in events(run, "data")] == ["exact"]  # its StatefulDataLoader resumes mid-epoch
+
+
+@pytest.mark.parametrize("sig, stateful", [(signal.SIGUSR2, True), (signal.SIGINT, False)],
+                         ids=["preemption-notice", "ctrl-c-plain-loader"])
+def test_stopped_by_a_signal_the_same_script_resumes_from_its_checkpoint(tmp_path: Path, undisturbed: RunDir,
+                                                                         sig: int, stateful: bool) -> None:
+    """A preemption notice (USR2) or a Ctrl-C after the second checkpoint: every rank checkpoints at an agreed step
+    and the run asks to be requeued; `runner resume` continues the same script from that checkpoint (the script's
+    own global_step at on_train_start), bitwise equal to an undisturbed run when its loader resumes mid-epoch."""
+    code, out, run = submit(tmp_path, SLOW if stateful else SLOW.replace(" --stateful", ""), interrupt=sig)
+    assert code == EXIT_REQUEUE, out
+    assert not run.finished.exists() and events(run, "exit")[-1]["exit_code"] == EXIT_REQUEUE
+    assert "received SIGUSR2" in run.rank_log(1, 1).read_text()  # Ctrl-C reaches the ranks as the notice
+    newest, path = checkpoint.complete(run.checkpoints)[0]
+    assert 20 < newest < 80  # the agreed step the signal was acted on, after the checkpoint at step 20
+    resume(run)
+    assert train_starts(run, 1) == 0 and train_starts(run, 2) == newest
+    start = [e for e in events(run, "train_start") if e["attempt"] == 2]
+    assert [(e["step"], e["resumed_from"], e["lost_steps"]) for e in start] == [(newest, str(path), 0)]
+    assert run.finished.exists() and [e["step"] for e in events(run, "finished")] == [80]
+    exactness = {e["exactness"] for e in events(run, "data")}
+    if not stateful:  # a plain DataLoader: said, in both attempts
+        assert exactness == {"epoch boundaries only"}
+        return
+    assert exactness == {"exact"}
+    for resumed, reference in zip(weights(run), weights(undisturbed), strict=True):
+        assert resumed.keys() == reference.keys()
+        assert all(torch.equal(resumed[k], reference[k]) for k in resumed), "not bitwise equal"
+
+
+def test_a_nan_from_the_script_stops_it_with_finite_checkpoints_only(tmp_path: Path) -> None:
+    code, out, run = submit(tmp_path, TRAIN + " --nan-at 25")
+    assert code == EXIT_NONFINITE, out
+    assert [e["step"] for e in events(run, "nonfinite")] == [25] and not run.finished.exists()
+    assert [step for step, _ in checkpoint.complete(run.checkpoints)] == [20, 10]
+    written = [int(p.name.rsplit("-", 1)[1]) for p in run.checkpoints.glob("*step-*")]  # staged ones too
+    assert max(written) < 25
+    state = torch.load(run.checkpoints / "step-0000020" / checkpoint.MODEL, weights_only=False)["state_dict"]
+    assert state and all(torch.isfinite(t).all() for t in state.values())
+
+
+def test_a_program_that_never_reaches_a_step_is_a_hang(tmp_path: Path) -> None:
+    code, out, run = submit(tmp_path, TRAIN + " --stall-at 0", "runner.watchdog.first_step_s=8")
+    assert code == EXIT_HANG, out
+    hang = read_json(run.root / "hang.json")
+    assert hang["world"] == 2 and hang["phases"] == {"forward": 2}, hang
+    assert "all 2 ranks in forward" in hang["summary"] and [e["summary"] for e in events(run, "hang")] == \
+        [hang["summary"]]
+    for rank in (0, 1):  # each rank says where in the script it is stuck
+        report = read_json(run.root / "hangs" / "attempt-1" / f"rank-{rank:05d}.json")
+        assert report["rank"] == rank and report["where"] == f"{tmp_path / 'train.py'}:training_step"
+
+
+@pytest.mark.parametrize("command, reason, says", [
+    ("python nope.py", "not_found", "no script 'nope.py' in"),
+    ("no-such-binary --x", "not_found", "no command 'no-such-binary' on PATH"),
+    (TRAIN.replace("--max_steps 80", "--max_steps 0"), "no_training", "the program exited 0 without training a step"),
+    (TRAIN.replace("--devices ${num_device}", "--devices 1"), "world_size", "the program's Trainer trains 1 ranks"),
+], ids=["no-script", "no-command", "no-training", "world-size"])
+def test_a_program_that_cannot_train_says_why_in_one_line(tmp_path: Path, command: str, reason: str,
+                                                          says: str) -> None:
+    code, out, run = submit(tmp_path, command)
+    assert code == EXIT_PROGRAM, out
+    assert "Traceback" not in out
+    [line] = [line for line in out.splitlines() if " ERROR " in line]
+    assert says in line and "hint: " in line, out
+    assert [e["reason"] for e in events(run, "program_error")] == [reason]
+    assert says in events(run, "program_error")[0]["detail"]
+    assert events(run, "exit")[-1]["exit_code"] == EXIT_PROGRAM and not run.finished.exists()
+
+
+def test_a_plain_torch_program_runs_without_the_callbacks_guarantees(tmp_path: Path) -> None:
+    code, out, run = submit(tmp_path, "python torch_train.py")
+    assert code == 0, out
+    assert run.finished.exists()
+    assert [(e["step"], e["lightning"]) for e in events(run, "finished")] == [(None, False)]
+    for rank in (0, 1):
+        log = run.rank_log(rank).read_text()
+        assert f"rank {rank} of 2, 2 on this node" in log and "trained 20 steps" in log
+        assert "trained no Lightning Trainer with runner's callback" in log and "did not apply" in log
+    assert not list(run.checkpoints.glob("step-*"))
