@@ -161,9 +161,11 @@ def test_a_program_that_cannot_train_says_why_in_one_line(tmp_path: Path, comman
                                                           says: str) -> None:
     code, out, run = submit(tmp_path, command)
     assert code == EXIT_PROGRAM, out
-    assert "Traceback" not in out
     [line] = [line for line in out.splitlines() if " ERROR " in line]
-    assert says in line and "hint: " in line, out
+    assert says in line and "hint: " in line and "Traceback" not in out, out
+    for rank in (0, 1):  # `runner logs --rank N` says the same, whichever rank the user reads
+        log = run.rank_log(rank).read_text()
+        assert says in log and "Traceback" not in log, log
     assert [e["reason"] for e in events(run, "program_error")] == [reason]
     assert says in events(run, "program_error")[0]["detail"]
     assert events(run, "exit")[-1]["exit_code"] == EXIT_PROGRAM and not run.finished.exists()

@@ -518,29 +518,36 @@ def factory() -> list[Any]:
 
 
 def _program_setup(rd: RunDir, cfg: RunConfig, rank: int, world: int) -> Any:
-    """The part only a program's Trainer needs, at its ``setup`` (before the strategy wraps the model): the world
-    size it will train in is the one runner started, and plain DDP gets the one bucket layout of exact resume."""
+    """The part only a program's Trainer needs, at its ``setup`` (before the strategy wraps the model): plain DDP
+    gets the one bucket layout of exact resume."""
     import lightning as L
 
     class ProgramSetup(L.Callback):
         def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-            if stage != "fit":
-                return
-            if trainer.world_size != world:
-                why = (f"the program's Trainer trains {trainer.world_size} ranks (num_nodes={trainer.num_nodes} x "
-                       f"devices={trainer.num_devices}); runner started {world} (num_nodes={cfg['num_nodes']} x "
-                       f"num_device={cfg['num_device']})")
-                log.error("program: %s. hint: pass devices=%d and num_nodes=%d to the program's Trainer", why,
-                          cfg["num_device"], cfg["num_nodes"])
-                if rank == 0:
-                    rd.record("program_error", reason="world_size", detail=why)
-                raise SystemExit(EXIT_PROGRAM)
-            if cfg["checkpoint"]["exact_resume"]:
+            if stage == "fit" and cfg["checkpoint"]["exact_resume"]:
                 done = internals.fix_bucket_layout(trainer.strategy)
                 if done:
                     log.info("exact resume: the program's DDP gets %s", done)
 
     return ProgramSetup()
+
+
+def _check_world(trainer: Any, g: Guarantees) -> None:
+    """Before the program's ``fit`` sets up its devices: it trains the world size runner started, else exit
+    EXIT_PROGRAM on every rank with one line (and rank 0's ledger entry). Checked any later, a rank whose local rank
+    is not among the Trainer's devices has already died of an IndexError in Lightning's setup."""
+    trains = trainer.num_nodes * trainer.num_devices
+    if trains == g.world:
+        return
+    cfg = g.cfg
+    why = (f"the program's Trainer trains {trains} ranks (num_nodes={trainer.num_nodes} x "
+           f"devices={trainer.num_devices}); runner started {g.world} (num_nodes={cfg['num_nodes']} x "
+           f"num_device={cfg['num_device']})")
+    log.error("program: %s. hint: pass devices=%d and num_nodes=%d to the program's Trainer", why,
+              cfg["num_device"], cfg["num_nodes"])
+    if g.rank == 0:
+        g.rd.record("program_error", reason="world_size", detail=why)
+    raise SystemExit(EXIT_PROGRAM)
 
 
 def _wrap_fit() -> None:
@@ -559,6 +566,7 @@ def _wrap_fit() -> None:
         g = next((cb.runner for cb in self.callbacks if isinstance(getattr(cb, "runner", None), Guarantees)), None)
         if g is None:
             return original(self, *args, **kwargs)
+        _check_world(self, g)
         fits.append(1)
         if len(fits) > 1:  # runner's checkpoints resume one fit; a second one is the program's own business
             log.warning("this program calls fit a second time: runner does not resume it from its checkpoints")
