@@ -512,12 +512,12 @@ def factory() -> list[Any]:
     rank, _, _, world = ranks()
     manifest = read_json(rd.manifest, {}) or {}
     g = Guarantees(rd, cfg, str(manifest.get("config_hash", "")), flag, rank, world, current_attempt(rd), None,
-                   extra=[_program_setup(rd, cfg, rank, world)])
+                   extra=[_program_setup(cfg)])
     _wrap_fit()
     return [g.callback]
 
 
-def _program_setup(rd: RunDir, cfg: RunConfig, rank: int, world: int) -> Any:
+def _program_setup(cfg: RunConfig) -> Any:
     """The part only a program's Trainer needs, at its ``setup`` (before the strategy wraps the model): plain DDP
     gets the one bucket layout of exact resume."""
     import lightning as L
