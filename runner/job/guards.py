@@ -31,6 +31,7 @@ import time
 import traceback
 from typing import Any
 
+from runner.job import internals
 from runner.rundir import RunDir, atomic_write
 
 log = logging.getLogger(__name__)
@@ -59,12 +60,12 @@ def nonfinite(tensors: list[Any]) -> bool:
 
     if not tensors:
         return False
-    tensors = [t._values() if t.is_sparse else t for t in tensors]  # an nn.Embedding(sparse=True)'s gradient
+    tensors = [internals.sparse_values(t) if t.is_sparse else t for t in tensors]  # nn.Embedding(sparse=True)
     if len(tensors) <= FEW:  # half precision sums in float32: many small fp16 gradients add up past 65504
         sums = [t.sum(dtype=torch.float32 if t.element_size() < 4 else None) for t in tensors]
         total = (sums[0] if len(sums) == 1 else torch.stack(sums).sum()).item()
     else:
-        total = torch.stack(torch._foreach_norm(tensors)).max().item()
+        total = torch.stack(internals.norms(tensors)).max().item()
     return not math.isfinite(total) and not all(bool(torch.isfinite(t).all()) for t in tensors)
 
 

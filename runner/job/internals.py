@@ -2,7 +2,8 @@
 
 An image with another torch or Lightning breaks here, nowhere else: the checkpoint snapshot (Lightning's checkpoint
 connector), DDP with one bucket layout for the whole run (torch's reducer), and the test for whether this torch has
-what that DDP needs (``fixed_buckets_missing``), which makes exact resume fall back to a public option instead.
+what that DDP needs (``fixed_buckets_missing``), which makes exact resume fall back to a public option instead; the
+non-finite guard's fused norm and sparse values; the timeout of a process group that already exists.
 """
 
 from __future__ import annotations
@@ -40,6 +41,25 @@ def snapshot(trainer: Any, buffers: list[Any]) -> dict[str, Any] | None:
     snap = apply_to_collection(ckpt, torch.Tensor, copy)
     buffers[:] = new
     return cast(dict[str, Any], snap)
+
+
+def sparse_values(t: Any) -> Any:
+    """A sparse tensor's stored values (an ``nn.Embedding(sparse=True)``'s gradient)."""
+    return t._values()
+
+
+def norms(tensors: list[Any]) -> list[Any]:
+    """The norm of each tensor, in one fused call."""
+    import torch
+
+    return list(torch._foreach_norm(tensors))
+
+
+def set_pg_timeout(seconds: int) -> None:
+    """The default process group's timeout, after it was built (the preflight's short one gives way to training's)."""
+    import torch.distributed as dist
+
+    dist.distributed_c10d._set_pg_timeout(timedelta(seconds=seconds))
 
 
 def fixed_buckets_missing(ddp: Any, reducer: Any) -> list[str]:

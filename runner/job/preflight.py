@@ -40,7 +40,7 @@ from typing import Any
 
 from runner import proc
 from runner.errors import PreflightError
-from runner.job import ifname
+from runner.job import ifname, internals
 from runner.job.checks import (
     FAIL,
     ONLY_ENV,
@@ -255,7 +255,7 @@ def _hand_over(job: _Job, status: str) -> None:
     if not dist.is_initialized():
         return
     if job.train and status != FAIL:
-        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=job.cfg["network"]["pg_timeout_s"]))
+        internals.set_pg_timeout(job.cfg["network"]["pg_timeout_s"])
         if dist.get_backend() == "nccl":  # as Lightning does for a group it built: torch warns at exit otherwise
             atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
     else:
