@@ -82,9 +82,10 @@ def image_overrides(podman_base_image: str) -> list[str]:
     return overrides
 
 
-def _prune(images: Path, keep: str) -> None:
-    """Older specs' images (a GB each): their archive, SIF, record, build directory and podman tag."""
-    for record in images.glob(f"{CONF.stem}-*.json"):
+def _prune(images: Path, keep: str, stem: str = CONF.stem) -> None:
+    """Older specs' images of config ``stem`` (a GB each): their archive, SIF, record, build directory and podman
+    tag."""
+    for record in images.glob(f"{stem}-*.json"):
         h = record.stem.rsplit("-", 1)[1]
         if h == keep:
             continue

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from runner import stragglers
-from runner.job.watchdog import phase, summarize
+from runner.job.watchdog import phase, rank_hosts, summarize
 from runner.rundir import EXIT_HANG, RunDir
 
 SITE = "/usr/lib/python3/dist-packages"
@@ -141,6 +141,19 @@ def test_a_rank_stuck_in_its_data_loader_is_named_against_the_waiting_ones(tmp_p
     assert [(s["rank"], s["state"]) for s in hang["suspects"]] == [(1, "in data")]
     assert "__getitem__" in hang["suspects"][0]["where"]
     assert "rank 1 on" in hang["summary"] and "2 of 3 ranks in collective" in hang["summary"]
+
+
+def test_a_rank_stopped_before_its_first_heartbeat_is_named_with_its_node(tmp_path: Path) -> None:
+    """Its node comes from the launcher's record of the rank; another attempt's heartbeat names no node."""
+    rd = RunDir(tmp_path)
+    for folder, key, rank, host, attempt in (("ranks", "hostname", 0, "n1", 2), ("heartbeats", "host", 0, "n1", 2),
+                                             ("ranks", "hostname", 1, "n3", 2), ("heartbeats", "host", 1, "n2", 1),
+                                             ("heartbeats", "host", 2, "n2", 1)):
+        (tmp_path / folder).mkdir(exist_ok=True)
+        (tmp_path / folder / f"rank-{rank:05d}.json").write_text(json.dumps({key: host, "attempt": attempt}))
+    assert rank_hosts(rd, 2) == {0: "n1", 1: "n3"}
+    s = summarize({0: {"phase": "collective"}}, 3, rank_hosts(rd, 2))
+    assert [(x["rank"], x["node"]) for x in s["suspects"]] == [(1, "n3"), (2, "?")]
 
 
 def _beat(rank: int, compute: float, data: float, host: str = "n1") -> dict[str, object]:

@@ -242,9 +242,7 @@ class Watchdog:
             time.sleep(0.2)
         if not reports or min(reports) != self.rank:
             return
-        hosts = {int(p.stem.split("-")[1]): str(b.get("host", "?")) for p in self.beats.glob("rank-*.json")
-                 if isinstance(b := read_json(p), dict)}
-        summary = summarize(reports, self.world, hosts)
+        summary = summarize(reports, self.world, rank_hosts(self.rd, self.attempt))
         summary.update(step=max(int(r.get("step", -1)) for r in reports.values()), attempt=self.attempt,
                        time=time.time(), world=self.world)
         atomic_write(self.rd.root / "hang.json", json.dumps(summary, indent=1))
@@ -255,6 +253,19 @@ class Watchdog:
                                                     "restart_count": os.environ.get("SLURM_RESTART_COUNT", "0")})
                      + "\n")
         log.error("%s", summary["summary"])
+
+
+def rank_hosts(rd: RunDir, attempt: int) -> dict[int, str]:
+    """The node of each rank of ``attempt``: from its heartbeat, else from the launcher's record of the rank
+    (``ranks/rank-XXXXX.json``, written before training), so a rank stopped before its first heartbeat is named
+    with its node too. Another attempt's files never name a node (its ranks may have run elsewhere)."""
+    hosts: dict[int, str] = {}
+    for folder, key in ((rd.root / "ranks", "hostname"), (rd.root / "heartbeats", "host")):
+        for p in folder.glob("rank-*.json"):
+            b = read_json(p)
+            if isinstance(b, dict) and b.get("attempt") == attempt and b.get(key):
+                hosts[int(p.stem.split("-")[1])] = str(b[key])
+    return hosts
 
 
 def make_pulse(wd: Watchdog) -> Any:
