@@ -103,7 +103,30 @@ def _cron(args: argparse.Namespace) -> int:
         if blocker := not_a_directory(root):
             raise ConfigError([f"--root {root}: {blocker} is a file; expected a directory of runs. hint: pass "
                                "the run root, e.g. --root runs"])
-    return cron.install(roots, args.yes) if args.install else cron.run_once(roots)
+    if args.install:
+        return cron.install(roots, args.yes, report=args.report)
+    return cron.run_once(roots, report=args.report)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from runner.host import report, status
+
+    root = Path(args.root)
+    if args.run:
+        try:
+            run = status.find_run(args.run, root)
+        except RunnerError as e:  # bad input: exit 2, as for a config
+            raise ConfigError([str(e)]) from None
+        path = report.write(run, args.out)
+    else:
+        if not root.is_dir():
+            raise ConfigError([f"--root {root}: found no directory; expected a directory of runs. hint: pass the "
+                               "run root, e.g. --root runs, or a run's name"])
+        path = report.index(root, args.out)
+    print(path)
+    if args.open and (why := report.open_page(path)):
+        logging.getLogger("runner.report").warning("%s", why)
+    return 0
 
 
 def _nodes(args: argparse.Namespace) -> int:
@@ -217,6 +240,14 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--root", action="append", help="run root to watch (repeatable; default: runs)")
     sp.add_argument("--install", action="store_true", help="print the crontab line (with --yes: install it)")
     sp.add_argument("--yes", action="store_true")
+    sp.add_argument("--report", action="store_true",
+                    help="also rewrite each run's report page whose records changed, and ROOT/index.html")
+    sp = cmd("report", _report, "write a run's report page (one HTML file, no network needed to view it), or the "
+             "index of a run root")
+    sp.add_argument("run", nargs="?", help="run directory or name (default: the index of every run under --root)")
+    sp.add_argument("--root", default="runs", help="where run directories live (default: runs)")
+    sp.add_argument("--out", type=Path, help="write the page here (default: RUN/report.html, ROOT/index.html)")
+    sp.add_argument("--open", action="store_true", help="open the page in a browser, where there is one")
     sp = cmd("nodes", _nodes, "list the nodes kept out of this root's jobs (failed preflight, hang, NODE_FAIL)")
     sp.add_argument("--root", default="runs", help="run root (default: runs)")
     sp.add_argument("--clear", metavar="NODE", help="forget one node: the next jobs may use it again")

@@ -7,6 +7,7 @@ scripts/setup.sh
 if [ "$(id -u)" = 0 ]; then
   scripts/install-slurm.sh
   [ -x scripts/install-podman.sh ] && scripts/install-podman.sh
+  scripts/install-chromium.sh  # the report page's browser test (tests/test_report.py)
 fi
 export OMP_NUM_THREADS=1
 .venv/bin/ruff check runner tests bench

@@ -255,6 +255,22 @@ def _enqueue(run_dir: str | os.PathLike[str], alert: Alert, kind: str, payload: 
     return final
 
 
+def sent_log(run_dir: str | os.PathLike[str]) -> Path:
+    """One line per delivered alert (what it said, redacted), for ``runner report``: RUN_DIR/alerts/sent.jsonl."""
+    return Path(run_dir) / "alerts" / "sent.jsonl"
+
+
+def _record_sent(run_dir: str | os.PathLike[str], alert: Mapping[str, Any], secrets: list[str]) -> None:
+    """Append what a delivered alert said; a failure here never fails the alert (it was sent)."""
+    with contextlib.suppress(Exception):
+        keep = ("event", "run", "job_id", "attempt", "nodes", "exit_code", "cause", "next_step")
+        line = {"time": round(time.time(), 3), **{k: alert.get(k) for k in keep}}
+        path = sent_log(run_dir)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(redact_obj(line, secrets), ensure_ascii=False) + "\n")
+
+
 def _queued(run_dir: str | os.PathLike[str]) -> list[Path]:
     qdir = queue_dir(run_dir)
     try:
@@ -312,6 +328,7 @@ def _flush(run_dir: str | os.PathLike[str], section: Mapping[str, Any], url: str
             if outcome.ok:
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
+                _record_sent(run_dir, entry.get("alert") if isinstance(entry.get("alert"), dict) else {}, [url])
                 sent += 1
                 continue
             if outcome.rejected and outcome.problem.startswith(("HTTP 400", "HTTP 413", "HTTP 422")):
@@ -394,6 +411,7 @@ def send(
             if not problem:
                 outcome = _deliver(url, render_payload(alert, section["kind"], secrets=[url]), section, deadline)
                 if outcome.ok:
+                    _record_sent(run_dir, dataclasses.asdict(alert), [url])
                     return True
                 problem = f"{outcome.problem} after {outcome.attempts} tries"
         secrets = [url] if url else []

@@ -117,7 +117,7 @@ def _job_ids(runs: list[RunDir]) -> list[str]:
     return ids
 
 
-def run_once(roots: list[Path]) -> int:
+def run_once(roots: list[Path], report: bool = False) -> int:
     from runner.host import slurm
 
     for root in roots:
@@ -140,18 +140,25 @@ def run_once(roots: list[Path]) -> int:
                     continue
                 if d.action != "skip":
                     print(f"{run.name}: {d.action}: {d.reason}", flush=True)
+            if report:  # after the decisions: the pages show what was just done
+                from runner.host import report as pages
+
+                try:
+                    pages.refresh(root)
+                except Exception as e:  # a page must never stop cron's real work
+                    log.error("%s: reports not written: %s", root, runner_log.one_line(e))
     return 0
 
 
-def crontab_line(roots: list[Path]) -> str:
+def crontab_line(roots: list[Path], report: bool = False) -> str:
     exe = shlex.quote(str(Path(sys.executable).parent / "runner"))
-    args = " ".join(f"--root {shlex.quote(str(r.resolve()))}" for r in roots)
+    args = " ".join(f"--root {shlex.quote(str(r.resolve()))}" for r in roots) + (" --report" if report else "")
     log = shlex.quote(str(roots[0].resolve() / ".runner-cron.log"))
     return f"* * * * * {exe} cron {args} >> {log} 2>&1"
 
 
-def install(roots: list[Path], yes: bool) -> int:
-    line = crontab_line(roots)
+def install(roots: list[Path], yes: bool, report: bool = False) -> int:
+    line = crontab_line(roots, report)
     print(line)
     if not yes:
         print("# add it with `crontab -e`, or run again with --yes to install it")

@@ -50,7 +50,9 @@ def environment() -> jinja2.Environment:
         keep_trailing_newline=True,
         trim_blocks=True,
         lstrip_blocks=True,
-        autoescape=False,
+        # The report pages (*.html.j2) escape every value: run directories hold text from logs. Shell and
+        # Dockerfile templates do not (their values go through `q`).
+        autoescape=jinja2.select_autoescape(enabled_extensions=("html.j2",), default_for_string=False),
     )
     env.filters["q"] = q
     return env

@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from runner import goodput, policy, stragglers
 from runner import log as runner_log
-from runner import policy, stragglers
 from runner.errors import RunnerError
 from runner.job import checkpoint
 from runner.rundir import RunDir, read_json
@@ -122,26 +122,43 @@ def broken_row(run: RunDir, problem: str) -> dict[str, Any]:
     """The row of a run whose files cannot be read: what is wrong, in place of its state."""
     return {"run": run.name, "path": str(run.root), "state": "unreadable", "job_id": None,
             "last_checkpoint_step": None, "restarts": None, "age_s": None, "last_event": None,
-            "last_outcome": None, "last_cause": None, "lost_steps": [], "goodput": None, "error": problem}
+            "last_outcome": None, "last_cause": None, "lost_steps": [], "goodput": None, "wall_s": None,
+            "productive_s": None, "losses_s": {}, "error": problem}
 
 
 def history(run: RunDir, events: Sequence[Mapping[str, Any]], manifest: dict[str, Any],
             last: tuple[int, Path] | None) -> dict[str, Any]:
-    """What the failures cost: the last outcome and its cause, steps lost per restart, and goodput.
+    """What the failures cost: the last outcome and its cause, steps lost per restart, and goodput with its losses.
 
-    Goodput is training time kept in checkpoints (or in the finished run) divided by wall time since submit.
+    Goodput is training time kept in checkpoints (or in the finished run) divided by wall time since submit
+    (``runner.goodput``).
     """
     exits = [e for e in events if e["event"] == "exit" and e.get("outcome")]
-    done = read_json(run.finished, None)
-    kept = (done or {}).get("productive_s")
-    if kept is None and last is not None:
-        kept = (read_json(last[1] / "manifest.json", {}) or {}).get("productive_s")
-    end = (done or {}).get("time") or time.time()
-    wall = end - manifest.get("created", end)
     return {"last_outcome": exits[-1]["outcome"] if exits else None,
             "last_cause": exits[-1].get("cause") if exits else None,
             "lost_steps": [e.get("lost_steps", 0) for e in events if e["event"] == "train_start"][1:],
-            "goodput": round(kept / wall, 3) if kept is not None and wall > 0 else None}
+            **accounting(run, events, manifest, last).as_json()}
+
+
+def accounting(run: RunDir, events: Sequence[Mapping[str, Any]], manifest: Mapping[str, Any],
+               last: tuple[int, Path] | None) -> goodput.Goodput:
+    """The run's wall time since submission, split into kept training time and its named losses."""
+    done = read_json(run.finished, None)
+    done = done if isinstance(done, dict) else {}
+    kept, kept_step = done.get("productive_s"), done.get("step")
+    if kept is None and last is not None:
+        kept, kept_step = (read_json(last[1] / "manifest.json", {}) or {}).get("productive_s"), last[0]
+    end = done.get("time") or time.time()
+    runs = goodput.attempts(events)
+    stalls = {a.log_attempt: _hang_stall(run, a.log_attempt) for a in runs if a.hang and a.log_attempt}
+    return goodput.account(runs, manifest.get("created", end), end, kept, kept_step, stalls)
+
+
+def _hang_stall(run: RunDir, attempt: int) -> float:
+    """How long the steps of a hung attempt had stopped when its watchdog fired (the ranks' hang reports)."""
+    reports = [read_json(p) for p in (run.root / "hangs" / f"attempt-{attempt}").glob("rank-*.json")]
+    return max((float(r["stalled_s"]) for r in reports if isinstance(r, dict)
+                and isinstance(r.get("stalled_s"), (int, float))), default=0.0)
 
 
 def _looks_like_run(path: Path) -> bool:
@@ -199,6 +216,15 @@ def _cell(r: dict[str, Any], col: str) -> str:
     return _age(value) if col == "age" else str(value)
 
 
+TELLING_WALL_S = 3600.0  # below an hour without a restart, startup dominates goodput: it tells nothing
+
+
+def telling(r: Mapping[str, Any]) -> bool:
+    """Whether a run's goodput says something about it: after a restart (what the faults cost) or after an hour
+    (a 6 s quickstart spends most of its life starting up). ``--json`` and ``runner report`` always show it."""
+    return r.get("goodput") is not None and (bool(r.get("restarts")) or (r.get("wall_s") or 0) >= TELLING_WALL_S)
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "no runs"
@@ -209,7 +235,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         if r["state"] == "pending" and r.get("reason"):  # Slurm's reason: Resources, Priority, BeginTime, ...
             d[1] = f"pending ({r['reason']})"
         d[5] = ",".join(map(str, r["lost_steps"])) or "-"
-        d[6] = f"{r['goodput']:.0%}" if r.get("goodput") is not None else "-"
+        d[6] = f"{r['goodput']:.0%}" if telling(r) else "-"
         if r.get("last_cause"):
             d[7] = f"{d[7]}: {r['last_cause'][:60]}"
         if r.get("kind") == "parallel":  # a `runner parallel` run: items instead of checkpoints

@@ -1,0 +1,511 @@
+"""``runner report``: one self-contained HTML page of a run's whole life, and an index of a run root.
+
+Everything on the page comes from what the run directory already holds (the ledger, checkpoint manifests,
+heartbeats, hang reports, the preflight report, the root's bad-node memory, the alerts sent); nothing is asked of
+Slurm but the state ``runner status`` shows. The page needs no network to be viewed: CSS and SVG are inline, no
+script runs (its Content-Security-Policy forbids any), and it links nowhere. Every text from the run directory
+is escaped by the template (it may hold anything a log line held) and passed through the alerts' redaction, so a
+webhook URL never lands on the page. A file that is missing or torn is said on the page, never an error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import webbrowser
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from runner import alerts, goodput, stragglers
+from runner.errors import RunnerError
+from runner.host import nodes, status
+from runner.job import checkpoint
+from runner.rundir import RunDir, atomic_write, read_json
+from runner.spec.typed import read_resolved
+
+log = logging.getLogger(__name__)
+
+PAGE = "report.html"  # in the run directory; the index is ROOT/index.html
+INDEX = "index.html"
+WIDTH = 960  # SVG user units of both charts
+ROW_H = 16
+MAX_POINTS = 2000  # checkpoints drawn in the steps chart (a 30-day run has thousands)
+OUTCOME_CLASS = {"completed": "ok", "preempted": "warn", "timeout": "warn", "requeued": "warn"}
+
+
+@dataclass
+class Segment:
+    """One bar of the timeline (SVG rect) with its words (tooltip)."""
+
+    x: float
+    y: float
+    w: float
+    kind: str
+    title: str
+
+
+@dataclass
+class AttemptRow:
+    number: int
+    job: str
+    queued: str
+    waited: str
+    preflight: str
+    startup: str
+    trained: str
+    steps: str
+    outcome: str
+    outcome_class: str
+    cause: str
+    lost_steps: int
+    then: str
+    nodes: str
+    excluded: str
+    world: str
+    notes: list[str]
+
+
+@dataclass
+class Line:
+    """A polyline of the steps chart."""
+
+    points: str
+    kind: str
+    title: str
+
+
+@dataclass
+class Report:
+    run: str
+    path: str
+    state: str
+    generated: str
+    headline: dict[str, str]
+    goodput: goodput.Goodput
+    losses: list[tuple[str, str, float, float, int]]  # name, duration, share of wall (%), its bar's start, colour
+    rows: list[AttemptRow]
+    segments: list[Segment]
+    timeline_h: float
+    ticks: list[tuple[float, str]]
+    lines: list[Line]
+    marks: list[Segment]
+    chart_h: float
+    step_ticks: list[tuple[float, str]]
+    ranks: list[dict[str, Any]]
+    rank_attempt: int | None
+    preflight: list[dict[str, Any]]
+    preflight_summary: str
+    hang: dict[str, Any] | None
+    bad_nodes: list[dict[str, str]]
+    alerts_sent: list[dict[str, str]]
+    identity: list[tuple[str, str]]
+    config: str
+    missing: list[str] = field(default_factory=list)
+
+
+def clock(t: float | None) -> str:
+    return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) + "Z"
+
+
+def duration(s: float | None) -> str:
+    if s is None:
+        return "-"
+    if s < 60:
+        return f"{s:.1f} s"
+    if s < 3600:
+        return f"{s // 60:.0f} m {s % 60:02.0f} s"
+    if s < 86400:
+        return f"{s // 3600:.0f} h {s % 3600 // 60:02.0f} m"
+    return f"{s // 86400:.0f} d {s % 86400 // 3600:02.0f} h"
+
+
+def _ledger(run: RunDir, missing: list[str]) -> list[dict[str, Any]]:
+    """The ledger as ``RunDir.events`` reads it, saying how many lines could not be read."""
+    if not run.ledger.is_file():
+        missing.append("ledger.jsonl is missing: no attempts, exits or causes to show")
+        return []
+    events = run.events()
+    try:
+        lines = sum(1 for line in run.ledger.read_text(errors="replace").splitlines() if line.strip())
+    except OSError as e:
+        missing.append(f"ledger.jsonl cannot be read ({e.strerror})")
+        return []
+    if lines > len(events):
+        missing.append(f"ledger.jsonl: {lines - len(events)} of {lines} lines are torn or not runner's (skipped)")
+    return events
+
+
+def _checkpoints(run: RunDir) -> list[dict[str, Any]]:
+    """Every complete checkpoint's manifest (step, time, productive_s), oldest first."""
+    out = []
+    for p in run.checkpoints.glob("step-*") if run.checkpoints.is_dir() else []:
+        if (p / "COMPLETE").is_file():
+            m = read_json(p / "manifest.json", {})
+            if isinstance(m, dict) and isinstance(m.get("step"), int) and isinstance(m.get("time"), (int, float)):
+                out.append(m)
+    return sorted(out, key=lambda m: (m["time"], m["step"]))
+
+
+def _world_sizes(events: Sequence[Mapping[str, Any]]) -> dict[float, int]:
+    """The world size from each ``resized`` on (by time): the manifest's before the first."""
+    return {float(e["time"]): int(e["world_size"]) for e in events
+            if e["event"] == "resized" and isinstance(e.get("world_size"), int)}
+
+
+def _reached(runs: Sequence[goodput.Attempt], i: int, end_step: int | None) -> int | None:
+    """The furthest step attempt ``i`` trained: the next attempt's start plus the steps it lost, else the last
+    step the run recorded."""
+    a = runs[i]
+    for nxt in runs[i + 1:]:
+        if nxt.from_step is not None:
+            return nxt.from_step + nxt.lost_steps
+    return a.last_step if a.last_step is not None else end_step
+
+
+class _Scale:
+    def __init__(self, t0: float, t1: float, width: float = WIDTH):
+        self.t0, self.span, self.width = t0, max(t1 - t0, 1e-6), width
+
+    def x(self, t: float) -> float:
+        return round(min(max((t - self.t0) / self.span, 0.0), 1.0) * self.width, 2)
+
+    def ticks(self, n: int = 6) -> list[tuple[float, str]]:
+        return [(round(i * self.width / n, 2), duration(i * self.span / n)) for i in range(n + 1)]
+
+
+def _timeline(runs: Sequence[goodput.Attempt], sc: _Scale, end: float) -> list[Segment]:
+    segs: list[Segment] = []
+
+    def bar(a: goodput.Attempt, t0: float | None, t1: float | None, kind: str, words: str) -> None:
+        if t0 is None or t1 is None or t1 < t0:
+            return
+        x0, x1 = sc.x(t0), sc.x(t1)
+        segs.append(Segment(x0, (a.number - 1) * ROW_H, max(x1 - x0, 0.8), kind,
+                            f"attempt {a.number}: {words}, {duration(t1 - t0)} ({clock(t0)} to {clock(t1)})"))
+
+    for i, a in enumerate(runs):
+        nxt = runs[i + 1] if i + 1 < len(runs) else None
+        stop = a.ended if a.ended is not None else (a.finished if a.finished is not None else end)
+        bar(a, a.queued, a.started, "wait", "waiting for Slurm")
+        bar(a, a.began, a.train_start if a.train_start is not None else stop, "startup", "startup")
+        if a.preflight_end is not None:
+            bar(a, a.preflight_end - a.preflight_s, a.preflight_end, "preflight",
+                f"preflight {a.preflight_status or '?'}")
+        bar(a, a.train_start, stop, "train", f"training from step {a.from_step}")
+        if a.ended is not None:
+            gap_end = nxt.queued if nxt else (a.ended if a.finished is not None else end)
+            person = goodput._waited_for_person(a, nxt)
+            bar(a, a.ended, gap_end, "person" if person else "wait",
+                "stopped for a person" if person else f"{a.then or 'waiting'}: waiting for the next attempt")
+    return segs
+
+
+def _steps_chart(runs: Sequence[goodput.Attempt], ckpts: Sequence[Mapping[str, Any]], sc: _Scale,
+                 end: float, end_step: int | None, height: float) -> tuple[list[Line], list[Segment], int]:
+    """Per attempt a line of steps against wall time through its checkpoints, and in red the steps it trained
+    that a fault lost (recomputed by the next attempt)."""
+    top = max([end_step or 0, *(int(m["step"]) for m in ckpts[-1:]),
+               *(r for i in range(len(runs)) if (r := _reached(runs, i, end_step)) is not None)], default=1) or 1
+    every = max(len(ckpts) // MAX_POINTS, 1)
+
+    def y(step: float) -> float:
+        return round(height - step / top * height, 2)
+
+    lines: list[Line] = []
+    marks: list[Segment] = []
+    for i, a in enumerate(runs):
+        if a.train_start is None:
+            continue
+        stop = a.ended if a.ended is not None else (a.finished if a.finished is not None else end)
+        mine = [m for j, m in enumerate(ckpts) if a.train_start <= float(m["time"]) <= stop
+                and (j % every == 0 or j == len(ckpts) - 1)]
+        pts = [(a.train_start, a.from_step or 0), *((float(m["time"]), int(m["step"])) for m in mine)]
+        reached = _reached(runs, i, end_step)
+        nxt = next((n for n in runs[i + 1:] if n.from_step is not None), None)
+        kept_to = nxt.from_step if nxt is not None and nxt.from_step is not None else reached
+        if kept_to is not None and (not mine or kept_to > pts[-1][1]):
+            pts.append((stop, kept_to))
+        lines.append(Line(" ".join(f"{sc.x(t)},{y(s)}" for t, s in pts), "kept",
+                          f"attempt {a.number}: steps {a.from_step} to {kept_to}"))
+        if nxt is not None and nxt.lost_steps and reached is not None and kept_to is not None:
+            last_kept = max((p for p in pts if p[1] <= kept_to), key=lambda p: p[0])
+            lines.append(Line(f"{sc.x(last_kept[0])},{y(kept_to)} {sc.x(stop)},{y(reached)}", "lost",
+                              f"attempt {a.number}: steps {kept_to} to {reached} lost, recomputed by attempt "
+                              f"{nxt.number} ({nxt.lost_steps} steps)"))
+        for e in a.nonfinite:
+            step = e.get("step")
+            if isinstance(step, int):
+                what = "skipped" if e["event"] == "nonfinite_skipped" else "stopped training"
+                marks.append(Segment(sc.x(float(e["time"])), y(step), 0, "nan",
+                                     f"non-finite {e.get('what', 'loss')} at step {step}: {what}"))
+        if a.hang is not None and isinstance(a.hang.get("step"), int):
+            marks.append(Segment(sc.x(float(a.hang["time"])), y(a.hang["step"]), 0, "hang",
+                                 str(a.hang.get("summary") or "hang")))
+    return lines, marks, top
+
+
+def _excluded(root: Path, runs: Sequence[goodput.Attempt], keep_s: float, missing: list[str]) -> dict[int, str]:
+    """Per attempt, the nodes its root kept out of its job when it was queued (nodes.jsonl)."""
+    try:
+        known = nodes.entries(root)
+    except RunnerError as e:
+        missing.append(str(e))
+        return {}
+    out: dict[int, str] = {}
+    for a in runs:
+        bad: dict[str, Mapping[str, Any]] = {}
+        for item in known:
+            if item["time"] > a.queued:
+                break
+            if "clear" in item:
+                bad.pop(item["clear"], None)
+            elif a.queued - item["time"] <= keep_s:
+                bad[item["node"]] = item
+        out[a.number] = ", ".join(f"{n} ({e.get('cause')})" for n, e in sorted(bad.items()))
+    return out
+
+
+def _alerts(run: RunDir) -> list[dict[str, str]]:
+    """The alerts delivered (alerts/sent.jsonl), still queued, and set aside, oldest first."""
+    out: list[dict[str, str]] = []
+    sent = alerts.delivery.sent_log(run.root)
+    try:
+        lines = sent.read_text(errors="replace").splitlines() if sent.is_file() else []
+    except OSError:
+        lines = []
+    for line in lines:
+        try:
+            a = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(a, dict):
+            out.append(_alert_row(a, "sent", a.get("time")))
+    for folder, state in ((alerts.queue_dir(run.root), "queued, not delivered yet"),
+                          (run.root / "alerts" / "rejected", "refused by the webhook")):
+        for p in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+            entry = read_json(p, {})
+            a = entry.get("alert") if isinstance(entry, dict) else None
+            if isinstance(a, dict):
+                out.append(_alert_row(a, state, None, str(entry.get("queued_at", ""))))
+    return out
+
+
+def _alert_row(a: Mapping[str, Any], state: str, when: Any, stamp: str = "") -> dict[str, str]:
+    text = f"{a.get('run')} {a.get('event')} (job {a.get('job_id') or '-'}, attempt {a.get('attempt')})"
+    return {"time": clock(when) if isinstance(when, (int, float)) else stamp, "state": state,
+            "event": str(a.get("event")), "text": text + (f": {a['cause']}" if a.get("cause") else ""),
+            "next": str(a.get("next_step") or "")}
+
+
+def _identity(manifest: Mapping[str, Any]) -> list[tuple[str, str]]:
+    git: Mapping[str, Any] = manifest["git"] if isinstance(manifest.get("git"), dict) else {}
+    keys = [("runner version", manifest.get("runner_version")), ("config hash", manifest.get("config_hash")),
+            ("config file", manifest.get("config_file")), ("overrides", " ".join(map(str, manifest.get("overrides")
+                                                                                   or [])) or "none"),
+            ("scheduler", manifest.get("scheduler")), ("image", manifest.get("image")),
+            ("container runtime", manifest.get("runtime")), ("image spec hash", manifest.get("spec_hash")),
+            ("git commit", git.get("commit")), ("uncommitted changes", ", ".join(git.get("diff_files") or [])
+                                                 if git.get("dirty") else "none"),
+            ("world size", manifest.get("world_size")), ("global batch", manifest.get("global_batch")),
+            ("submitted from", manifest.get("host"))]
+    return [(k, "-" if v is None else str(v)) for k, v in keys]
+
+
+def collect(run: RunDir, now: float | None = None) -> Report:
+    """Everything the page shows, read from the run directory (and Slurm's state, as ``runner status``)."""
+    missing: list[str] = []
+    if not run.manifest.is_file():
+        missing.append("manifest.json is missing: submission time, config hash and image unknown; goodput not "
+                       "computed")
+    try:
+        manifest = status.manifest_of(run)
+    except RunnerError as e:
+        missing.append(str(e))
+        manifest = {}
+    events = _ledger(run, missing)
+    try:
+        row = status.row(run)
+    except Exception as e:  # the page still shows what can be read
+        row = status.broken_row(run, str(e))
+        missing.append(f"status: {e}")
+    try:
+        config = run.config.read_text(errors="replace")
+    except OSError:
+        config = ""
+        missing.append("config.yaml is missing: the config is unknown")
+    ckpts = _checkpoints(run)
+    if not ckpts:
+        missing.append("no complete checkpoint: no steps were kept" if run.checkpoints.is_dir()
+                       else "checkpoints/ is missing")
+    runs = goodput.attempts(events)
+    last = checkpoint.latest(run.checkpoints, manifest.get("config_hash")) if run.checkpoints.is_dir() \
+        else None
+    acc = status.accounting(run, events, manifest, last)
+    done = read_json(run.finished, None)
+    if run.finished.exists() and not isinstance(done, dict):
+        missing.append("finished is unreadable: the end of training is taken from the ledger")
+    end = float((done or {}).get("time") or (now if now is not None else time.time())) if isinstance(done, dict) \
+        else (now if now is not None else time.time())
+    created = float(manifest.get("created", runs[0].queued if runs else end))
+    progress = read_json(run.root / "progress.json")
+    if progress is None:
+        missing.append("progress.json is missing: the last step reached is taken from checkpoints and the ledger")
+    end_step = (done or {}).get("step") if isinstance(done, dict) else None
+    if end_step is None and isinstance(progress, dict):
+        end_step = progress.get("step")
+    if end_step is None and ckpts:
+        end_step = ckpts[-1]["step"]
+    sc = _Scale(created, end)
+    chart_h = 240.0
+    lines, marks, top = _steps_chart(runs, ckpts, sc, end, end_step if isinstance(end_step, int) else None, chart_h)
+    try:
+        keep_s = float(read_resolved(run.config)["resume"]["exclude_nodes_s"])
+    except Exception:  # the config is said missing above; the default then
+        keep_s = 21600.0
+    excluded = _excluded(run.root.parent, runs, keep_s, missing) if manifest.get("scheduler") == "slurm" else {}
+    sizes = _world_sizes(events)
+    rows = []
+    for i, a in enumerate(runs):
+        world = manifest.get("world_size")
+        for t, w in sizes.items():
+            world = w if t <= a.queued else world
+        stop = a.ended if a.ended is not None else (a.finished if a.finished is not None else None)
+        reached = _reached(runs, i, end_step if isinstance(end_step, int) else None)
+        notes = [f"non-finite {e.get('what', 'loss')} at step {e.get('step')}: "
+                 f"{'skipped' if e['event'] == 'nonfinite_skipped' else 'stopped training'}" for e in a.nonfinite]
+        notes += [stragglers.describe(e) for e in a.stragglers]
+        if a.hang is not None and a.hang.get("summary") != a.cause:
+            notes.append(str(a.hang.get("summary")))
+        if a.preflight_status and a.preflight_status != "pass":
+            notes.append(f"preflight {a.preflight_status}: {a.preflight_summary}")
+        notes += [str(e.get("change")) for e in a.events if e["event"] == "resized"]
+        running = a.ended is None and a.finished is None
+        outcome = a.outcome or ("finished" if a.finished else "running" if running else "-")
+        rows.append(AttemptRow(
+            a.number, a.job_id or "-", clock(a.queued),
+            duration(a.started - a.queued) if a.started is not None else "-",
+            f"{a.preflight_status} {duration(a.preflight_s)}" if a.preflight_status else "-",
+            duration(a.train_start - a.began - a.preflight_s) if a.train_start is not None else "-",
+            duration(stop - a.train_start) if a.train_start is not None and stop is not None else
+            ("running" if a.train_start is not None else "-"),
+            f"{a.from_step} → {reached}" if a.from_step is not None else "-",
+            outcome, OUTCOME_CLASS.get(outcome, "ok" if outcome in ("finished", "running") else "bad"),
+            a.cause or "", a.lost_steps, " ".join(x for x in (a.then, a.then_reason) if x) or "-",
+            a.nodes or ", ".join(a.bad_nodes) or "-", excluded.get(a.number) or "-", str(world), notes))
+    beats = [b for p in sorted((run.root / "heartbeats").glob("rank-*.json")) if isinstance(b := read_json(p), dict)]
+    if not beats:
+        missing.append("heartbeats/ is empty or missing: no per-rank timings")
+    newest = max((int(b.get("attempt", 0)) for b in beats), default=None)
+    ranks = stragglers.compare([b for b in beats if b.get("attempt", 0) == newest])
+    for r in ranks:
+        r["compute_ms"], r["data_ms"] = f"{r['compute_s'] * 1000:.1f}", f"{r['data_s'] * 1000:.1f}"
+    pre = read_json(run.preflight)
+    if pre is None:
+        missing.append("preflight.json is missing: no preflight checks or bandwidth to show")
+    checks = [c for c in (pre or {}).get("checks") or [] if isinstance(c, dict)] if isinstance(pre, dict) else []
+    hang = read_json(run.root / "hang.json")
+    mine = []
+    try:
+        mine = [{"node": str(e.get("node")), "cause": str(e.get("cause")), "time": clock(e.get("time")),
+                 "detail": str(e.get("detail", ""))} for e in nodes.entries(run.root.parent)
+                if e.get("run") == run.name and "node" in e]
+    except RunnerError:
+        pass
+    wall = acc.wall_s or 1.0
+    losses, x = [], 100 * (acc.productive_s or 0.0) / wall
+    for k, v in acc.losses.items():
+        if v > 0:
+            losses.append((k, duration(v), round(100 * v / wall, 2), round(x, 2), list(goodput.LOSSES).index(k) + 1))
+            x += 100 * v / wall
+    headline = {"state": str(row.get("state")), "goodput": f"{acc.goodput:.1%}" if acc.goodput is not None else "-",
+                "wall": duration(acc.wall_s), "productive": duration(acc.productive_s),
+                "attempts": str(len(runs)), "restarts": str(row.get("restarts")),
+                "steps lost": str(sum(a.lost_steps for a in runs)),
+                "last step": str(end_step if end_step is not None else "-"),
+                "last checkpoint": str(row.get("last_checkpoint_step") or "-"),
+                "last outcome": str(row.get("last_outcome") or (runs[-1].outcome if runs else None) or "-")}
+    return Report(
+        run.name, str(run.root), str(row.get("state")), clock(now if now is not None else time.time()), headline, acc,
+        losses, rows, _timeline(runs, sc, end), max(len(runs), 1) * ROW_H, sc.ticks(), lines, marks, chart_h,
+        [(round(chart_h - f * chart_h, 2), str(round(f * top))) for f in (0, 0.25, 0.5, 0.75, 1)], ranks, newest,
+        checks, str((pre or {}).get("summary", "")) if isinstance(pre, dict) else "",
+        hang if isinstance(hang, dict) else None, mine, _alerts(run), _identity(manifest), config, missing)
+
+
+def render(report: Report, secrets: Sequence[str] = ()) -> str:
+    from runner.host import render as templates
+
+    page = templates.environment().get_template("report.html.j2").render(r=report, losses_defined=goodput.LOSSES)
+    return alerts.redact(page, secrets)
+
+
+def _secrets(run: RunDir) -> list[str]:
+    """The webhook URL, where this process can read it: never shown (a Slack URL is found by its shape too)."""
+    url = os.environ.get(status.DEFAULT_URL_ENV, "").strip()
+    found = [url] if url else []
+    try:
+        found += alerts.secrets_of(read_resolved(run.config)["alerts"])
+    except Exception:
+        pass
+    return found
+
+
+def refresh(root: Path) -> int:
+    """``runner cron --report``: rewrite each run's page whose records changed since, then the root's index; a run
+    that cannot be reported is logged and skipped. Returns how many pages were written."""
+    written = 0
+    for p in sorted(root.iterdir()) if root.is_dir() else []:
+        run = RunDir(p)
+        try:
+            if not run.config.is_file():
+                continue
+            page = run.root / PAGE
+            newest = max((f.stat().st_mtime for f in (run.ledger, run.root / "progress.json", run.finished)
+                          if f.exists()), default=0.0)
+            if not page.is_file() or page.stat().st_mtime < newest:
+                write(run)
+                written += 1
+        except Exception as e:  # one run must never stop the others
+            log.error("%s: report not written: %s", p.name, e)
+    index(root)
+    return written
+
+
+def write(run: RunDir, out: Path | None = None) -> Path:
+    """Write the run's page (default: RUN_DIR/report.html) and return its path."""
+    path = out or run.root / PAGE
+    atomic_write(path, render(collect(run), _secrets(run)))
+    return path
+
+
+def index(root: Path, out: Path | None = None) -> Path:
+    """Write ROOT/index.html: every run under root with the same headline numbers as its page."""
+    rows = status.collect(None, root)
+    for r in rows:
+        r["page"] = f"{r['run']}/{PAGE}" if (Path(str(r["path"])) / PAGE).is_file() else ""
+        r["goodput_text"] = f"{r['goodput']:.1%}" if r.get("goodput") is not None else "-"
+        r["wall"] = duration(r.get("wall_s"))
+        r["lost"] = str(sum(r.get("lost_steps") or []))
+        r["error"] = r.get("error") or ""
+    path = out or root / INDEX
+    secrets = [u for u in [os.environ.get(status.DEFAULT_URL_ENV, "").strip()] if u]
+    from runner.host import render as templates
+
+    text = templates.environment().get_template("report-index.html.j2").render(
+        root=str(root.resolve()), rows=rows, generated=clock(time.time()), losses_defined=goodput.LOSSES)
+    atomic_write(path, alerts.redact(text, secrets))
+    return path
+
+
+def open_page(path: Path) -> str | None:
+    """Open the page in a browser where there is one; else why not (one line)."""
+    try:
+        webbrowser.get()
+    except webbrowser.Error:
+        return "no browser found here; copy the file to a machine with one (it needs no network)"
+    webbrowser.open(path.resolve().as_uri())
+    return None
