@@ -191,18 +191,18 @@ NOT_HERE = "model._target_=only_in_image_pkg.Model"  # arguments of a target not
 
 def test_interpolation_is_memoised_and_bounded(tmp_path: Path) -> None:
     levels = "".join(f"  a{i}: ${{model.a{i - 1} + model.a{i - 1}}}\n" for i in range(1, 21))
-    text = QUICKSTART_TEXT.replace("  lr: 0.05\n", "  lr: 0.05\n  a0: 1\n" + levels)
+    text = QUICKSTART_TEXT.replace("  lr: 0.01\n", "  lr: 0.01\n  a0: 1\n" + levels)
     t0 = time.monotonic()
     cfg = spec.load(write(tmp_path, text), [NOT_HERE])
     assert time.monotonic() - t0 < HANG_S and cfg.data["model"]["a20"] == 2 ** 20
     strings = "".join(f"  s{i}: ${{model.s{i - 1}}}${{model.s{i - 1}}}\n" for i in range(1, 40))
-    text = QUICKSTART_TEXT.replace("  lr: 0.05\n", "  lr: 0.05\n  s0: xx\n" + strings)
+    text = QUICKSTART_TEXT.replace("  lr: 0.01\n", "  lr: 0.01\n  s0: xx\n" + strings)
     t0 = time.monotonic()
     found = problems(write(tmp_path, text), [NOT_HERE])
     assert time.monotonic() - t0 < HANG_S
     assert any("interpolated string under" in p for p in found)
     chain = "".join(f"  c{i}: ${{model.c{i + 1}}}\n" for i in range(500)) + "  c500: 1\n"
-    found = problems(write(tmp_path, QUICKSTART_TEXT.replace("  lr: 0.05\n", "  lr: 0.05\n" + chain)), [NOT_HERE])
+    found = problems(write(tmp_path, QUICKSTART_TEXT.replace("  lr: 0.01\n", "  lr: 0.01\n" + chain)), [NOT_HERE])
     assert len(found) == 51 and "a chain of fewer than" in found[0] and found[-1].endswith("more problems like these")
     loop = problems(write(tmp_path, QUICKSTART_TEXT), [NOT_HERE, "model.x=${model.y}", "model.y=${model.x}"])
     assert loop and all("does not lead back to itself" in p for p in loop)
