@@ -81,6 +81,11 @@ class Attempt:
     stragglers: list[Mapping[str, Any]] = field(default_factory=list)
     events: list[Mapping[str, Any]] = field(default_factory=list)  # its own ledger lines
 
+    def stop(self, end: float) -> float:
+        """When its training stopped: at the end of training where it finished (the exit and teardown after that
+        are no part of the run's wall time), else at its exit, else (still running) at ``end``."""
+        return self.finished if self.finished is not None else self.ended if self.ended is not None else end
+
     @property
     def began(self) -> float:
         """When its job began to run (its start, or its submission for a local run)."""
@@ -198,7 +203,8 @@ def account(runs: Sequence[Attempt], created: float, end: float, productive_s: f
     trained = 0.0
     for i, a in enumerate(runs):
         nxt = runs[i + 1] if i + 1 < len(runs) else None
-        stop = a.ended if a.ended is not None else (a.finished if a.finished is not None else end)
+        # Wall time ends at ``end`` (a finished run's end of training): its exit and teardown come after.
+        stop = min(a.stop(end), end)
         if a.started is not None:
             loss["waiting for Slurm"] += max(min(a.started, stop) - a.queued, 0.0)
         loss["preflight"] += a.preflight_s
@@ -212,7 +218,7 @@ def account(runs: Sequence[Attempt], created: float, end: float, productive_s: f
             stall = (hang_stall_s or {}).get(a.log_attempt or 0, 0.0)
             loss["hang detection"] += stall + max(a.ended - float(a.hang["time"]), 0.0)
         if a.ended is not None:  # the gap until the next attempt was queued, or until now
-            gap = max((nxt.queued if nxt else (end if a.finished is None else a.ended)) - a.ended, 0.0)
+            gap = max(min(nxt.queued if nxt else end, end) - a.ended, 0.0)
             loss["stopped for a person" if _waited_for_person(a, nxt) else "waiting for Slurm"] += gap
     unkept = max(trained - kept, 0.0)
     loss["recomputed steps"] = min(loss["recomputed steps"], unkept)

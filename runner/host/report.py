@@ -10,6 +10,7 @@ webhook URL never lands on the page. A file that is missing or torn is said on t
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import os
@@ -189,7 +190,7 @@ def _timeline(runs: Sequence[goodput.Attempt], sc: _Scale, end: float) -> list[S
 
     for i, a in enumerate(runs):
         nxt = runs[i + 1] if i + 1 < len(runs) else None
-        stop = a.ended if a.ended is not None else (a.finished if a.finished is not None else end)
+        stop = a.stop(end)
         bar(a, a.queued, a.started, "wait", "waiting for Slurm")
         bar(a, a.began, a.train_start if a.train_start is not None else stop, "startup", "startup")
         if a.preflight_end is not None:
@@ -211,6 +212,7 @@ def _steps_chart(runs: Sequence[goodput.Attempt], ckpts: Sequence[Mapping[str, A
     top = max([end_step or 0, *(int(m["step"]) for m in ckpts[-1:]),
                *(r for i in range(len(runs)) if (r := _reached(runs, i, end_step)) is not None)], default=1) or 1
     every = max(len(ckpts) // MAX_POINTS, 1)
+    times = [float(m["time"]) for m in ckpts]  # sorted: _checkpoints sorts by time
 
     def y(step: float) -> float:
         return round(height - step / top * height, 2)
@@ -220,9 +222,9 @@ def _steps_chart(runs: Sequence[goodput.Attempt], ckpts: Sequence[Mapping[str, A
     for i, a in enumerate(runs):
         if a.train_start is None:
             continue
-        stop = a.ended if a.ended is not None else (a.finished if a.finished is not None else end)
-        mine = [m for j, m in enumerate(ckpts) if a.train_start <= float(m["time"]) <= stop
-                and (j % every == 0 or j == len(ckpts) - 1)]
+        stop = a.stop(end)
+        lo, hi = bisect.bisect_left(times, a.train_start), bisect.bisect_right(times, stop)
+        mine = [ckpts[j] for j in range(lo, hi) if j % every == 0 or j == hi - 1]
         pts = [(a.train_start, a.from_step or 0), *((float(m["time"]), int(m["step"])) for m in mine)]
         reached = _reached(runs, i, end_step)
         nxt = next((n for n in runs[i + 1:] if n.from_step is not None), None)
@@ -342,8 +344,9 @@ def collect(run: RunDir, now: float | None = None) -> Report:
         missing.append("no complete checkpoint: no steps were kept" if run.checkpoints.is_dir()
                        else "checkpoints/ is missing")
     runs = goodput.attempts(events)
-    last = checkpoint.latest(run.checkpoints, manifest.get("config_hash")) if run.checkpoints.is_dir() \
-        else None
+    ours = [m for m in ckpts if m.get("config_hash") == manifest.get("config_hash")]  # as checkpoint.latest
+    top_step = max((int(m["step"]) for m in ours), default=None)
+    last = (top_step, checkpoint.step_dir(run.checkpoints, top_step)) if top_step is not None else None
     acc = status.accounting(run, events, manifest, last)
     done = read_json(run.finished, None)
     if run.finished.exists() and not isinstance(done, dict):
@@ -373,7 +376,7 @@ def collect(run: RunDir, now: float | None = None) -> Report:
         world = manifest.get("world_size")
         for t, w in sizes.items():
             world = w if t <= a.queued else world
-        stop = a.ended if a.ended is not None else (a.finished if a.finished is not None else None)
+        stop = a.stop(end) if a.ended is not None or a.finished is not None else None
         reached = _reached(runs, i, end_step if isinstance(end_step, int) else None)
         notes = [f"non-finite {e.get('what', 'loss')} at step {e.get('step')}: "
                  f"{'skipped' if e['event'] == 'nonfinite_skipped' else 'stopped training'}" for e in a.nonfinite]
@@ -397,8 +400,6 @@ def collect(run: RunDir, now: float | None = None) -> Report:
             a.cause or "", a.lost_steps, " ".join(x for x in (a.then, a.then_reason) if x) or "-",
             a.nodes or ", ".join(a.bad_nodes) or "-", excluded.get(a.number) or "-", str(world), notes))
     beats = [b for p in sorted((run.root / "heartbeats").glob("rank-*.json")) if isinstance(b := read_json(p), dict)]
-    if not beats:
-        missing.append("heartbeats/ is empty or missing: no per-rank timings")
     newest = max((int(b.get("attempt", 0)) for b in beats), default=None)
     ranks = stragglers.compare([b for b in beats if b.get("attempt", 0) == newest])
     for r in ranks:
@@ -418,7 +419,7 @@ def collect(run: RunDir, now: float | None = None) -> Report:
     wall = acc.wall_s or 1.0
     losses, x = [], 100 * (acc.productive_s or 0.0) / wall
     for k, v in acc.losses.items():
-        if v > 0:
+        if v >= wall / 2000:  # below 0.05%: noise (clock rounding, a few ms)
             losses.append((k, duration(v), round(100 * v / wall, 2), round(x, 2), list(goodput.LOSSES).index(k) + 1))
             x += 100 * v / wall
     headline = {"state": str(row.get("state")), "goodput": f"{acc.goodput:.1%}" if acc.goodput is not None else "-",
