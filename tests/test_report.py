@@ -191,6 +191,23 @@ def test_index_and_cron_report_show_every_run_with_its_headline(tmp_path: Path,
                                                       f"{root.resolve()}/.runner-cron.log 2>&1")
 
 
+def test_open_uses_a_browser_where_there_is_one(tmp_path: Path) -> None:
+    """``--open`` hands the page to the user's browser ($BROWSER here, a script that notes what it was given);
+    with none at all it says so in one line and the page is still written (exit 0)."""
+    rd = report_runs.clean_run(tmp_path / "runs")
+    seen = tmp_path / "opened"
+    browser = tmp_path / "browser"
+    browser.write_text(f"#!/bin/sh\necho \"$1\" > {seen}\n")
+    browser.chmod(0o755)
+    bare = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "BROWSER")}
+    argv = [sys.executable, "-m", "runner", "report", str(rd.root), "--open"]
+    out = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env={**bare, "BROWSER": f"{browser} %s"})
+    assert out.returncode == 0 and seen.read_text().strip() == (rd.root / "report.html").as_uri()
+    out = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env={**bare, "PATH": str(tmp_path)})
+    assert out.returncode == 0 and out.stdout.strip() == str(rd.root / "report.html")
+    assert len(out.stderr.strip().splitlines()) == 1 and "no browser found here" in out.stderr
+
+
 def test_thirty_day_run_reports_in_under_5s_and_5mb(tmp_path: Path) -> None:
     rd = report_runs.thirty_day_run(tmp_path / "runs")
     t = time.perf_counter()
