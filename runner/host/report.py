@@ -317,9 +317,72 @@ def _identity(manifest: Mapping[str, Any]) -> list[tuple[str, str]]:
     return [(k, "-" if v is None else str(v)) for k, v in keys]
 
 
-def collect(run: RunDir, now: float | None = None) -> Report:
-    """Everything the page shows, read from the run directory (and Slurm's state, as ``runner status``)."""
-    missing: list[str] = []
+def _rows(runs: Sequence[goodput.Attempt], events: Sequence[Mapping[str, Any]], manifest: Mapping[str, Any],
+          excluded: Mapping[int, str], end: float, end_step: int | None) -> list[AttemptRow]:
+    """The attempts table: one row per attempt, in words."""
+    sizes = _world_sizes(events)
+    rows = []
+    for i, a in enumerate(runs):
+        world = manifest.get("world_size")
+        for t, w in sizes.items():
+            world = w if t <= a.queued else world
+        stop = a.stop(end) if a.ended is not None or a.finished is not None else None
+        notes = [f"non-finite {e.get('what', 'loss')} at step {e.get('step')}: "
+                 f"{'skipped' if e['event'] == 'nonfinite_skipped' else 'stopped training'}" for e in a.nonfinite]
+        notes += [stragglers.describe(e) for e in a.stragglers]
+        if a.hang is not None and a.hang.get("summary") != a.cause:
+            notes.append(str(a.hang.get("summary")))
+        if a.preflight_status and a.preflight_status != "pass":
+            notes.append(f"preflight {a.preflight_status}: {a.preflight_summary}")
+        notes += [str(e.get("change")) for e in a.events if e["event"] == "resized"]
+        outcome = a.outcome or ("finished" if a.finished else "running" if stop is None else "-")
+        trained = "-" if a.train_start is None else "running" if stop is None else duration(stop - a.train_start)
+        rows.append(AttemptRow(
+            a.number, a.job_id or "-", clock(a.queued),
+            duration(a.started - a.queued) if a.started is not None else "-",
+            f"{a.preflight_status} {duration(a.preflight_s)}" if a.preflight_status else "-",
+            duration(a.train_start - a.began - a.preflight_s) if a.train_start is not None else "-", trained,
+            f"{a.from_step} → {_reached(runs, i, end_step)}" if a.from_step is not None else "-",
+            outcome, OUTCOME_CLASS.get(outcome, "ok" if outcome in ("finished", "running") else "bad"),
+            a.cause or "", a.lost_steps, " ".join(x for x in (a.then, a.then_reason) if x) or "-",
+            a.nodes or ", ".join(a.bad_nodes) or "-", excluded.get(a.number) or "-", str(world), notes))
+    return rows
+
+
+def _ranks(run: RunDir) -> tuple[list[dict[str, Any]], int | None]:
+    """The newest attempt's ranks against the median (the straggler view), from their heartbeats."""
+    beats = [b for p in sorted((run.root / "heartbeats").glob("rank-*.json")) if isinstance(b := read_json(p), dict)]
+    newest = max((int(b.get("attempt", 0)) for b in beats), default=None)
+    ranks = stragglers.compare([b for b in beats if b.get("attempt", 0) == newest])
+    for r in ranks:
+        r["compute_ms"], r["data_ms"] = f"{r['compute_s'] * 1000:.1f}", f"{r['data_s'] * 1000:.1f}"
+    return ranks, newest
+
+
+def _bad_nodes(run: RunDir) -> list[dict[str, str]]:
+    """The nodes this run named as bad in its root's memory (nodes.jsonl)."""
+    try:
+        found = nodes.entries(run.root.parent)
+    except RunnerError:  # said by _excluded for a Slurm run
+        return []
+    return [{"node": str(e.get("node")), "cause": str(e.get("cause")), "time": clock(e.get("time")),
+             "detail": str(e.get("detail", ""))} for e in found if e.get("run") == run.name and "node" in e]
+
+
+def _loss_bars(acc: goodput.Goodput) -> list[tuple[str, str, float, float, int]]:
+    """Each loss worth a bar (0.05% of wall time or more): name, duration, share, where its bar starts, colour."""
+    wall = acc.wall_s or 1.0
+    bars, x = [], 100 * (acc.productive_s or 0.0) / wall
+    for k, v in acc.losses.items():
+        if v >= wall / 2000:
+            bars.append((k, duration(v), round(100 * v / wall, 2), round(x, 2), list(goodput.LOSSES).index(k) + 1))
+            x += 100 * v / wall
+    return bars
+
+
+def _files(run: RunDir, missing: list[str]) -> tuple[dict[str, Any], list[dict[str, Any]], str, Any, Any]:
+    """The manifest, checkpoint manifests, config text, ``finished`` and ``progress.json``; what is missing is
+    said in ``missing``."""
     if not run.manifest.is_file():
         missing.append("manifest.json is missing: submission time, config hash and image unknown; goodput not "
                        "computed")
@@ -328,12 +391,6 @@ def collect(run: RunDir, now: float | None = None) -> Report:
     except RunnerError as e:
         missing.append(str(e))
         manifest = {}
-    events = _ledger(run, missing)
-    try:
-        row = status.row(run)
-    except Exception as e:  # the page still shows what can be read
-        row = status.broken_row(run, str(e))
-        missing.append(f"status: {e}")
     try:
         config = run.config.read_text(errors="replace")
     except OSError:
@@ -343,85 +400,51 @@ def collect(run: RunDir, now: float | None = None) -> Report:
     if not ckpts:
         missing.append("no complete checkpoint: no steps were kept" if run.checkpoints.is_dir()
                        else "checkpoints/ is missing")
-    runs = goodput.attempts(events)
-    ours = [m for m in ckpts if m.get("config_hash") == manifest.get("config_hash")]  # as checkpoint.latest
-    top_step = max((int(m["step"]) for m in ours), default=None)
-    last = (top_step, checkpoint.step_dir(run.checkpoints, top_step)) if top_step is not None else None
-    acc = status.accounting(run, events, manifest, last)
     done = read_json(run.finished, None)
     if run.finished.exists() and not isinstance(done, dict):
         missing.append("finished is unreadable: the end of training is taken from the ledger")
-    end = float((done or {}).get("time") or (now if now is not None else time.time())) if isinstance(done, dict) \
-        else (now if now is not None else time.time())
-    created = float(manifest.get("created", runs[0].queued if runs else end))
     progress = read_json(run.root / "progress.json")
     if progress is None:
         missing.append("progress.json is missing: the last step reached is taken from checkpoints and the ledger")
-    end_step = (done or {}).get("step") if isinstance(done, dict) else None
+    if not run.preflight.is_file():
+        missing.append("preflight.json is missing: no preflight checks or bandwidth to show")
+    return manifest, ckpts, config, done if isinstance(done, dict) else {}, progress
+
+
+def collect(run: RunDir) -> Report:
+    """Everything the page shows, read from the run directory (and Slurm's state, as ``runner status``)."""
+    missing: list[str] = []
+    manifest, ckpts, config, done, progress = _files(run, missing)
+    events = _ledger(run, missing)
+    try:
+        row = status.row(run)
+    except Exception as e:  # the page still shows what can be read
+        row = status.broken_row(run, str(e))
+        missing.append(f"status: {e}")
+    runs = goodput.attempts(events)
+    ours = [int(m["step"]) for m in ckpts if m.get("config_hash") == manifest.get("config_hash")]
+    last = (max(ours), checkpoint.step_dir(run.checkpoints, max(ours))) if ours else None  # as checkpoint.latest
+    acc = status.accounting(run, events, manifest, last)
+    end = float(done.get("time") or time.time())
+    created = float(manifest.get("created", runs[0].queued if runs else end))
+    end_step = done.get("step")
     if end_step is None and isinstance(progress, dict):
         end_step = progress.get("step")
     if end_step is None and ckpts:
         end_step = ckpts[-1]["step"]
+    end_step = end_step if isinstance(end_step, int) else None
     sc = _Scale(created, end)
     chart_h = 240.0
-    lines, marks, top = _steps_chart(runs, ckpts, sc, end, end_step if isinstance(end_step, int) else None, chart_h)
+    lines, marks, top = _steps_chart(runs, ckpts, sc, end, end_step, chart_h)
     try:
         keep_s = float(read_resolved(run.config)["resume"]["exclude_nodes_s"])
     except Exception:  # the config is said missing above; the default then
         keep_s = 21600.0
     excluded = _excluded(run.root.parent, runs, keep_s, missing) if manifest.get("scheduler") == "slurm" else {}
-    sizes = _world_sizes(events)
-    rows = []
-    for i, a in enumerate(runs):
-        world = manifest.get("world_size")
-        for t, w in sizes.items():
-            world = w if t <= a.queued else world
-        stop = a.stop(end) if a.ended is not None or a.finished is not None else None
-        reached = _reached(runs, i, end_step if isinstance(end_step, int) else None)
-        notes = [f"non-finite {e.get('what', 'loss')} at step {e.get('step')}: "
-                 f"{'skipped' if e['event'] == 'nonfinite_skipped' else 'stopped training'}" for e in a.nonfinite]
-        notes += [stragglers.describe(e) for e in a.stragglers]
-        if a.hang is not None and a.hang.get("summary") != a.cause:
-            notes.append(str(a.hang.get("summary")))
-        if a.preflight_status and a.preflight_status != "pass":
-            notes.append(f"preflight {a.preflight_status}: {a.preflight_summary}")
-        notes += [str(e.get("change")) for e in a.events if e["event"] == "resized"]
-        running = a.ended is None and a.finished is None
-        outcome = a.outcome or ("finished" if a.finished else "running" if running else "-")
-        rows.append(AttemptRow(
-            a.number, a.job_id or "-", clock(a.queued),
-            duration(a.started - a.queued) if a.started is not None else "-",
-            f"{a.preflight_status} {duration(a.preflight_s)}" if a.preflight_status else "-",
-            duration(a.train_start - a.began - a.preflight_s) if a.train_start is not None else "-",
-            duration(stop - a.train_start) if a.train_start is not None and stop is not None else
-            ("running" if a.train_start is not None else "-"),
-            f"{a.from_step} → {reached}" if a.from_step is not None else "-",
-            outcome, OUTCOME_CLASS.get(outcome, "ok" if outcome in ("finished", "running") else "bad"),
-            a.cause or "", a.lost_steps, " ".join(x for x in (a.then, a.then_reason) if x) or "-",
-            a.nodes or ", ".join(a.bad_nodes) or "-", excluded.get(a.number) or "-", str(world), notes))
-    beats = [b for p in sorted((run.root / "heartbeats").glob("rank-*.json")) if isinstance(b := read_json(p), dict)]
-    newest = max((int(b.get("attempt", 0)) for b in beats), default=None)
-    ranks = stragglers.compare([b for b in beats if b.get("attempt", 0) == newest])
-    for r in ranks:
-        r["compute_ms"], r["data_ms"] = f"{r['compute_s'] * 1000:.1f}", f"{r['data_s'] * 1000:.1f}"
+    ranks, rank_attempt = _ranks(run)
     pre = read_json(run.preflight)
-    if pre is None:
-        missing.append("preflight.json is missing: no preflight checks or bandwidth to show")
-    checks = [c for c in (pre or {}).get("checks") or [] if isinstance(c, dict)] if isinstance(pre, dict) else []
+    pre = pre if isinstance(pre, dict) else {}
     hang = read_json(run.root / "hang.json")
-    mine = []
-    try:
-        mine = [{"node": str(e.get("node")), "cause": str(e.get("cause")), "time": clock(e.get("time")),
-                 "detail": str(e.get("detail", ""))} for e in nodes.entries(run.root.parent)
-                if e.get("run") == run.name and "node" in e]
-    except RunnerError:
-        pass
-    wall = acc.wall_s or 1.0
-    losses, x = [], 100 * (acc.productive_s or 0.0) / wall
-    for k, v in acc.losses.items():
-        if v >= wall / 2000:  # below 0.05%: noise (clock rounding, a few ms)
-            losses.append((k, duration(v), round(100 * v / wall, 2), round(x, 2), list(goodput.LOSSES).index(k) + 1))
-            x += 100 * v / wall
     headline = {"state": str(row.get("state")), "goodput": f"{acc.goodput:.1%}" if acc.goodput is not None else "-",
                 "wall": duration(acc.wall_s), "productive": duration(acc.productive_s),
                 "attempts": str(len(runs)), "restarts": str(row.get("restarts")),
@@ -430,11 +453,13 @@ def collect(run: RunDir, now: float | None = None) -> Report:
                 "last checkpoint": str(row.get("last_checkpoint_step") or "-"),
                 "last outcome": str(row.get("last_outcome") or (runs[-1].outcome if runs else None) or "-")}
     return Report(
-        run.name, str(run.root), str(row.get("state")), clock(now if now is not None else time.time()), headline, acc,
-        losses, rows, _timeline(runs, sc, end), max(len(runs), 1) * ROW_H, sc.ticks(), lines, marks, chart_h,
-        [(round(chart_h - f * chart_h, 2), str(round(f * top))) for f in (0, 0.25, 0.5, 0.75, 1)], ranks, newest,
-        checks, str((pre or {}).get("summary", "")) if isinstance(pre, dict) else "",
-        hang if isinstance(hang, dict) else None, mine, _alerts(run), _identity(manifest), config, missing)
+        run.name, str(run.root), str(row.get("state")), clock(time.time()), headline, acc, _loss_bars(acc),
+        _rows(runs, events, manifest, excluded, end, end_step), _timeline(runs, sc, end),
+        max(len(runs), 1) * ROW_H, sc.ticks(), lines, marks, chart_h,
+        [(round(chart_h - f * chart_h, 2), str(round(f * top))) for f in (0, 0.25, 0.5, 0.75, 1)], ranks,
+        rank_attempt, [c for c in pre.get("checks") or [] if isinstance(c, dict)], str(pre.get("summary", "")),
+        hang if isinstance(hang, dict) else None, _bad_nodes(run), _alerts(run), _identity(manifest), config,
+        missing)
 
 
 def render(report: Report, secrets: Sequence[str] = ()) -> str:
