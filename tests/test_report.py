@@ -114,6 +114,17 @@ def test_clean_run_page_says_what_a_newcomer_needs(tmp_path: Path, capsys: pytes
     assert "What goodput counts" in text and "productive training time over wall time since submission" in text
 
 
+def test_report_never_imports_torch(tmp_path: Path) -> None:
+    """The login-node path stays light: `runner report` and the index load neither torch, lightning nor numpy."""
+    rd = report_runs.clean_run(tmp_path / "runs")
+    code = ("import sys; from runner import cli; "
+            f"assert cli.main(['report', {str(rd.root)!r}]) == 0; "
+            f"assert cli.main(['report', '--root', {str(rd.root.parent)!r}]) == 0; "
+            "print(sorted(m for m in ('torch', 'lightning', 'numpy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
 def test_torn_ledger_line_renders_and_is_said(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rd = report_runs.clean_run(tmp_path / "runs")
     with open(rd.ledger, "a") as f:
