@@ -91,3 +91,22 @@ def test_a_copied_runner_package_still_declares_its_entry_point(tmp_path: Path, 
     assert sys.path[-1] == where and program.os.environ["PYTHONPATH"] == f"/elsewhere:{where}"
     [dist] = metadata.distributions(path=[where])
     assert [(e.group, e.value) for e in dist.entry_points] == [(program.GROUP, "runner.job.callback:factory")]
+
+
+@pytest.mark.parametrize("command, here", [
+    (["python", "train.py", "--lr", "1e-3"], True),
+    (["python3.12", "-m", "recipe.train", "--stage", "5"], True),
+    (["<this interpreter>", "train.py"], True),
+    (["/opt/other-venv/bin/python", "train.py"], False),  # another interpreter's packages: a child process
+    (["python", "-u", "train.py"], False),  # interpreter options: the interpreter itself runs it
+    (["python", "-m"], False),
+    (["python"], False),
+    (["bash", "run.sh"], False),
+    (["torchrun", "--nproc_per_node=8", "train.py"], False),
+])
+def test_which_commands_run_in_the_ranks_own_process(command: list[str], here: bool) -> None:
+    import sys
+
+    from runner.job import program
+
+    assert program.in_process([sys.executable if c == "<this interpreter>" else c for c in command]) is here

@@ -36,8 +36,11 @@ _PYTHON = re.compile(r"python(\d+(\.\d+)?)?\Z")
 
 
 def in_process(command: list[str]) -> bool:
-    """``python SCRIPT ...`` or ``python -m MODULE ...`` (the rank's own Python): run here, like the interpreter."""
-    if len(command) < 2 or not _PYTHON.fullmatch(command[0]):
+    """``python SCRIPT ...`` or ``python -m MODULE ...`` with the rank's own Python (``python``, ``python3``,
+    ``python3.12``, or this interpreter's own path): run here, like the interpreter. Another interpreter's path
+    (another venv, the system's) is a child process: its packages are not this one's."""
+    own = os.path.abspath(command[0]) == os.path.abspath(sys.executable) if command else False
+    if len(command) < 2 or not (_PYTHON.fullmatch(command[0]) or own):
         return False
     return command[1] == "-m" and len(command) > 2 or not command[1].startswith("-")
 
