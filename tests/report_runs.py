@@ -62,7 +62,7 @@ def heartbeat(rd: RunDir, rank: int, host: str, step: int, attempt: int, compute
                              "attempt": attempt, "step_s": 0.01, "compute_s": compute_s, "data_s": data_s}))
 
 
-def preflight(rd: RunDir, hosts: list[str], seconds: float) -> None:
+def preflight(rd: RunDir, hosts: list[str], seconds: float, record: bool = True) -> None:
     """Rank 0's preflight report and its ledger line (runner.job.preflight._finish), bandwidth from the real check."""
     time.sleep(seconds)
     job = {"busbw_gbps": 9.5, "algbw_gbps": 6.3, "size_bytes": 64 << 20, "ranks": 2 * len(hosts)}
@@ -73,7 +73,8 @@ def preflight(rd: RunDir, hosts: list[str], seconds: float) -> None:
     report = {"status": checks.PASS, "summary": summary, "time": time.time(), "duration_s": seconds,
               "world_size": 2 * len(hosts), "checks": [asdict(c) for c in found], "nodes": hosts}
     atomic_write(rd.root / "preflight.txt", summary + "\n")
-    rd.record("preflight", status=checks.PASS, duration_s=round(seconds, 2), summary=summary)
+    if record:
+        rd.record("preflight", status=checks.PASS, duration_s=round(seconds, 2), summary=summary)
     atomic_write(rd.preflight, json.dumps(report, indent=2) + "\n")
 
 
@@ -241,7 +242,8 @@ def thirty_day_run(root: Path, checkpoints: int = 10_000, attempts: int = 200, r
     rd.manifest.write_text(json.dumps(manifest, indent=2) + "\n")
     span = 30 * 86400 / attempts
     per = checkpoints // attempts
-    step_s, every = 0.5, 100
+    every = 100
+    step_s = (span - 900) / (per * every)  # back to back: each attempt trains until its next one is queued
     lines = [_line(t0, "submitted", scheduler="slurm", job_id="5000", world_size=ranks)]
     hosts = [f"gpu{n:03d}" for n in range(ranks // 8)]
     step, kept = 0, 0.0
@@ -255,7 +257,6 @@ def thirty_day_run(root: Path, checkpoints: int = 10_000, attempts: int = 200, r
         lost = 0 if a == 1 or outcomes[(a - 2) % 5] in ("preempted", "timeout") else 40
         train = start + 120
         lines.append(_line(train, "train_start", step=step, lost_steps=lost, attempt=a, resumed_from=None))
-        step = max(step - lost, 0)
         for c in range(per):
             step += every
             when = train + (c + 1) * every * step_s
@@ -284,11 +285,12 @@ def thirty_day_run(root: Path, checkpoints: int = 10_000, attempts: int = 200, r
             lines.append(_line(end + 5, "requeued" if outcome in ("preempted", "timeout") else "resubmitted",
                                job_id=job, reason=outcome, attempt=a + 1))
     rd.ledger.write_text("".join(lines))
+    preflight(rd, hosts, 0.0, record=False)  # the last attempt's report (its ledger line is above)
     atomic_write(rd.finished, json.dumps({"step": step, "time": t0 + 30 * 86400, "productive_s": kept}) + "\n")
     atomic_write(rd.root / "progress.json", json.dumps({"step": step, "time": t0 + 30 * 86400}) + "\n")
     for r in range(ranks):
         atomic_write(rd.root / "heartbeats" / f"rank-{r:05d}.json",
                      json.dumps({"rank": r, "host": hosts[r // 8], "pid": r, "step": step, "time": t0,
-                                 "attempt": attempts, "step_s": 0.5, "compute_s": 0.2 + 0.001 * r,
+                                 "attempt": attempts, "step_s": step_s, "compute_s": 0.2 + 0.001 * r,
                                  "data_s": 0.01 if r != 9 else 0.05}))
     return rd

@@ -416,14 +416,15 @@ def collect(run: RunDir) -> Report:
     missing: list[str] = []
     manifest, ckpts, config, done, progress = _files(run, missing)
     events = _ledger(run, missing)
+    cfg_hash = manifest.get("config_hash")
+    ours = [int(m["step"]) for m in ckpts if not cfg_hash or m.get("config_hash") == cfg_hash]
+    last = (max(ours), checkpoint.step_dir(run.checkpoints, max(ours))) if ours else None  # as checkpoint.latest
     try:
-        row = status.row(run)
+        row = status.row(run, last=last)
     except Exception as e:  # the page still shows what can be read
         row = status.broken_row(run, str(e))
         missing.append(f"status: {e}")
     runs = goodput.attempts(events)
-    ours = [int(m["step"]) for m in ckpts if m.get("config_hash") == manifest.get("config_hash")]
-    last = (max(ours), checkpoint.step_dir(run.checkpoints, max(ours))) if ours else None  # as checkpoint.latest
     acc = status.accounting(run, events, manifest, last)
     end = float(done.get("time") or time.time())
     created = float(manifest.get("created", runs[0].queued if runs else end))

@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from runner import goodput, policy, stragglers
 from runner import log as runner_log
@@ -77,8 +77,10 @@ def _asks_slurm(manifest: Mapping[str, Any], rec: policy.Records) -> bool:
     return manifest.get("scheduler") == "slurm" and policy.asks_slurm(rec)
 
 
-def row(run: RunDir, jobs: Mapping[str, policy.JobInfo] | None = None) -> dict[str, Any]:
-    """One run's status; ``jobs`` is Slurm's answer for many runs at once (asked here when not given)."""
+def row(run: RunDir, jobs: Mapping[str, policy.JobInfo] | None = None,
+        last: tuple[int, Path] | None | Literal["find"] = "find") -> dict[str, Any]:
+    """One run's status; ``jobs`` is Slurm's answer for many runs at once (asked here when not given), ``last`` the
+    newest complete checkpoint where the caller found it already (``runner report`` reads every manifest)."""
     manifest = manifest_of(run)
     rec = records(run)
     info = heir = None
@@ -89,7 +91,8 @@ def row(run: RunDir, jobs: Mapping[str, policy.JobInfo] | None = None) -> dict[s
             jobs = slurm.query_many(job_ids(rec))
         info, heir = jobs.get(rec.job_id), jobs.get(rec.successor or "")
     cfg_hash = manifest.get("config_hash")
-    last = checkpoint.latest(run.checkpoints, cfg_hash) if run.checkpoints.is_dir() else None
+    if last == "find":
+        last = checkpoint.latest(run.checkpoints, cfg_hash) if run.checkpoints.is_dir() else None
     events = list(rec.events)
     state = policy.run_state(rec, info, heir)
     return {"run": run.name, "path": str(run.root), "state": state, "job_id": rec.job_id,
