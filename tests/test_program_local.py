@@ -100,14 +100,19 @@ def test_a_plain_lightning_script_trains_to_the_end_with_runners_callback(undist
     assert [e["exactness"] for e in events(run, "data")] == ["exact"]  # its StatefulDataLoader resumes mid-epoch
 
 
-@pytest.mark.parametrize("sig, stateful", [(signal.SIGUSR2, True), (signal.SIGINT, False)],
-                         ids=["preemption-notice", "ctrl-c-plain-loader"])
+@pytest.mark.parametrize("sig, stateful, own_ckpt", [(signal.SIGUSR2, True, False), (signal.SIGINT, False, False),
+                                                     (signal.SIGUSR2, True, True)],
+                         ids=["preemption-notice", "ctrl-c-plain-loader", "program-passes-its-own-ckpt_path"])
 def test_stopped_by_a_signal_the_same_script_resumes_from_its_checkpoint(tmp_path: Path, undisturbed: RunDir,
-                                                                         sig: int, stateful: bool) -> None:
+                                                                         sig: int, stateful: bool,
+                                                                         own_ckpt: bool) -> None:
     """A preemption notice (USR2) or a Ctrl-C after the second checkpoint: every rank checkpoints at an agreed step
     and the run asks to be requeued; `runner resume` continues the same script from that checkpoint (the script's
-    own global_step at on_train_start), bitwise equal to an undisturbed run when its loader resumes mid-epoch."""
-    code, out, run = submit(tmp_path, SLOW if stateful else SLOW.replace(" --stateful", ""), interrupt=sig)
+    own global_step at on_train_start), bitwise equal to an undisturbed run when its loader resumes mid-epoch. A
+    program that passes its own ckpt_path to fit (ESPnet3's `fit: {ckpt_path: ...}`) resumes from runner's all the
+    same."""
+    command = (SLOW if stateful else SLOW.replace(" --stateful", "")) + (" --ckpt_path last" if own_ckpt else "")
+    code, out, run = submit(tmp_path, command, interrupt=sig)
     assert code == EXIT_REQUEUE, out
     assert not run.finished.exists() and events(run, "exit")[-1]["exit_code"] == EXIT_REQUEUE
     assert "received SIGUSR2" in run.rank_log(1, 1).read_text()  # Ctrl-C reaches the ranks as the notice
@@ -118,6 +123,9 @@ def test_stopped_by_a_signal_the_same_script_resumes_from_its_checkpoint(tmp_pat
     start = [e for e in events(run, "train_start") if e["attempt"] == 2]
     assert [(e["step"], e["resumed_from"], e["lost_steps"]) for e in start] == [(newest, str(path), 0)]
     assert run.finished.exists() and [e["step"] for e in events(run, "finished")] == [80]
+    if own_ckpt:
+        assert f"step-{newest:07d} (step {newest}) instead of the program's ckpt_path last" in \
+            run.rank_log(0, 2).read_text()
     exactness = {e["exactness"] for e in events(run, "data")}
     if not stateful:  # a plain DataLoader: said, in both attempts
         assert exactness == {"epoch boundaries only"}

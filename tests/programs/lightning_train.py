@@ -23,6 +23,7 @@ parser.add_argument("--stateful", action="store_true")
 parser.add_argument("--nan-at", type=int, default=-1, help="return a NaN loss at this step")
 parser.add_argument("--stall-at", type=int, default=-1, help="hang forever in this step (a stuck collective)")
 parser.add_argument("--sleep", type=float, default=0.0, help="seconds per step")
+parser.add_argument("--ckpt_path", default=None, help="trainer.fit's own ckpt_path (e.g. last)")
 args = parser.parse_args()
 
 
@@ -61,5 +62,5 @@ if args.stateful:
     loader = StatefulDataLoader(data, batch_size=16, sampler=sampler)
 else:
     loader = DataLoader(data, batch_size=16, shuffle=True)
-trainer.fit(Regressor(), loader)
+trainer.fit(Regressor(), loader, ckpt_path=args.ckpt_path)
 print(f"trained to step {trainer.global_step}", flush=True)
