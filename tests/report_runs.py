@@ -195,7 +195,7 @@ def _fault_run(rd: RunDir, cfg: Any) -> RunDir:
     # 4: on n1 and n3; a NaN at step 93 is skipped (nonfinite.action=skip); finished at 100
     a, t = _attempt(rd, "103", "n[1,3]", ["n1", "n3"], 0, 0.2, 80, 5)
     kept = _train(rd, range(81, 93), kept, t)
-    rd.record("nonfinite_skipped", step=93, what="loss")
+    rd.record("nonfinite_skipped", step=93, what="loss nan")  # as runner.job.guards words it
     kept = _train(rd, range(93, 101), kept, t)
     for r, host in enumerate(["n1", "n1", "n3", "n3"]):
         heartbeat(rd, r, host, 100, a, 0.004 if r != 2 else 0.011, 0.001 if r != 2 else 0.02)
@@ -267,7 +267,7 @@ def thirty_day_run(root: Path, checkpoints: int = 10_000, attempts: int = 200, r
                                                          "config_hash": manifest["config_hash"]}))
             (d / checkpoint.MARKER).write_text(f"{step}\n")
         if a % 17 == 0:
-            lines.append(_line(train + 100, "nonfinite_skipped", step=step - 50, what="loss"))
+            lines.append(_line(train + 100, "nonfinite_skipped", step=step - 50, what="loss inf"))
         if a % 23 == 0:
             lines.append(_line(train + 200, "straggler", rank=a % ranks, node=hosts[a % len(hosts)], slow="data",
                                step=step, compute_x=1.0, data_x=3.2, compute_s=0.2, data_s=0.3, attempt=a))

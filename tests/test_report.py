@@ -368,7 +368,7 @@ def test_fault_run_page_in_headless_chromium(tmp_path: Path, webhook: Any, capsy
     cells = [a["cells"] for a in rendered.attempts]
     assert "task 3: Killed" in cells[1]
     assert "hang: 3 of 4 ranks in collective; rank 2 on n2 (in data)" in cells[2]
-    assert "non-finite loss at step 93: skipped" in cells[3] and "n2 (hang)" in cells[3]
+    assert "non-finite loss nan at step 93: skipped" in cells[3] and "n2 (hang)" in cells[3]
     assert [a["lost"] for a in rendered.attempts] == ["0", "0", "7", "5"]
     assert "40 → 67" in cells[1] and "60 → 85" in cells[2] and "80 → 100" in cells[3]
     assert rendered.goodput == str(status_json(rd)["goodput"])
