@@ -267,6 +267,15 @@ def test_goodput_losses_partition_wall_time() -> None:
     assert sum(g.losses.values()) + 200 == pytest.approx(400)
 
 
+def test_a_running_run_counts_its_unsaved_training_apart() -> None:
+    """Still training at 100 s with its newest checkpoint keeping 60 s: the 20 s since are no checkpoint stall."""
+    runs = goodput.attempts([_ev(0, "submitted"), _ev(5, "preflight", status="pass", duration_s=5.0),
+                             _ev(20, "train_start", step=0, lost_steps=0, attempt=1)])
+    g = goodput.account(runs, created=0.0, end=100.0, productive_s=60.0, kept_step=600)
+    assert g.goodput == 0.6 and g.losses["since the last checkpoint"] == 20 and g.losses["checkpoint stalls"] == 0
+    assert g.losses["preflight"] == 5 and g.losses["startup"] == 15
+
+
 def test_local_exit_codes_read_as_outcomes() -> None:
     runs = goodput.attempts([_ev(0, "submitted"), _ev(1, "train_start", step=0, lost_steps=0, attempt=1),
                              _ev(5, "exit", exit_code=75), _ev(6, "resubmitted", scheduler="local"),
