@@ -352,6 +352,21 @@ def chromium(page: Path, proxy_port: int, tmp: Path, *how: str) -> str:
     return out.stdout
 
 
+def open_in_chromium(page: Path, tmp_path: Path, shot_name: str) -> tuple[str, Path, list[bytes]]:
+    """The page rendered by headless Chromium behind a proxy that records every connection: its DOM, a screenshot
+    (in ARTIFACTS) and the first line of every request the page made (Chromium's own background requests excused)."""
+    recorder = Recorder()
+    try:
+        dom = chromium(page, recorder.port, tmp_path, "--dump-dom")
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        shot = ARTIFACTS / shot_name
+        shot.unlink(missing_ok=True)
+        chromium(page, recorder.port, tmp_path, f"--screenshot={shot}")
+    finally:
+        recorder.close()
+    return dom, shot, [r.split(b"\r\n")[0] for r in recorder.seen if not CHROMIUM_OWN.match(r)]
+
+
 def test_fault_run_page_in_headless_chromium(tmp_path: Path, webhook: Any, capsys: pytest.CaptureFixture[str]) -> None:
     """A run with a preemption, a killed rank, a hang and a skipped NaN (synthesized from runner's own writers):
     Chromium renders every attempt with its cause, the lost steps and status's goodput, fetching nothing."""
@@ -360,16 +375,7 @@ def test_fault_run_page_in_headless_chromium(tmp_path: Path, webhook: Any, capsy
     code, out, _ = run_cli(capsys, "report", str(rd.root))
     assert code == 0
     page = Path(out.strip())
-    recorder = Recorder()
-    try:
-        dom = chromium(page, recorder.port, tmp_path, "--dump-dom")
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        shot = ARTIFACTS / "report-fault-run.png"
-        shot.unlink(missing_ok=True)
-        chromium(page, recorder.port, tmp_path, f"--screenshot={shot}")
-    finally:
-        recorder.close()
-    fetched = [r.split(b"\r\n")[0] for r in recorder.seen if not CHROMIUM_OWN.match(r)]
+    dom, shot, fetched = open_in_chromium(page, tmp_path, "report-fault-run.png")
     assert fetched == [], f"the page fetched: {fetched}"
     assert shot.stat().st_size > 20_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rendered = Page(dom)

@@ -20,7 +20,7 @@ import pytest
 from runner.dev import devcluster
 from tests.ci import need
 from tests.test_failures import checkpoint_done, env_for, events, hook, job_id, runner, status, submit, wait_for
-from tests.test_report import ARTIFACTS, CHROMIUM_OWN, Page, Recorder, chromium, self_contained
+from tests.test_report import Page, open_in_chromium, self_contained
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 __all__ = ["hook"]  # the webhook fixture, shared with test_failures
@@ -71,16 +71,8 @@ def test_report_of_a_real_run_with_every_fault(slurm_cluster: devcluster.Cluster
     assert outcomes == ["preempted", "failed", "hang", "completed"], outcomes
     out = runner(env, "report", str(run))
     page = Path(out.stdout.strip())
-    recorder = Recorder()
-    try:
-        dom = chromium(page, recorder.port, tmp_path, "--dump-dom")
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        shot = ARTIFACTS / "report-dev-cluster-run.png"
-        shot.unlink(missing_ok=True)
-        chromium(page, recorder.port, tmp_path, f"--screenshot={shot}")
-    finally:
-        recorder.close()
-    assert [r.split(b"\r\n")[0] for r in recorder.seen if not CHROMIUM_OWN.match(r)] == []
+    dom, _, fetched = open_in_chromium(page, tmp_path, "report-dev-cluster-run.png")
+    assert fetched == [], f"the page fetched: {fetched}"
     rendered = Page(dom)
     assert [a["outcome"] for a in rendered.attempts] == outcomes
     cells = [a["cells"] for a in rendered.attempts]
