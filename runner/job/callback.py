@@ -433,11 +433,14 @@ class Guarantees:
         self.callback = combine(self.parts)
         self.callback.runner = self  # how the wrapped Trainer.fit finds its trainer's guarantees
 
-    def fit(self, call: Callable[[str | None], None], asked: str | None = None) -> int | None:
-        """Run ``call(ckpt_path)`` (one ``Trainer.fit``) from runner's newest complete checkpoint, or from ``asked``
+    def fit(self, trainer: Any, call: Callable[[str | None], None], asked: str | None = None) -> int | None:
+        """Run ``call(ckpt_path)`` (``trainer``'s ``fit``) from runner's newest complete checkpoint, or from ``asked``
         (the program's own) while runner has none. Returns the launcher's exit code when training stopped before
         its end (a signal, a non-finite step, SIGTERM), None when ``fit`` ended by itself."""
         from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+        def step() -> int:
+            return int(trainer.global_step)
 
         last = resume_point(self.rd, self.cfg, self.cfg_hash, self.rank, self.attempt) \
             if self.cfg["resume"]["enabled"] else None
@@ -458,7 +461,7 @@ class Guarantees:
             log.warning("terminated (SIGTERM) before the end of training")
             return EXIT_TERMINATED
         except Exception as e:  # the traceback still reaches the log; the record lets the exit hook spot a loop
-            guards.record_crash(self.rd, self.attempt, self.rank, self._step, e)
+            guards.record_crash(self.rd, self.attempt, self.rank, step(), e)
             raise
         finally:
             if self.watchdog:
@@ -468,15 +471,9 @@ class Guarantees:
                       EXIT_NONFINITE)
             return EXIT_NONFINITE
         if self.checkpoint.stopped_by_signal:
-            log.info("stopped on signal at step %d; exit %d (requeue)", self._step, EXIT_REQUEUE)
+            log.info("stopped on signal at step %d; exit %d (requeue)", step(), EXIT_REQUEUE)
             return EXIT_REQUEUE
         return None
-
-    @property
-    def _step(self) -> int:
-        return max(self.checkpoint.last_saved, 0) if self.trainer is None else int(self.trainer.global_step)
-
-    trainer: Any = None
 
     def save_final(self, trainer: Any) -> None:
         """Each rank's weights after training (``final/rank-XXXXX.pt``): what a resumed run is compared by."""
@@ -572,13 +569,12 @@ def _wrap_fit() -> None:
             log.warning("this program calls fit a second time: runner does not resume it from its checkpoints")
             return original(self, *args, **kwargs)
         bound = signature.bind(self, *args, **kwargs)
-        g.trainer = self
 
         def call(ckpt: str | None) -> None:
             bound.arguments["ckpt_path"] = ckpt
             original(*bound.args, **bound.kwargs)
 
-        code = g.fit(call, bound.arguments.get("ckpt_path"))
+        code = g.fit(self, call, bound.arguments.get("ckpt_path"))
         step = int(self.global_step)
         atomic_write(outcome_file(g.rd, g.attempt, g.rank), json.dumps(
             {"step": step, "code": code, "resumed": g.checkpoint.resume_from is not None, "time": time.time(),
