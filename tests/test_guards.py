@@ -169,6 +169,33 @@ def _verdicts(rank: int, case: str) -> tuple[bool, list[int]]:
     return bad, [i for i, p in enumerate(params) if any(p is q for q in guard.plan[1])]
 
 
+def _fsdp2_verdicts(rank: int, case: str) -> tuple[bool, list[int]]:
+    """FSDP2 (runner's fsdp: Lightning's ModelParallelStrategy): parameters and gradients are DTensors sharded
+    over the two ranks; a NaN in rank 1's local shard of the first gradient only (or in none)."""
+    from lightning.pytorch.strategies import ModelParallelStrategy
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (2,))
+    params = [torch.nn.Parameter(distribute_tensor(torch.zeros(8), mesh, [Shard(0)])) for _ in range(2)]
+    for p in params:
+        p.grad = distribute_tensor(torch.ones(8), mesh, [Shard(0)])
+    if case == "nan in rank 1's shard" and rank == 1:
+        params[0].grad.to_local()[0] = float("nan")
+    trainer = SimpleNamespace(strategy=ModelParallelStrategy())
+    guard = make_guard(RunDir(Path("/nonexistent")), "stop", 0)
+    bad = guard._bad(trainer, SimpleNamespace(param_groups=[{"params": params}]), torch.device("cpu"))
+    return bad, [i for i, p in enumerate(params) if any(p is q for q in guard.plan[1])]
+
+
+@pytest.mark.parametrize(("case", "expected"), [
+    ("nan in rank 1's shard", {0: (True, [0, 1]), 1: (True, [0, 1])}),  # rank 0's shard is finite: it learns
+    ("finite", {0: (False, [0, 1]), 1: (False, [0, 1])}),                 # of the NaN from the one all-reduce
+])
+def test_fsdp2_ranks_check_their_local_shards_and_share_one_verdict(case: str, expected: dict) -> None:
+    assert on_two_ranks(_fsdp2_verdicts, case) == expected
+
+
 @pytest.mark.parametrize(("case", "expected"), [
     # FSDP's ranks hold different shards: one all-reduce of the verdicts makes a NaN in one shard every rank's
     # decision (else that rank alone would stop, and the others wait in their next collective).

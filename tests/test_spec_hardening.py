@@ -85,12 +85,20 @@ def test_duplicate_key_names_both_lines(tmp_path: Path) -> None:
     ("slurm.mem=-5", "slurm.mem", "a value >= 0"),
     ("seed=4294967296", "seed", "a value <= 2147483648"),
     ("trainer.max_steps=0", "trainer.max_steps", "-1 (no limit) or a value >= 1"),
-    ("trainer.strategy=fsdp", "trainer.strategy", "accelerator: cpu"),
     ("trainer.precision=16-mixed", "trainer.precision", "accelerator: cpu"),
     ("name=" + "n" * 101, "name", "1 to 100 letters"),
 ])
 def test_value_ranges_and_choices(tmp_path: Path, override: str, key: str, needle: str) -> None:
     assert needle in one_problem(tmp_path, [override], key)
+
+
+@pytest.mark.parametrize(("overrides", "blocks"), [
+    (["trainer.strategy=fsdp"], []),  # runs on CPU (FSDP2 through Lightning's ModelParallelStrategy, gloo)
+    (["trainer.strategy=fsdp", "fsdp.blocks=[Linear]"], ["Linear"]),
+])
+def test_fsdp_runs_on_cpu_and_names_its_blocks(tmp_path: Path, overrides: list[str], blocks: list[str]) -> None:
+    cfg = spec.load(write(tmp_path, QUICKSTART_TEXT), overrides)
+    assert cfg.data["trainer"]["strategy"] == "fsdp" and cfg.data["fsdp"]["blocks"] == blocks
 
 
 def test_precision_and_strategy_lists_match_installed_lightning() -> None:
@@ -103,10 +111,10 @@ def test_precision_and_strategy_lists_match_installed_lightning() -> None:
 
 
 def test_all_problems_at_once_including_cross_field_after_a_schema_error(tmp_path: Path) -> None:
-    found = problems(write(tmp_path, QUICKSTART_TEXT), ["seed=x", "trainer.devices=3", "trainer.strategy=fsdp",
+    found = problems(write(tmp_path, QUICKSTART_TEXT), ["seed=x", "trainer.devices=3", "trainer.precision=16",
                                                           "container=oops", "dataloader.test=5"])
     keys = sorted(p.split(": ")[1] for p in found)
-    assert keys == ["container", "dataloader.test", "seed", "trainer.devices", "trainer.strategy"], found
+    assert keys == ["container", "dataloader.test", "seed", "trainer.devices", "trainer.precision"], found
 
 
 def test_defaults_never_fail_on_a_block_the_user_did_not_write(tmp_path: Path) -> None:

@@ -216,6 +216,7 @@ def make_checkpoint(rd: RunDir, cfg: RunConfig, cfg_hash: str, flag: StopFlag, a
             self.agreement = Agreement(flag, self.owner)
             self.writer = checkpoint.Writer()
             self.buffers: list[Any] = []  # rank 0's copy of the last checkpoint, reused by the next (snapshot)
+            self.group: Any = None  # sharded checkpoints: the background writes' own process group
             self.progress_at = 0.0
             self.resume_from: Path | None = None
             self.rng: dict[str, Any] | None = None  # this rank's RNG state from the checkpoint, until restored
@@ -231,6 +232,11 @@ def make_checkpoint(rd: RunDir, cfg: RunConfig, cfg_hash: str, flag: StopFlag, a
 
         def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
             flag.take_over_sigterm()
+            if internals.is_sharded(trainer.strategy):  # what this rank holds of the model, for tests and people
+                mine, total = internals.resident_elements(pl_module)
+                log.info("fsdp: this rank holds %d of the model's %d parameter elements", mine, total)
+                atomic_write(rd.root / "ranks" / f"params-rank{trainer.global_rank:05d}.json",
+                             json.dumps({"resident": mine, "model": total, "world_size": trainer.world_size}))
             self.last_saved = trainer.global_step
             self.t_start = time.time()
             resume_from = self.resume_from
@@ -294,30 +300,46 @@ def make_checkpoint(rd: RunDir, cfg: RunConfig, cfg_hash: str, flag: StopFlag, a
             staging = checkpoint.staging_dir(root, step)
             if rank == 0:
                 self.progress(step)
-            if not isinstance(trainer.strategy, DDPStrategy):  # FSDP & co. gather inside save_checkpoint
+            shards: dict[str, Any] | None = None
+            meta: dict[str, Any] | None = None
+            state = None
+            if internals.is_sharded(trainer.strategy):  # FSDP2: every rank writes its own shard, nothing gathered
+                if self.group is None:
+                    self.group = internals.checkpoint_group()  # every rank is here, at the same step
+                shards, meta = internals.sharded_snapshot(trainer)
+            elif not isinstance(trainer.strategy, DDPStrategy):  # FSDP1 & co. gather inside save_checkpoint
                 staging.mkdir(parents=True, exist_ok=True)
                 trainer.strategy.barrier("runner-ckpt-mkdir")
                 trainer.save_checkpoint(staging / checkpoint.MODEL)
-                state = None
             else:
                 state = internals.snapshot(trainer, self.buffers)
             rng = _rng_state()
             manifest = {"step": step, "epoch": trainer.current_epoch, "config_hash": cfg_hash, "world_size": world,
                         "time": time.time(), "runner_version": __version__, "productive_s": self.productive(),
                         "mid_epoch": mid_epoch}
+            if shards is not None:
+                manifest["format"] = checkpoint.SHARDED
+            group = self.group
 
             def write() -> None:
                 staging.mkdir(parents=True, exist_ok=True)
                 if rank == 0 and state is not None:
                     save(state, staging / checkpoint.MODEL)
+                if shards is not None:
+                    internals.dcp_save(shards, staging, group)  # returns once every rank's shard is written
+                    if rank == 0:
+                        save(meta, staging / internals.META, sync_dir=False)
+                    checkpoint.write_digests(staging, rank)  # each rank hashes its own shard, in parallel
                 # Rank 0 publishes (renames) the staging directory as soon as every file is there, and fsyncs
                 # it first: the other ranks must not fsync a directory that may be gone by then.
                 save(rng, staging / f"rng-rank{rank:05d}.pt", sync_dir=rank == 0)
                 if rank != 0:
                     return
                 checkpoint.pause_for_tests(step)
-                missing = checkpoint.wait_for_files([staging / f"rng-rank{r:05d}.pt" for r in range(world)],
-                                                    publish_timeout)
+                expected = [staging / f"rng-rank{r:05d}.pt" for r in range(world)]
+                if shards is not None:
+                    expected += [checkpoint.digest_file(staging, r) for r in range(world)]
+                missing = checkpoint.wait_for_files(expected, publish_timeout)
                 if missing:
                     log.warning("checkpoint step-%07d not published: %s never written", step,
                                 ", ".join(p.name for p in missing))
@@ -446,7 +468,9 @@ class Guarantees:
             if self.cfg["resume"]["enabled"] else None
         ckpt = asked
         if last:
-            ckpt = str(last[1] / checkpoint.MODEL)
+            # A sharded checkpoint is the directory itself: Lightning's ModelParallelStrategy loads a DCP directory
+            # (``meta.pt`` beside the shards) into this world size, resharding when it differs from the writer's.
+            ckpt = str(last[1]) if checkpoint.is_sharded(last[1]) else str(last[1] / checkpoint.MODEL)
             self.checkpoint.resuming(last[1])
             log.info("resuming from %s (step %d)%s", last[1], last[0],
                      f" instead of the program's ckpt_path {asked}" if asked else "")
@@ -477,8 +501,9 @@ class Guarantees:
 
     def save_final(self, trainer: Any) -> None:
         """Each rank's weights after training (``final/rank-XXXXX.pt``): what a resumed run is compared by."""
-        state = trainer.lightning_module.state_dict()
-        save({k: v.detach().cpu() for k, v in state.items()}, self.rd.final / f"rank-{self.rank:05d}.pt")
+        state = trainer.lightning_module.state_dict()  # with fsdp: this rank's shards (never gathered)
+        save({k: internals.local(v).detach().cpu() for k, v in state.items()},
+             self.rd.final / f"rank-{self.rank:05d}.pt")
 
 
 

@@ -24,6 +24,8 @@ from runner.rundir import atomic_write, read_json
 _STEP = re.compile(r"^step-(\d{7,})$")
 MARKER = "COMPLETE"
 MODEL = "model.ckpt"
+SHARDED = "dcp"  # manifest "format" of a sharded checkpoint: torch distributed checkpoint files, one per rank
+DCP_METADATA, DCP_META = ".metadata", "meta.pt"  # DCP's index of the shards; Lightning's non-tensor state
 log = logging.getLogger(__name__)
 
 
@@ -61,10 +63,19 @@ def verify(path: Path) -> str | None:
     A manifest must list the model, and every file must be a plain file inside the checkpoint directory: a
     symlink (or a name with ``..``) could make a damaged or foreign file look verified.
     """
-    files = read_json(path / "manifest.json", {}).get("files")
+    manifest = read_json(path / "manifest.json", {})
+    files = manifest.get("files")
     if not isinstance(files, dict) or not files:
         return "manifest lists no files"
-    if MODEL not in files:
+    if manifest.get("format") == SHARDED:
+        shards = manifest.get("shards")
+        world = manifest.get("world_size")
+        if not isinstance(shards, dict) or not isinstance(world, int) or len(shards) != world:
+            return f"manifest lists {len(shards) if isinstance(shards, dict) else 'no'} shards for world size {world}"
+        for name in (DCP_METADATA, DCP_META, *shards.values()):
+            if name not in files:
+                return f"manifest does not list {name}"
+    elif MODEL not in files:
         return f"manifest does not list {MODEL}"
     for name, meta in files.items():
         f = path / name
@@ -103,7 +114,16 @@ def publish(root: Path, step: int, manifest: dict[str, Any]) -> Path:
     that was damaged after it was written (a full disk, a bad copy) from a good one.
     """
     staging, final = staging_dir(root, step), step_dir(root, step)
-    manifest = {**manifest, "files": {p.name: {"size": p.stat().st_size, "sha256": _digest(p)}
+    known: dict[str, Any] = {}  # a sharded checkpoint's shards, each hashed by the rank that wrote it
+    if manifest.get("format") == SHARDED:
+        shards = {}
+        for rank in range(int(manifest["world_size"])):
+            got = read_json(digest_file(staging, rank), {}) or {}
+            shards[str(rank)] = got["name"]
+            known[got["name"]] = {"size": got["size"], "sha256": got["sha256"]}
+            digest_file(staging, rank).unlink()
+        manifest = {**manifest, "shards": shards}
+    manifest = {**manifest, "files": {p.name: known.get(p.name) or {"size": p.stat().st_size, "sha256": _digest(p)}
                                       for p in sorted(staging.iterdir()) if p.is_file()}}
     # This write fsyncs the staging directory, and with it the names of the other ranks' files.
     atomic_write(staging / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True))
@@ -112,6 +132,27 @@ def publish(root: Path, step: int, manifest: dict[str, Any]) -> Path:
     staging.rename(final)
     atomic_write(final / MARKER, f"{step}\n")
     return final
+
+
+def is_sharded(path: Path) -> bool:
+    """Whether the checkpoint at ``path`` holds one shard per rank (its manifest's format)."""
+    return bool(read_json(path / "manifest.json", {}).get("format") == SHARDED)
+
+
+def digest_file(staging: Path, rank: int) -> Path:
+    """Where a rank leaves the size and sha256 of the shard it wrote, for rank 0's manifest."""
+    return staging / f"shard-rank{rank:05d}.json"
+
+
+def write_digests(staging: Path, rank: int) -> None:
+    """Hash this rank's shard (DCP names it ``__RANK_N.distcp``) and leave the result for rank 0: the ranks hash
+    in parallel, and no rank reads another's shard."""
+    found = sorted(staging.glob(f"__{rank}_*.distcp"))
+    if len(found) != 1:
+        raise RuntimeError(f"rank {rank} wrote {len(found)} shard files into {staging}, expected 1")
+    f = found[0]
+    atomic_write(digest_file(staging, rank), json.dumps({"name": f.name, "size": f.stat().st_size,
+                                                         "sha256": _digest(f)}), sync_dir=False)
 
 
 def prune(root: Path, keep: int) -> None:

@@ -97,7 +97,6 @@ def make_guard(rd: RunDir, action: str, max_skips: int) -> Any:
     import lightning as L
     import torch
     import torch.distributed as dist
-    from lightning.pytorch.strategies import FSDPStrategy
 
     class NonFiniteGuard(L.Callback):
         def __init__(self) -> None:
@@ -106,6 +105,7 @@ def make_guard(rd: RunDir, action: str, max_skips: int) -> Any:
             self.loss: Any = None
             self.plan: tuple[Any, list[Any], bool] = (None, [], False)  # see _plan
             self.views: tuple[list[int], list[Any] | None] | None = None  # see _reads
+            self.fsdp = False  # each rank holds a shard of the gradients (see _plan)
 
         def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: Any) -> None:
             # Kept, not read: the gradients decide, and the loss only names the cause when they are non-finite.
@@ -125,7 +125,7 @@ def make_guard(rd: RunDir, action: str, max_skips: int) -> Any:
             key = (id(trainer), id(optimizer), len(optimizer.param_groups))
             if self.plan[0] != key:
                 world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-                fsdp = isinstance(trainer.strategy, FSDPStrategy)
+                fsdp = self.fsdp = internals.is_fsdp(trainer.strategy)
                 params = [p for g in optimizer.param_groups for p in g["params"]]
                 self.views = None
                 if fsdp or world == 1 or sum(p.numel() for p in params) <= SHARD_ABOVE:
@@ -159,7 +159,9 @@ def make_guard(rd: RunDir, action: str, max_skips: int) -> Any:
             grads = [p.grad for p in params if p.grad is not None]
             # Ranks that add up verdicts read gradients: a share's buckets would hold the other ranks' shares too,
             # and FSDP's gradients are already one flat tensor per unit.
-            bad = nonfinite(grads if collective else self._reads(grads))
+            # FSDP2's gradients are DTensors: each rank reads its local shard (a DTensor's own sum would gather);
+            # with one rank too (a resume on fewer ranks), where no verdict is shared.
+            bad = nonfinite([internals.local(g) for g in grads] if collective or self.fsdp else self._reads(grads))
             if not collective:
                 return bad
             verdicts = torch.tensor([float(bad)], device=device)  # a sum, not a max: NCCL's max may drop a NaN

@@ -3,7 +3,9 @@
 An image with another torch or Lightning breaks here, nowhere else: the checkpoint snapshot (Lightning's checkpoint
 connector), DDP with one bucket layout for the whole run (torch's reducer), and the test for whether this torch has
 what that DDP needs (``fixed_buckets_missing``), which makes exact resume fall back to a public option instead; the
-non-finite guard's fused norm and sparse values; the timeout of a process group that already exists.
+non-finite guard's fused norm and sparse values; the timeout of a process group that already exists; sharded
+training (``trainer.strategy: fsdp``): Lightning's ModelParallelStrategy with runner's default sharding, the
+sharded checkpoint snapshot (Lightning's checkpoint connector again) and its DCP write.
 """
 
 from __future__ import annotations
@@ -82,13 +84,14 @@ def _missing() -> list[str]:
     return missing
 
 
-def strategy(name: str, exact_resume: bool, timeout_s: int) -> Any:
+def strategy(name: str, exact_resume: bool, timeout_s: int, world: int = 1,
+             blocks: list[str] | None = None) -> Any:
     """runner's own mode: the Lightning strategy object for ``trainer.strategy``."""
-    from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy
+    from lightning.pytorch.strategies import DDPStrategy
 
     timeout = timedelta(seconds=timeout_s)
     if name == "fsdp":
-        return FSDPStrategy(timeout=timeout)
+        return sharded_strategy(world, blocks or [], timeout_s)
     if name == "ddp_find_unused_parameters_true":  # the layout is never rebuilt in this mode
         return DDPStrategy(find_unused_parameters=True, timeout=timeout)
     if not exact_resume:
@@ -170,3 +173,126 @@ def _fixed_buckets_class() -> type:
 
     _FIXED.append(FixedBucketsDDP)
     return FixedBucketsDDP
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Sharded training (trainer.strategy: fsdp): FSDP2 through Lightning's ModelParallelStrategy, on CPU and GPU
+
+
+def sharded_strategy(world: int, blocks: list[str], timeout_s: int) -> Any:
+    """``trainer.strategy: fsdp``: Lightning's ``ModelParallelStrategy`` (FSDP2: ``fully_shard``) with every rank
+    in one data-parallel dimension and no tensor parallelism. Lightning's ``FSDPStrategy`` (FSDP1) refuses a CPU
+    accelerator; this one runs on CPU (gloo) and GPU (NCCL) alike. A module without its own ``configure_model``
+    is sharded by runner (``shard_module``) when Lightning calls that hook, before the optimizer is built."""
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    class RunnerFSDP(ModelParallelStrategy):
+        def setup_environment(self) -> None:
+            super().setup_environment()
+            module = self.lightning_module
+            if module is not None and type(module).configure_model is _lightning_configure_model():
+                mesh = self.device_mesh["data_parallel"]
+                # An attribute of the instance: Lightning calls (and checks for) the hook by name on the module.
+                def configure_model() -> None:
+                    shard_module(module, blocks, mesh)
+
+                module.configure_model = configure_model  # type: ignore[method-assign]
+
+    return RunnerFSDP(data_parallel_size=world, tensor_parallel_size=1, timeout=timedelta(seconds=timeout_s))
+
+
+def _lightning_configure_model() -> Any:
+    import lightning as L
+
+    return L.LightningModule.configure_model
+
+
+def shard_module(module: Any, blocks: list[str], mesh: Any) -> list[str]:
+    """``fully_shard`` the blocks of ``module`` (the modules whose class name is in ``blocks``; none named: each
+    direct child that holds parameters), then the module itself when parameters are left outside every block
+    (then its ``training_step`` must go through ``forward``, which gathers them). Returns the sharded units'
+    names. Nested blocks are sharded inner first, as FSDP2 asks. A module already sharded (its own
+    ``configure_model`` ran, or a second fit) is left alone."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    if isinstance(module, FSDPModule) or any(isinstance(m, FSDPModule) for m in module.modules()):
+        return []
+    if blocks:
+        units = [(n, m) for n, m in module.named_modules()
+                 if n and (type(m).__name__ in blocks or f"{type(m).__module__}.{type(m).__name__}" in blocks)][::-1]
+    else:
+        units = [(n, m) for n, m in module.named_children() if any(True for _ in m.parameters())]
+    done = []
+    for name, m in units:
+        fully_shard(m, mesh=mesh)
+        done.append(name)
+    covered = {id(p) for _, m in units for p in m.parameters()}
+    if any(id(p) not in covered for p in module.parameters()):
+        fully_shard(module, mesh=mesh)
+        done.append("<root>")
+    log.info("fsdp: %d sharded units (%s)", len(done), ", ".join(done[:8]) + (" ..." if len(done) > 8 else ""))
+    return done
+
+
+def is_sharded(strategy: Any) -> bool:
+    """Whether ``strategy`` shards the model with FSDP2 (runner's fsdp, or a program's ModelParallelStrategy)."""
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    return isinstance(strategy, ModelParallelStrategy)
+
+
+def is_fsdp(strategy: Any) -> bool:
+    """Whether each rank holds its own shard of the gradients (FSDP1 or FSDP2)."""
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    return is_sharded(strategy) or isinstance(strategy, FSDPStrategy)
+
+
+def local(t: Any) -> Any:
+    """This rank's part of a tensor: a DTensor's local shard, any other tensor itself."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def resident_elements(module: Any) -> tuple[int, int]:
+    """(parameter elements this rank holds, the model's parameter elements)."""
+    mine = total = 0
+    for p in module.parameters():
+        mine += local(p).numel()
+        total += p.numel()
+    return mine, total
+
+
+def sharded_snapshot(trainer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Every rank: (its shards of the weights and optimizer states, copied so later steps cannot change them, in
+    the keys Lightning's ModelParallelStrategy loads: ``state_dict``, ``optimizer_N``; the rest of the Lightning
+    checkpoint: loops, callbacks, the data module, written by rank 0 as ``meta.pt``). Nothing is gathered: each
+    rank copies only its local shards."""
+    import torch
+    from lightning_utilities.core.apply_func import apply_to_collection
+
+    ckpt = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+    shards = {"state_dict": ckpt.pop("state_dict")}
+    shards.update({f"optimizer_{i}": s for i, s in enumerate(ckpt.pop("optimizer_states", []))})
+    copied = apply_to_collection(shards, torch.Tensor, lambda t: t.detach().clone())
+    return cast(dict[str, Any], copied), ckpt
+
+
+META = "meta.pt"  # Lightning's name for the non-tensor part of a distributed checkpoint (its _METADATA_FILENAME)
+
+
+def checkpoint_group() -> Any:
+    """A gloo process group of all ranks for the background checkpoint writes (called by every rank at once):
+    the writer thread's collectives never interleave with training's in the default group."""
+    import torch.distributed as dist
+
+    return dist.new_group(backend="gloo")
+
+
+def dcp_save(shards: dict[str, Any], path: Any, group: Any) -> None:
+    """Write this rank's shards into ``path`` with torch's distributed checkpoint (``__R_0.distcp`` per rank;
+    rank 0 writes ``.metadata`` once every rank's data is written)."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(shards, checkpoint_id=path, process_group=group)

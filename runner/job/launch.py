@@ -142,7 +142,7 @@ def train(rd: RunDir) -> int:
         plugins.append(SLURMEnvironment(auto_requeue=False))
     tcfg: dict[str, Any] = {k: v for k, v in cfg["trainer"].items() if k != "strategy"}  # + open arguments
     strategy = internals.strategy(cfg["trainer"]["strategy"], cfg["checkpoint"]["exact_resume"],
-                                  cfg["network"]["pg_timeout_s"])
+                                  cfg["network"]["pg_timeout_s"], world, cfg["fsdp"]["blocks"])
     trainer = L.Trainer(**tcfg, strategy=strategy, plugins=plugins, callbacks=[g.callback], enable_checkpointing=False,
                         logger=False, default_root_dir=str(rd.root), use_distributed_sampler=False)
     code = g.fit(trainer, lambda ckpt: trainer.fit(model, datamodule=data, ckpt_path=ckpt))

@@ -89,6 +89,8 @@ class Config:
         for key in ("name", "num_nodes", "num_device", "scheduler", "run_root", "slurm", "alerts", "preflight",
                     "resume", "env", "network", "container", "parallel", "watchdog"):
             d.pop(key, None)
+        if not (d.get("fsdp") or {}).get("blocks"):  # the default: configs hash as before the key existed
+            d.pop("fsdp", None)
         for key in ("devices", "num_nodes", "accumulate_grad_batches"):
             d["trainer"].pop(key, None)
         for loader in d["dataloader"].values():

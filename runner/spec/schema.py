@@ -39,8 +39,8 @@ STRATEGIES = ("ddp", "ddp_find_unused_parameters_true", "fsdp")
 PRECISIONS: tuple[str | int, ...] = (
     "transformer-engine", "transformer-engine-float16", "16-true", "16-mixed", "bf16-true", "bf16-mixed",
     "32-true", "64-true", "64", "32", "16", "bf16", 64, 32, 16)
-GPU_ONLY = {"trainer.strategy": ("fsdp",),  # Lightning's FSDP needs CUDA
-            "trainer.precision": ("16-mixed", "16", 16, "transformer-engine", "transformer-engine-float16")}
+# fsdp runs on CPU too (runner's fsdp is FSDP2 through Lightning's ModelParallelStrategy; gloo on CPU).
+GPU_ONLY = {"trainer.precision": ("16-mixed", "16", 16, "transformer-engine", "transformer-engine-float16")}
 # Environment names the batch script or Slurm own: a config that sets them would break the job or be ignored.
 RESERVED_ENV = ("RUN_DIR", "RUNNER_PY", "IFS", "PATH", "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "CDPATH",
                 "GLOBIGNORE", "PS4", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "owner", "rc", "hook",
@@ -161,6 +161,9 @@ SCHEMA: dict[str, Any] = {
         "exclude_nodes_s": _f((int, float), 21600, min=0),
         "owner_check_every_n_steps": _f(int, 20, **POS_INT),  # how often the ranks check they still own the run
         "successor": _f(bool, False),  # queue the next attempt behind each job (afternotok) instead of requeueing
+    },
+    "fsdp": {
+        "blocks": _f(list, []),  # class names (or module.Class) sharded as units; none: each direct child
     },
     "nonfinite": {
         "action": _f(str, "stop", choices=("stop", "skip")),

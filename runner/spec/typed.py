@@ -88,6 +88,10 @@ class Checkpoint(TypedDict):
     exact_resume: bool
 
 
+class Fsdp(TypedDict):
+    blocks: list[str]
+
+
 class Resume(TypedDict):
     enabled: bool
     max_restarts: int
@@ -167,6 +171,7 @@ class RunConfig(TypedDict):
     network: Network
     checkpoint: Checkpoint
     resume: Resume
+    fsdp: Fsdp
     nonfinite: Nonfinite
     watchdog: Watchdog
     alerts: Alerts
@@ -188,6 +193,7 @@ def read_resolved(path: Path) -> RunConfig:
     if isinstance(data, dict):  # a run submitted before program mode existed
         data.setdefault("command", None)
         data.setdefault("program", {})
+        data.setdefault("fsdp", {"blocks": []})  # ... or before fsdp's blocks
         if isinstance(data.get("watchdog"), dict):  # ... or before the first-step limit
             data["watchdog"].setdefault("first_step_s", 900)
     return view(data)

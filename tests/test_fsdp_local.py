@@ -1,0 +1,158 @@
+"""trainer.strategy: fsdp on CPU, end to end: 2 local processes (gloo), the model really sharded (FSDP2 through
+Lightning's ModelParallelStrategy), one DCP shard per rank in each checkpoint, resumed bitwise on the same shape
+and resharded on another."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from runner.job import checkpoint
+from runner.rundir import RunDir
+from tests.test_local_run import QUICKSTART, SLOW, STEPS, assert_bitwise, runner, start, wait_for
+
+pytestmark = pytest.mark.slow
+FSDP = ("trainer.strategy=fsdp",)
+
+
+def final(run: Path) -> list[dict[str, torch.Tensor]]:
+    """Each rank's final shards (rank r's local part of every parameter)."""
+    assert (run / "finished").exists()
+    return [torch.load(f, weights_only=True) for f in sorted((run / "final").glob("rank-*.pt"))]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, torch.Tensor]]]:
+    """An uninterrupted fsdp run: its checkpoints' layout, and the shards every interrupted run must end with."""
+    root = tmp_path_factory.mktemp("fsdp-reference")
+    runner("submit", str(QUICKSTART), f"run_root={root}", f"trainer.max_steps={STEPS}", *FSDP)
+    [run] = root.glob("quickstart-*")
+    return run, final(run)
+
+
+def test_fsdp_trains_on_cpu_with_the_model_sharded_and_one_shard_file_per_rank(reference: tuple) -> None:
+    run, shards = reference
+    # Really sharded: each rank holds about half of the model's parameter elements (FSDP2 splits every parameter
+    # on its first dimension; a 1-row layer leaves its one row to rank 0).
+    held = [json.loads((run / "ranks" / f"params-rank{r:05d}.json").read_text()) for r in (0, 1)]
+    total = held[0]["model"]
+    assert sum(h["resident"] for h in held) == total
+    assert all(0.4 * total <= h["resident"] <= 0.6 * total for h in held), held
+    # The final shards of the two ranks differ (they are different parts of the model), and add up to it.
+    assert sum(t.numel() for s in shards for t in s.values()) == total
+    assert any(not torch.equal(a, shards[1][k]) for k, a in shards[0].items())
+    ckpts = sorted((run / "checkpoints").glob("step-*"))
+    assert [p.name for p in ckpts] == ["step-0000020", "step-0000030", "step-0000040"]  # keep_last 3
+    for path in ckpts:
+        names = sorted(p.name for p in path.iterdir())
+        assert names == [".metadata", "COMPLETE", "__0_0.distcp", "__1_0.distcp", "manifest.json", "meta.pt",
+                         "rng-rank00000.pt", "rng-rank00001.pt"], names
+        manifest = json.loads((path / "manifest.json").read_text())
+        assert manifest["format"] == "dcp" and manifest["world_size"] == 2
+        assert manifest["shards"] == {"0": "__0_0.distcp", "1": "__1_0.distcp"}
+        assert "model.ckpt" not in manifest["files"] and set(manifest["files"]) == set(names) - {"COMPLETE",
+                                                                                               "manifest.json"}
+        assert checkpoint.verify(path) is None
+    assert checkpoint.latest(run / "checkpoints", check=True) == (40, ckpts[-1])
+    log = RunDir(run).rank_log(0).read_text()
+    assert "fsdp: 1 sharded units (net)" in log and "holds" in log
+
+
+def test_a_damaged_shard_is_never_resumed_from(tmp_path: Path, reference: tuple) -> None:
+    """The manifest's sha256 of each rank's shard is checked on resume, as model.ckpt's is for DDP."""
+    run, _ = reference
+    copy = tmp_path / "ckpts"
+    subprocess.run(["cp", "-a", str(run / "checkpoints"), str(copy)], check=True)
+    with open(copy / "step-0000040" / "__1_0.distcp", "r+b") as f:
+        f.seek(10)
+        f.write(b"\xff\xfe")
+    assert checkpoint.verify(copy / "step-0000040") == "__1_0.distcp does not match its manifest (size or sha256)"
+    assert checkpoint.latest(copy, check=True) == (30, copy / "step-0000030")
+    manifest = json.loads((copy / "step-0000030" / "manifest.json").read_text())
+    manifest["shards"].pop("1")
+    (copy / "step-0000030" / "manifest.json").write_text(json.dumps(manifest))
+    assert checkpoint.verify(copy / "step-0000030") == "manifest lists 1 shards for world size 2"
+
+
+def test_usr2_then_resume_is_bitwise_equal_to_the_undisturbed_run(tmp_path: Path, reference: tuple) -> None:
+    proc, run = start(tmp_path, *FSDP, SLOW)
+    wait_for(run / "checkpoints" / "step-0000010" / "COMPLETE")
+    proc.send_signal(signal.SIGUSR2)
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 75, out
+    stopped = json.loads(runner("status", str(run), "--json").stdout)[0]
+    assert stopped["state"] == "preempted" and 10 <= stopped["last_checkpoint_step"] < STEPS
+    runner("resume", str(run))
+    assert_bitwise(final(run), reference[1])
+    for rank in (0, 1):
+        assert "resuming from" in RunDir(run).rank_log(rank).read_text()
+
+
+def test_resume_on_another_world_size_reshards_and_keeps_the_global_batch(tmp_path: Path) -> None:
+    """2 ranks -> 1: DCP loads the two shards into one rank. The run continues from the checkpoint's step with the
+    global batch kept (accumulation 2 -> 4), its loss where it was; not bitwise equal to a 2-rank run (another
+    sum order, another data split and dropout stream), which nothing here claims."""
+    proc, run = start(tmp_path, *FSDP, SLOW)
+    wait_for(run / "checkpoints" / "step-0000010" / "COMPLETE")
+    proc.send_signal(signal.SIGUSR2)
+    proc.communicate(timeout=180)
+    [(step, _)] = [(s, p) for s, p in checkpoint.complete(run / "checkpoints")[:1]]
+    out = runner("resume", str(run), "num_device=1", timeout=240)
+    assert "resized from 1x2 (accumulate 2) to 1x1 (accumulate 4); global batch 32 kept" in out.stdout
+    assert (run / "finished").exists()
+    rd = RunDir(run)
+    log = rd.rank_log(0).read_text()
+    assert f"resuming from {run / 'checkpoints' / f'step-{step:07d}'} (step {step})" in log
+    starts = [e for e in rd.events() if e["event"] == "train_start"]
+    assert starts[-1]["step"] == step  # continued where the checkpoint was, no step lost or repeated
+    held = json.loads((run / "ranks" / "params-rank00000.json").read_text())
+    assert held["world_size"] == 1 and held["resident"] == held["model"]  # one rank holds it all
+    [w] = final(run)
+    assert all(torch.isfinite(t).all() for t in w.values())
+    newest = checkpoint.complete(run / "checkpoints")[0][1]
+    manifest = json.loads((newest / "manifest.json").read_text())
+    assert manifest["world_size"] == 1 and manifest["shards"] == {"0": "__0_0.distcp"}
+    losses = [float(line.split("loss ")[1].split()[0]) for line in out.stdout.splitlines() if " loss " in line]
+    assert losses and all(loss < 5.0 for loss in losses), out.stdout  # trained on, not restarted from scratch
+
+
+def test_a_kill_during_the_sharded_write_keeps_the_previous_checkpoint(tmp_path: Path, reference: tuple) -> None:
+    os.environ["RUNNER_TEST_SLOW_WRITE"] = "20:60"  # step 20's shards land, then its publication waits
+    try:
+        proc, run = start(tmp_path, *FSDP)
+    finally:
+        del os.environ["RUNNER_TEST_SLOW_WRITE"]
+    ckpts = run / "checkpoints"
+    for name in ("__0_0.distcp", "__1_0.distcp", ".metadata", "rng-rank00001.pt"):
+        wait_for(ckpts / ".staging-step-0000020" / name)
+    subprocess.run(["pkill", "-KILL", "-f", f"runner.job.launch {run}"], check=False)
+    proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    assert sorted(p.name for p in ckpts.glob("step-*")) == ["step-0000010"]
+    assert checkpoint.latest(ckpts, check=True) == (10, ckpts / "step-0000010")
+    runner("resume", str(run))
+    assert_bitwise(final(run), reference[1])
+    for rank in (0, 1):
+        assert f"resuming from {ckpts / 'step-0000010'} (step 10)" in RunDir(run).rank_log(rank).read_text()
+    assert not list(ckpts.glob(".staging-*"))
+
+
+def test_a_nan_on_one_rank_stops_every_rank_at_the_same_step(tmp_path: Path) -> None:
+    out = runner("submit", str(QUICKSTART), f"run_root={tmp_path}", "trainer.max_steps=20", *FSDP,
+                 "model.faults.nan_at_step=7", "model.faults.rank=1", "model.lr=0.005", "checkpoint.every_n_steps=5",
+                 check=False, timeout=240)
+    [run] = tmp_path.glob("quickstart-*")
+    rd = RunDir(run)
+    events = [(e["event"], e["step"]) for e in rd.events() if e["event"].startswith("nonfinite")]
+    assert events == [("nonfinite", 7)], out.stdout + out.stderr
+    assert not (run / "finished").exists()
+    for rank in (0, 1):
+        assert "at step 7: training stops" in rd.rank_log(rank).read_text()
+    assert json.loads(rd.last_exit.read_text())["code"] == 80
+    assert [p.name for p in sorted((run / "checkpoints").glob("step-*"))] == ["step-0000005"]  # none of the NaN
