@@ -34,6 +34,12 @@ class _Clock:
 
     def on_train_end(self) -> None:
         path = os.environ.get("BENCH_TIMES")
+        if path:  # every rank: its peak resident memory (bench/sharded)
+            import resource
+
+            rank = self.trainer.global_rank  # type: ignore[attr-defined]
+            with open(f"{path}.rss{rank}", "w") as f:
+                json.dump({"maxrss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}, f)
         if path and self.trainer.global_rank == 0:  # type: ignore[attr-defined]
             start = self.trainer.global_step - len(self.times)  # type: ignore[attr-defined]
             with open(path + ".part", "w") as f:  # renamed whole: the bench waits for the name, then reads it
