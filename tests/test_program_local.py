@@ -189,3 +189,24 @@ def test_a_plain_torch_program_runs_without_the_callbacks_guarantees(tmp_path: P
         assert f"rank {rank} of 2, 2 on this node" in log and "trained 20 steps" in log
         assert "trained no Lightning Trainer with runner's callback" in log and "did not apply" in log
     assert not list(run.checkpoints.glob("step-*"))
+
+
+def test_a_program_with_its_own_fsdp_gets_sharded_checkpoints_and_resumes_bitwise(tmp_path: Path) -> None:
+    """A Lightning program that shards its model itself (ModelParallelStrategy, fully_shard in configure_model):
+    runner's callback writes its checkpoints one DCP shard per rank, and a preempted run resumes from them bitwise
+    equal to an undisturbed one."""
+    fsdp = SLOW + " --fsdp"
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    code, out, undisturbed = submit(tmp_path / "a", fsdp)
+    assert code == 0, out
+    code, out, run = submit(tmp_path / "b", fsdp, interrupt=signal.SIGUSR2)
+    assert code == EXIT_REQUEUE, out
+    newest, path = checkpoint.complete(run.checkpoints)[0]
+    manifest = read_json(path / "manifest.json")
+    assert manifest["format"] == "dcp" and manifest["shards"] == {"0": "__0_0.distcp", "1": "__1_0.distcp"}
+    assert checkpoint.verify(path) is None and "model.ckpt" not in manifest["files"]
+    resume(run)
+    assert train_starts(run, 2) == newest
+    for mine, ref in zip(weights(run), weights(undisturbed), strict=True):
+        assert mine.keys() == ref.keys() and all(torch.equal(mine[k], ref[k]) for k in ref)

@@ -24,6 +24,7 @@ parser.add_argument("--nan-at", type=int, default=-1, help="return a NaN loss at
 parser.add_argument("--stall-at", type=int, default=-1, help="hang forever in this step (a stuck collective)")
 parser.add_argument("--sleep", type=float, default=0.0, help="seconds per step")
 parser.add_argument("--ckpt_path", default=None, help="trainer.fit's own ckpt_path (e.g. last)")
+parser.add_argument("--fsdp", action="store_true", help="FSDP2: ModelParallelStrategy, fully_shard in configure_model")
 args = parser.parse_args()
 
 
@@ -41,6 +42,12 @@ class Regressor(L.LightningModule):
         loss = nn.functional.mse_loss(self.net(x), y)
         return loss * float("nan") if self.global_step == args.nan_at else loss
 
+    def configure_model(self):
+        if args.fsdp:
+            from torch.distributed.fsdp import fully_shard
+
+            fully_shard(self.net, mesh=self.device_mesh["data_parallel"])
+
     def on_train_start(self):
         print(f"train starts at step {self.trainer.global_step}", flush=True)
 
@@ -51,7 +58,12 @@ class Regressor(L.LightningModule):
 g = torch.Generator().manual_seed(0)
 x = torch.randn(args.samples, 16, generator=g)
 data = TensorDataset(x, x.sum(1, keepdim=True).sin())
-trainer = L.Trainer(accelerator="cpu", devices=args.devices, num_nodes=args.num_nodes, strategy="ddp",
+strategy = "ddp"
+if args.fsdp:
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    strategy = ModelParallelStrategy(data_parallel_size=args.devices * args.num_nodes, tensor_parallel_size=1)
+trainer = L.Trainer(accelerator="cpu", devices=args.devices, num_nodes=args.num_nodes, strategy=strategy,
                     max_steps=args.max_steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                     enable_model_summary=False, use_distributed_sampler=not args.stateful)
 if args.stateful:
