@@ -20,6 +20,12 @@ class ConfigError(RunnerError):
         super().__init__("\n".join(problems))
 
 
+class InputError(RunnerError):
+    """A command-line argument names nothing usable (no such run, a prefix of several runs, a special file)."""
+
+    exit_code = 2
+
+
 class SubmitError(RunnerError):
     """The scheduler refused or failed a submission."""
 

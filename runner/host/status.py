@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
+import stat
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -18,7 +20,7 @@ from typing import Any, Literal
 
 from runner import goodput, policy, stragglers
 from runner import log as runner_log
-from runner.errors import RunnerError
+from runner.errors import InputError, RunnerError
 from runner.job import checkpoint
 from runner.rundir import RunDir, read_json
 
@@ -26,16 +28,58 @@ log = logging.getLogger(__name__)
 DEFAULT_URL_ENV = "RUNNER_WEBHOOK_URL"  # alerts.url_env's default
 
 
+_STAMPED = re.compile(r"(?P<name>.+)-(?P<stamp>\d{8}-\d{6})(?:-(?P<n>\d+))?")
+
+
+def _run_name(entry: str) -> tuple[str, tuple[str, int]]:
+    """A run directory's run name and its place in time: ``NAME-YYYYmmdd-HHMMSS[-N]`` (``runner submit``'s
+    names; N counts submits of one name within one second)."""
+    m = _STAMPED.fullmatch(entry)
+    if m is None:
+        return entry, ("", 0)
+    return m["name"], (m["stamp"], int(m["n"] or 1))
+
+
+def _is_run(path: Path) -> bool:
+    try:
+        return stat.S_ISREG((path / "config.yaml").stat().st_mode)
+    except (OSError, ValueError):  # missing, unreadable, a name the OS refuses: not a run here
+        return False
+
+
 def find_run(name: str, root: Path) -> RunDir:
-    """A run by path, by directory name under root, or by name prefix (the newest match)."""
+    """A run by path, by directory name under root, or by run name (or a prefix of one): the newest match.
+
+    Raises:
+        InputError: no run matches, or a prefix matches runs of several names (the message lists them).
+    """
+    if "\0" in name or not name:
+        raise InputError(f"run {name!r}: found no run directory; expected a path or a run name. hint: "
+                          "`runner status` lists runs")
     for cand in (Path(name), root / name):
-        if (cand / "config.yaml").is_file():
+        if _is_run(cand):
             return RunDir(cand.resolve())
-    matches = sorted(p for p in root.glob(f"{name}*") if (p / "config.yaml").is_file()) if root.is_dir() else []
+    entries: list[str] = []
+    if "/" not in name:  # a path that is not a run is never a prefix
+        try:
+            entries = [e.name for e in os.scandir(root) if e.name.startswith(name)]
+        except OSError:
+            entries = []
+    matches = [e for e in entries if _is_run(root / e)]
     if not matches:
-        raise RunnerError(f"run {name!r}: found no run directory under {root}/; expected a path or a run name. "
+        raise InputError(f"run {name!r}: found no run directory under {root}/; expected a path or a run name. "
                           "hint: `runner status` lists runs")
-    return RunDir(matches[-1].resolve())
+    by_name: dict[str, list[str]] = {}
+    for entry in matches:
+        by_name.setdefault(_run_name(entry)[0], []).append(entry)
+    chosen = by_name.get(name)
+    if chosen is None and len(by_name) > 1:
+        newest = sorted(max(group, key=lambda e: _run_name(e)[1]) for group in by_name.values())
+        raise InputError(f"run {name!r}: found runs of {len(by_name)} names under {root}/ ({', '.join(newest[:10])}"
+                          f"{', ...' if len(newest) > 10 else ''}); expected one. hint: give more of the name, or "
+                          "the directory")
+    group = chosen if chosen is not None else next(iter(by_name.values()))
+    return RunDir((root / max(group, key=lambda e: (_run_name(e)[1], e))).resolve())
 
 
 def records(run: RunDir) -> policy.Records:
@@ -166,9 +210,22 @@ def _hang_stall(run: RunDir, attempt: int) -> float:
 
 def _looks_like_run(path: Path) -> bool:
     try:
-        return (path / "config.yaml").is_file()
-    except OSError:  # cannot look inside: show it, with what is wrong
-        return path.is_dir()
+        return stat.S_ISREG((path / "config.yaml").stat().st_mode)
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError):  # cannot look inside: show it, with what is wrong
+        try:
+            return stat.S_ISDIR(path.lstat().st_mode)
+        except (OSError, ValueError):  # cannot even stat it: not a run of ours
+            return False
+
+
+def _entries(root: Path) -> list[Path]:
+    """The entries of a run root, sorted; none when it cannot be listed."""
+    try:
+        return sorted(root / e.name for e in os.scandir(root))
+    except OSError:
+        return []
 
 
 def collect(name: str | None, root: Path) -> list[dict[str, Any]]:
@@ -176,7 +233,7 @@ def collect(name: str | None, root: Path) -> list[dict[str, Any]]:
     if name:
         runs = [find_run(name, root)]
     else:
-        runs = [RunDir(p.resolve()) for p in sorted(root.glob("*")) if _looks_like_run(p)] if root.is_dir() else []
+        runs = [RunDir(Path(os.path.abspath(p))) for p in _entries(root) if _looks_like_run(p)]
     ids = []
     for run in runs:
         try:

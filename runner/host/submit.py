@@ -46,6 +46,7 @@ class Plan:
     image_problem: str | None = None
     private: dict[str, str] = field(default_factory=dict)  # written mode 0600, never printed (the git diff)
     warnings: list[str] = field(default_factory=list)  # the config's notes (validation), said at submit too
+    source: tuple[Path, list[str], bool] | None = None  # plan()'s arguments: to plan again under a free name
 
     def __str__(self) -> str:
         lines = [f"run directory: {self.run.root}", f"scheduler:     {self.scheduler}",
@@ -58,10 +59,14 @@ class Plan:
 
 
 def new_run_dir(cfg: spec.Config) -> RunDir:
+    """The next free run directory name, ``NAME-YYYYmmdd-HHMMSS`` then ``-2``, ``-3``, ... within one second.
+
+    Free when planned; ``write`` claims it with an atomic mkdir and plans again under the next name when another
+    submit took it in between."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     root = Path(cfg.data["run_root"]).resolve() / f"{cfg.name}-{stamp}"
     n = 1
-    while root.exists():
+    while os.path.lexists(root):
         n += 1
         root = root.with_name(f"{cfg.name}-{stamp}-{n}")
     if not spec.SBATCH_SAFE.match(str(root)):
@@ -149,11 +154,31 @@ def plan(path: Path, overrides: list[str], allow_missing_image: bool = False) ->
     notes += [f"note:          {n}" for n in cfg.notes]
     private = {"git.diff": alerts.redact(diff, secrets)} if diff else {}
     return Plan(RunDir(rd_path), files, argv, cfg.data["scheduler"], cfg.world_size, notes, image_problem,
-                private=private, warnings=cfg.notes)
+                private=private, warnings=cfg.notes, source=(path, list(overrides), allow_missing_image))
 
 
-def write(p: Plan) -> None:
-    p.run.root.mkdir(parents=True)
+CLAIM_TRIES = 100  # submits of one name within one second that may race for the next free suffix
+
+
+def claim(p: Plan) -> Plan:
+    """Create the plan's run directory atomically (mkdir); where another submit created it first, plan again under
+    the next free name. Returns the plan whose directory is now this process's alone."""
+    for _ in range(CLAIM_TRIES):
+        p.run.root.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            p.run.root.mkdir()
+            return p
+        except FileExistsError:
+            if p.source is None:
+                break
+            p = plan(*p.source)
+    raise SubmitError(f"run directory {p.run.root}: found it taken by another submit after {CLAIM_TRIES} tries; "
+                      "expected a free name. hint: submit again")
+
+
+def write(p: Plan) -> Plan:
+    """Claim the run directory and write the plan's files into it; returns the plan written (see ``claim``)."""
+    p = claim(p)
     for sub in (p.run.logs, p.run.checkpoints):
         sub.mkdir()
     for name, text in p.files.items():
@@ -161,6 +186,7 @@ def write(p: Plan) -> None:
     for name, text in p.private.items():
         atomic_write(p.run.root / name, text, mode=0o600)
     p.run.script.chmod(0o755)
+    return p
 
 
 def execute(p: Plan) -> int:
@@ -169,7 +195,7 @@ def execute(p: Plan) -> int:
         raise SubmitError(p.image_problem)
     if p.scheduler == "slurm":
         return submit_slurm(p)
-    write(p)
+    p = write(p)
     p.run.record("submitted", scheduler="local", world_size=p.world_size)
     return run_local(p.run, p.world_size)
 
@@ -180,7 +206,7 @@ def submit_slurm(p: Plan) -> int:
     The directory exists before sbatch runs (the job may start within a second and writes into it); when
     sbatch refuses, it is removed again, so no run directory without a job id ever looks submitted.
     """
-    write(p)
+    p = write(p)
     cfg = read_resolved(p.run.config)
     try:
         job_id, let_in = nodes.submit(str(p.run.script), p.run.root.parent, cfg["resume"]["exclude_nodes_s"])
