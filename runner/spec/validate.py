@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import difflib
 import math
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,8 @@ from runner.spec.schema import (
     TRAINER_KEYS,
     F,
 )
+
+BLOCK = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")  # fsdp.blocks: Class or module.Class
 
 
 class Problems:
@@ -359,6 +362,10 @@ def _check_strings(d: dict[str, Any], problems: Problems, base: Path | None, pro
     for i, path in enumerate(d["preflight"]["paths"] if isinstance(d["preflight"]["paths"], list) else []):
         if not isinstance(path, str) or not path:
             problems.add(f"preflight.paths[{i}]", path, "a path")
+    for i, block in enumerate(d["fsdp"]["blocks"] if isinstance(d["fsdp"]["blocks"], list) else []):
+        if not isinstance(block, str) or not BLOCK.fullmatch(block):  # a class name: matched, never imported
+            problems.add(f"fsdp.blocks[{i}]", block, "a module class name like Block or mypkg.layers.Block",
+                         "name the class of the blocks to shard (its __name__, or module.Class)")
     for i, event in enumerate(d["alerts"]["events"] if isinstance(d["alerts"]["events"], list) else []):
         if event not in EVENTS:
             problems.add(f"alerts.events[{i}]", event, "one of " + ", ".join(EVENTS))
