@@ -10,12 +10,18 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
+import stat
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
+
+from runner.errors import RunnerError
+
+log = logging.getLogger(__name__)
 
 
 def atomic_write(path: Path, data: str | bytes | Callable[[IO[bytes]], None], mode: int = 0o666,
@@ -74,11 +80,90 @@ def locked(path: Path, blocking: bool = True, fail_open: bool = False) -> Iterat
         yield held
 
 
-def read_json(path: Path, default: Any = None) -> Any:
+MAX_RUN_FILE = 64 << 20  # a JSON record of a run directory (manifests, progress, chunks): never larger
+
+
+class Unreadable(RunnerError):
+    """A file that must not be opened or read whole: a FIFO, a device, a directory, or one over the size limit.
+
+    ``found`` says what it is, ``hint`` what to do; the message is one line naming the file."""
+
+    exit_code = 2
+
+    def __init__(self, path: Path, found: str, hint: str):
+        super().__init__(f"{path}: {found}; expected a regular file. hint: {hint}")
+        self.found, self.hint = found, hint
+
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "a special file")
+
+
+def read_regular(path: Path, limit: int = MAX_RUN_FILE) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes. What is not a regular file is refused from its stat,
+    before it is opened (reading a FIFO blocks until a writer comes, a device never ends); a file that grew or was
+    swapped between the stat and the read is refused too.
+
+    Raises:
+        FileNotFoundError: it does not exist (callers treat that as missing).
+        Unreadable: a special file, or larger than ``limit``.
+        OSError: it cannot be read (permissions, I/O).
+    """
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise Unreadable(path, f"found {_kind(st.st_mode)}", "remove it; runner writes only regular files here")
+    if st.st_size > limit:
+        raise Unreadable(path, f"found {st.st_size} bytes (over {limit})", "is this the file runner wrote?")
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO swapped in since the stat never blocks
+    with open(fd, "rb") as f:
+        now = os.fstat(fd)
+        if not stat.S_ISREG(now.st_mode):
+            raise Unreadable(path, f"found {_kind(now.st_mode)}", "remove it; runner writes only regular files here")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise Unreadable(path, f"found over {limit} bytes", "is this the file runner wrote?")
+    return data
+
+
+def damaged(path: Path, why: str) -> None:
+    """Say once per process, in one line, that a run file was skipped as if it were missing."""
+    key = (str(path), why)
+    if key not in _SAID:
+        _SAID.add(key)
+        log.warning("%s: %s; skipped as if it were missing", path, why)
+
+
+_SAID: set[tuple[str, str]] = set()
+
+
+def read_json(path: Path, default: Any = None, shape: type | tuple[type, ...] = dict) -> Any:
+    """A JSON record of a run directory, or ``default`` when it is missing or damaged: not a regular file, too large,
+    not UTF-8 JSON, or not of ``shape`` (an object unless the caller says otherwise). A damaged file is named in one
+    warning line and otherwise treated like a missing one."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = json.loads(read_regular(path).decode("utf-8"))
+    except FileNotFoundError:
         return default
+    except NotADirectoryError:
+        return default
+    except Unreadable as e:
+        damaged(path, e.found)
+        return default
+    except OSError as e:
+        damaged(path, f"cannot read it ({e.strerror or type(e).__name__})")
+        return default
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        damaged(path, f"found no valid JSON ({type(e).__name__})")
+        return default
+    if not isinstance(data, shape):
+        damaged(path, f"found a JSON {type(data).__name__}; expected "
+                      f"{'an object' if shape is dict else 'another shape'}")
+        return default
+    return data
 
 
 @dataclass(frozen=True)
@@ -193,23 +278,38 @@ class RunDir:
 
     def job_id(self) -> str | None:
         try:
-            return self.job_id_file.read_text().strip() or None
-        except OSError:
+            text = read_regular(self.job_id_file, 256).decode("ascii").strip()
+        except FileNotFoundError:
             return None
+        except (OSError, Unreadable, ValueError) as e:
+            damaged(self.job_id_file, getattr(e, "found", None) or type(e).__name__)
+            return None
+        if text and not text.replace("_", "").isdigit():  # a job id: digits (an array task: 12_3)
+            damaged(self.job_id_file, f"found {text[:40]!r}; expected a Slurm job id")
+            return None
+        return text or None
 
     def record(self, event: str, **fields: Any) -> None:
         """Append one event to the run's ledger (one JSON object per line, fsynced)."""
         self.root.mkdir(parents=True, exist_ok=True)
         line = json.dumps({"time": round(time.time(), 3), "event": event, **fields}, sort_keys=True)
-        with open(self.ledger, "a") as f:
+        # Never blocks: a FIFO in the ledger's place fails at once (ENXIO without a reader) or is refused below.
+        fd = os.open(self.ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+        with open(fd, "a") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise Unreadable(self.ledger, f"found {_kind(os.fstat(fd).st_mode)}", "remove it; runner writes "
+                                 "only regular files here")
             f.write(line + "\n")
             f.flush()
             os.fsync(f.fileno())
 
     def events(self) -> list[dict[str, Any]]:
         try:
-            lines = self.ledger.read_text().splitlines()
-        except OSError:
+            lines = read_regular(self.ledger, MAX_LEDGER).decode("utf-8", errors="replace").splitlines()
+        except FileNotFoundError:
+            return []
+        except (OSError, Unreadable) as e:
+            damaged(self.ledger, getattr(e, "found", None) or type(e).__name__)
             return []
         out = []
         for line in lines:
@@ -222,6 +322,8 @@ class RunDir:
                 out.append(event)  # anything else is not ours (a hand edit): skipped, never fatal
         return out
 
+
+MAX_LEDGER = 256 << 20  # a ledger of years of events stays far below
 
 # Each attempt (a submission, requeue or resubmission) logs into its own folder: logs/attempt-N/rank-XXXXX.log.
 # Whoever starts the ranks of an attempt (the batch script, or `runner submit` locally) claims N and exports it.

@@ -112,3 +112,154 @@ def test_status_lists_the_runs_beside_an_entry_it_cannot_stat(tmp_path: Path) ->
 def test_cli_main_does_not_raise_for_a_missing_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["status", "nope", "--root", str(tmp_path)]) == 2
     assert "found no run directory" in capsys.readouterr().err
+
+
+# --- configs that validate, then crash every rank ----------------------------------------------------------------
+
+def problems_of(*overrides: str, text: str | None = None, tmp_path: Path) -> list[str]:
+    from runner import spec
+    from runner.errors import ConfigError
+
+    path = tmp_path / "conf.yaml"
+    path.write_text(text if text is not None else QUICKSTART.read_text())
+    with pytest.raises(ConfigError) as err:
+        spec.load(path, list(overrides))
+    for line in err.value.problems:
+        assert "\n" not in line
+    return err.value.problems
+
+
+@pytest.mark.parametrize(("override", "key", "expected"), [
+    ("trainer.log_every_n_steps=0", "trainer.log_every_n_steps", "an integer from 1"),
+    ("trainer.log_every_n_steps=-3", "trainer.log_every_n_steps", "an integer from 1"),
+    ("trainer.check_val_every_n_epoch=0", "trainer.check_val_every_n_epoch", "an integer from 1"),
+    (f"network.pg_timeout_s={2 ** 63 - 1}", "network.pg_timeout_s", f"a value <= {2 ** 31 - 1}"),
+    ("slurm.time='0'", "slurm.time", "at least 1 minute"),
+    ("slurm.time=0:30", "slurm.time", "at least 1 minute"),
+    ("slurm.time=0-0", "slurm.time", "at least 1 minute"),
+    ("watchdog.floor_s=1e300", "watchdog.floor_s", "a value <= 2147483647"),
+    ("preflight.probe_mib=1099511627776", "preflight.probe_mib", "a value <= 2147483647"),
+    ("alerts.timeout_s=1e12", "alerts.timeout_s", "a value <= 2147483647"),
+    ("checkpoint.every_n_steps=9999999999999", "checkpoint.every_n_steps", "a value <= 2147483647"),
+])
+def test_a_number_the_job_would_trip_over_is_refused_at_validate(tmp_path: Path, override: str, key: str,
+                                                                 expected: str) -> None:
+    found = [p for p in problems_of(override, tmp_path=tmp_path) if f": {key}: " in p]
+    assert len(found) == 1 and expected in found[0], found
+
+
+@pytest.mark.parametrize("override", ["slurm.time=1", "slurm.time=0:01:00", "slurm.time=1-0",
+                                      "network.pg_timeout_s=2147483647", "trainer.log_every_n_steps=1"])
+def test_the_smallest_and_largest_good_numbers_pass(tmp_path: Path, override: str) -> None:
+    from runner import spec
+
+    path = tmp_path / "conf.yaml"
+    path.write_text(QUICKSTART.read_text())
+    spec.load(path, [override])
+
+
+@pytest.mark.parametrize("name", ["EXECIGNORE", "PYTHONHOME", "PYTHONPATH", "PYTHONSTARTUP", "PYTHONINSPECT",
+                                  "LD_PRELOAD", "LD_LIBRARY_PATH", "BASH_COMPAT", "BASH_XTRACEFD", "POSIXLY_CORRECT",
+                                  "GCONV_PATH", "FUNCNEST"])
+def test_env_refuses_what_changes_how_the_script_or_its_python_runs(tmp_path: Path, name: str) -> None:
+    found = [p for p in problems_of(f"env.{name}=x", tmp_path=tmp_path) if f": env.{name}: " in p]
+    assert len(found) == 1 and "does not change how the batch script or its Python run" in found[0], found
+
+
+def test_env_keeps_the_harmless_python_switches(tmp_path: Path) -> None:
+    from runner import spec
+
+    path = tmp_path / "conf.yaml"
+    path.write_text(QUICKSTART.read_text())
+    spec.load(path, ["env.PYTHONUNBUFFERED=1", "env.PYTHONHASHSEED=0", "env.PYTHONFAULTHANDLER=1"])
+    assert [p for p in problems_of("env.PYTHONHASHSEED=abc", tmp_path=tmp_path) if "PYTHONHASHSEED" in p]
+
+
+def test_a_host_side_hook_that_cannot_start_is_said_and_recorded(tmp_path: Path) -> None:
+    """The batch script's hook function with a Python that cannot run: the script goes on, says so on stderr and
+    leaves a ledger line that runner cron alerts (no `|| true` hiding it)."""
+    from runner import spec
+    from runner.host import render
+
+    path = tmp_path / "conf.yaml"
+    path.write_text(QUICKSTART.read_text())
+    script = render.sbatch(spec.load(path, ["scheduler=slurm"]), tmp_path, "none")
+    start = script.index("hook() {")
+    hook = script[start:script.index("\n}\n", start) + 3]
+    out = subprocess.run(["bash", "-c", f'RUN_DIR={tmp_path}; RUNNER_PY=/nonexistent/python\n{hook}\n'
+                          'SLURM_JOB_ID=77 hook exit --rc 1; echo "went on $?"'],
+                         capture_output=True, text=True, timeout=60)
+    assert out.stdout == "went on 0\n"
+    assert "the host-side 'exit' hook failed (exit 127" in out.stderr
+    (line,) = (tmp_path / "ledger.jsonl").read_text().splitlines()
+    event = json.loads(line)
+    assert event["event"] == "hook_failed" and event["hook"] == "exit" and event["exit_code"] == 127
+    from runner.rundir import RunDir
+
+    assert RunDir(tmp_path).events()[0]["event"] == "hook_failed"
+
+
+# --- one-line errors instead of tracebacks and hangs ---------------------------------------------------------------
+
+def test_a_lone_surrogate_is_refused_at_validate_and_submit_leaves_no_run(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    runs = tmp_path / "runs"
+    conf = tmp_path / "conf.yaml"  # YAML's own escape makes the lone surrogate: "\udcff" in double quotes
+    conf.write_text(QUICKSTART.read_text() + 'env: {TOKEN: "a\\udcffb"}\nstats: {"\\udcfe": 1}\n')
+    for cmd in (["validate"], ["submit"], ["submit", "--dry-run"]):
+        assert cli.main([*cmd, str(conf), f"run_root={runs}"]) == 2
+        err = capsys.readouterr().err
+        assert "env.TOKEN" in err and "UTF-8" in err and "a key that is UTF-8 text" in err and "Traceback" not in err
+        assert len(err.strip().splitlines()) == 2
+    assert cli.main(["validate", str(QUICKSTART), "env.TOKEN=a\udcffb"]) == 2  # the command line: refused too
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert not runs.exists()
+
+
+def test_an_override_key_thousands_of_levels_deep_is_one_line(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["validate", str(QUICKSTART), ".".join(["a"] * 5000) + "=1"]) == 2
+    err = capsys.readouterr().err
+    assert "levels deep" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_path_component_over_255_bytes_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    long = tmp_path / ("r" * 300)
+    for cmd in (["validate"], ["submit", "--dry-run"]):
+        assert cli.main([*cmd, str(QUICKSTART), f"run_root={long}/x"]) == 2
+        err = capsys.readouterr().err
+        assert "run_root" in err and "at most 255 bytes" in err and "Traceback" not in err
+    assert cli.main(["validate", str(tmp_path / ("c" * 300 + ".yaml"))]) == 2
+    assert "cannot read config" in capsys.readouterr().err
+
+
+def test_a_huge_config_is_refused_from_its_size_before_it_is_read(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    big = tmp_path / "big.yaml"
+    with open(big, "wb") as f:
+        f.truncate(3 << 30)  # sparse: 3 GiB that take no disk, and would take the memory if read
+    assert cli.main(["validate", str(big)]) == 2
+    err = capsys.readouterr().err
+    assert f"found {3 << 30} bytes" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_plain_config_of_60000_keys_is_refused_for_its_size_not_for_aliases(tmp_path: Path) -> None:
+    text = QUICKSTART.read_text() + "extra:\n" + "".join(f"  k{i}: {i}\n" for i in range(60_000))
+    (line,) = problems_of(text=text, tmp_path=tmp_path)
+    assert "found more than 100000 keys and values" in line and "aliases" not in line
+
+
+def test_a_fifo_as_the_config_or_the_url_file_is_refused_without_opening_it(tmp_path: Path) -> None:
+    fifo = tmp_path / "conf.yaml"
+    os.mkfifo(fifo)
+    for cmd in (["validate"], ["submit", "--dry-run"]):
+        one_error(runner(*cmd, str(fifo)), "found a FIFO")  # a hang would end in the subprocess timeout
+    url = tmp_path / "url"
+    os.mkfifo(url, 0o600)
+    out = runner("submit", "--dry-run", str(QUICKSTART), f"alerts.url_file={url}", f"run_root={tmp_path}/runs",
+                 env={"RUNNER_WEBHOOK_URL": ""})
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    from runner import alerts
+
+    with pytest.raises(alerts.AlertConfigError, match="no regular file"):
+        alerts.resolve_url({"enabled": True, "url_env": "RUNNER_TEST_NO_SUCH_VAR", "url_file": str(url)})

@@ -260,8 +260,7 @@ def test_a_module_that_keeps_zeroed_gradients_resumes_bitwise_on_three_ranks(tmp
     ``x * (1 / 3)``, an ulp apart (exact for 2 and 4 ranks, which is why this test needs three)."""
     (tmp_path / "zeroing.py").write_text(ZEROING)
     three = ["num_device=3", "global_batch_size=24", "dataloader.train.total_shards=3",
-             "dataloader.valid.total_shards=3", "preflight.enabled=false", "model._target_=zeroing.Zeroing",
-             f"env.PYTHONPATH={tmp_path}"]
+             "dataloader.valid.total_shards=3", "preflight.enabled=false", "model._target_=zeroing.Zeroing"]
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")  # the CLI reads it
     reference, resumed = uninterrupted_and_resumed(tmp_path, three)
     assert len(resumed) == len(reference) == 3

@@ -31,7 +31,7 @@ from typing import Any
 from runner.alerts.causes import alert_from_run
 from runner.alerts.payload import Alert, redact, redact_obj, redacted_alert, render_payload
 from runner.errors import RunnerError
-from runner.rundir import locked
+from runner.rundir import Unreadable, locked, read_regular
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 # trap with a few seconds before SIGKILL) must get control back; what is not sent is queued.
 RETRY_AFTER_CAP_S = 60.0
 MAX_TOTAL_S = 60.0
+URL_FILE_MAX = 64 << 10  # a webhook URL file: one URL and a few comment lines
 
 _QUEUE_FORMAT = "runner.alerts.queue/1"
 
@@ -58,6 +59,9 @@ def _check_private(path: Path) -> None:
     """The URL file is the user's alone: owned by them, no group/other bits, in a directory others cannot write
     (where they could swap the file for their own). One line each, naming the file, never its content."""
     st, parent = path.stat(), path.resolve().parent
+    if not stat.S_ISREG(st.st_mode):  # a FIFO would block the read below for ever: refused from its stat
+        raise AlertConfigError(f"alerts url_file {path}: found no regular file (a FIFO, device or directory); "
+                               "expected a file holding the webhook URL. hint: write the URL into a plain file")
     if st.st_uid != os.getuid():
         raise AlertConfigError(f"alerts url_file {path}: found it owned by uid {st.st_uid}; expected your own "
                                f"(uid {os.getuid()}). hint: copy it into a file of yours and `chmod 600` it")
@@ -103,7 +107,10 @@ def resolve_url(section: Mapping[str, Any]) -> tuple[str | None, str]:
                 f"alerts url_file {path}: {why}; put the webhook URL in it and run `chmod 600 {path}`"
             ) from None
         try:
-            text = path.read_text(encoding="utf-8")
+            text = read_regular(path, URL_FILE_MAX).decode("utf-8")
+        except Unreadable as exc:
+            raise AlertConfigError(f"alerts url_file {path}: {exc.found}; expected a small file holding the "
+                                   "webhook URL") from None
         except (OSError, UnicodeDecodeError) as exc:
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
             raise AlertConfigError(f"alerts url_file {path}: cannot read it ({why})") from None

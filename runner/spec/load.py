@@ -238,9 +238,12 @@ def _check_graph(root: yaml.Node) -> tuple[int, str] | None:
     """
     size: dict[int, int] = {}
     active: set[int] = set()
+    aliased = False  # a node met twice: the document uses aliases
 
     def walk(node: yaml.Node, depth: int) -> int:
+        nonlocal aliased
         if id(node) in size:
+            aliased = True
             return size[id(node)]
         line = node.start_mark.line + 1
         if id(node) in active:
@@ -261,9 +264,12 @@ def _check_graph(root: yaml.Node) -> tuple[int, str] | None:
         elif isinstance(node, yaml.SequenceNode):
             total += sum(walk(v, depth + 1) for v in node.value)
         active.discard(id(node))
-        if total > MAX_NODES:
+        if total > MAX_NODES and aliased:
             raise _Stop(line, f"found aliases that expand to more than {MAX_NODES} values; expected a "
                         "plain config. hint: remove the nested aliases")
+        if total > MAX_NODES:
+            raise _Stop(line, f"found more than {MAX_NODES} keys and values; expected a config of fewer. hint: "
+                        "keep data (lists of files, vocabularies) in files the config names")
         size[id(node)] = total
         return total
 
@@ -314,14 +320,28 @@ def parse_yaml(text: str, where: str) -> tuple[Any, yaml.Node | None]:
             loader.dispose()
 
 
-def read_yaml(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
-    """Parse a YAML mapping, turning every problem into one-line ConfigErrors with a line number."""
+def read_text(path: Path, what: str = "config", limit: int = MAX_BYTES) -> str:
+    """A small regular text file, checked before it is opened: a FIFO, a device or a directory is refused (reading
+    one would hang or never end), and so is a file over ``limit`` bytes (never read whole)."""
+    from runner.rundir import Unreadable, read_regular
+
     try:
-        text = path.read_text()
+        data = read_regular(path, limit)
+    except Unreadable as e:
+        raise ConfigError([f"{path}: {e.found}; expected a {what} file under {limit} bytes. hint: {e.hint}"]) \
+            from None
     except OSError as e:
-        raise ConfigError([f"{path}: cannot read config: {e.strerror}. hint: check the path"]) from None
+        raise ConfigError([f"{path}: cannot read {what}: {e.strerror or type(e).__name__}. hint: check the path"]) \
+            from None
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError:
         raise ConfigError([f"{path}: found bytes that are not UTF-8; expected a text file"]) from None
+
+
+def read_yaml(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
+    """Parse a YAML mapping, turning every problem into one-line ConfigErrors with a line number."""
+    text = read_text(path)
     data, node = parse_yaml(text, str(path))
     if not isinstance(data, dict):
         raise ConfigError([f"{path}: found {type(data).__name__} at top level; expected a mapping of keys"])
@@ -329,6 +349,9 @@ def read_yaml(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
 
 
 def _set(d: dict[str, Any], dotted: str, value: Any) -> None:
+    if dotted.count(".") >= MAX_DEPTH:
+        raise ConfigError([f"override {dotted[:60]}...: found a key {dotted.count('.') + 1} levels deep; expected at "
+                           f"most {MAX_DEPTH}. hint: check the key path"])
     *parents, last = dotted.split(".")
     for p in parents:
         d = d.setdefault(p, {})
@@ -507,6 +530,7 @@ def load(path: str | Path, overrides: list[str] | None = None, run_dir: str = "$
     apply_overrides(data, overrides or [])
     document = copy.deepcopy(data)  # the program's config: as written, after the overrides, never interpolated
     problems = Problems(path, lines)
+    validate.check_text(data, problems)
     validate.check_parallel(data, problems)
     if kind == "train" and parallel.only_parallel(data):
         raise ConfigError([f"{path}: found only a parallel: block (a Dask workload); expected a training config "

@@ -47,6 +47,15 @@ RESERVED_ENV = ("RUN_DIR", "RUNNER_PY", "IFS", "PATH", "BASH_ENV", "ENV", "SHELL
                 "step_pid", "got_signal")
 RESERVED_ENV_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "RUNNER_", "BASH_FUNC_")
 ENV_SWITCHES = ("RUNNER_PREFLIGHT_ONLY",)  # runner's own switch, set by `runner preflight`
+# Environment names that change how the batch script's bash, its Python (the host-side hooks and the ranks) or the
+# dynamic loader run: `EXECIGNORE='*'` hides scontrol and srun, `PYTHONHOME` stops every Python, `LD_PRELOAD` loads
+# code into each. Refused in `env:` (which reaches the whole script), except the few Python switches below.
+RUNS_CHANGERS = ("EXECIGNORE", "POSIXLY_CORRECT", "FUNCNEST", "TMOUT", "GCONV_PATH", "LOCPATH", "HOSTALIASES",
+                 "MALLOC_CHECK_", "MALLOC_PERTURB_", "GLIBC_TUNABLES")
+RUNS_CHANGER_PREFIXES = ("BASH", "LD_", "PYTHON")
+PYTHON_SWITCHES = ("PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "PYTHONDONTWRITEBYTECODE", "PYTHONHASHSEED")
+MAX_NUMBER = 2 ** 31 - 1  # every number runner uses (counts, seconds, sizes) stays below it, unless its field says
+MAX_TIMEOUT_S = 2 ** 31 - 1  # the largest process-group timeout torch takes (gloo and NCCL, as a timedelta)
 TRAINER_KEYS = (
     "accelerator", "strategy", "devices", "num_nodes", "precision", "max_epochs", "min_epochs", "max_steps",
     "min_steps", "max_time", "limit_train_batches", "limit_val_batches", "val_check_interval",
@@ -146,7 +155,7 @@ SCHEMA: dict[str, Any] = {
         "ifname": _f((str, NONE), None, pattern=ENV_NAME, expect="an interface name like ib0 or eth0"),
         "ib_hca": _f((str, NONE), None, pattern=SBATCH_SAFE),
         "debug": _f(bool, False),
-        "pg_timeout_s": _f(int, 300, min=10),
+        "pg_timeout_s": _f(int, 300, min=10, max=MAX_TIMEOUT_S),
     },
     "checkpoint": {
         "every_n_steps": _f(int, 100, **POS_INT),

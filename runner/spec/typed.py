@@ -188,8 +188,17 @@ def view(data: dict[str, Any]) -> RunConfig:
 def read_resolved(path: Path) -> RunConfig:
     """A run directory's ``config.yaml``: written by ``runner submit`` after validation, read by the job,
     the hooks and cron."""
+    from runner.rundir import Unreadable, read_regular
+
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's loader: ~10x faster, same result
-    data = yaml.load(path.read_text(), Loader=loader)  # noqa: S506 -- a safe loader
+    try:
+        data = yaml.load(read_regular(path, 16 << 20).decode("utf-8"), Loader=loader)  # noqa: S506 -- a safe loader
+    except (ValueError, yaml.YAMLError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise Unreadable(path, f"found no config runner wrote ({type(e).__name__})", "restore it from the "
+                         "config you submitted, or move the run directory away") from None
+    if not _looks_resolved(data):
+        raise Unreadable(path, "found a config of another shape (a section missing or not a mapping)", "restore it "
+                         "from the config you submitted, or move the run directory away")
     if isinstance(data, dict):  # a run submitted before program mode existed
         data.setdefault("command", None)
         data.setdefault("program", {})
@@ -197,3 +206,13 @@ def read_resolved(path: Path) -> RunConfig:
         if isinstance(data.get("watchdog"), dict):  # ... or before the first-step limit
             data["watchdog"].setdefault("first_step_s", 900)
     return view(data)
+
+
+_SECTIONS = ("trainer", "dataloader", "container", "slurm", "env", "network", "checkpoint", "resume", "watchdog",
+             "alerts", "preflight")
+
+
+def _looks_resolved(data: Any) -> bool:
+    """The shape every reader of a resolved config relies on (validation filled every section when it was written)."""
+    return isinstance(data, dict) and all(isinstance(data.get(k), dict) for k in _SECTIONS) and \
+        all(type(data.get(k)) is int for k in ("num_nodes", "num_device")) and isinstance(data.get("name"), str)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import difflib
 import math
+import os
 import re
 import shlex
 from pathlib import Path
@@ -23,14 +24,19 @@ from runner.spec.schema import (
     ENV_SWITCHES,
     EVENTS,
     GPU_ONLY,
+    MAX_NUMBER,
     NONE,
     PROGRAM_TRAINER,
+    PYTHON_SWITCHES,
     REQUIRED,
     RESERVED_ENV,
     RESERVED_ENV_PREFIXES,
+    RUNS_CHANGER_PREFIXES,
+    RUNS_CHANGERS,
     SBATCH_SAFE,
     SCHEMA,
     SHARDING,
+    TIME,
     TRAINER_KEYS,
     F,
 )
@@ -107,8 +113,9 @@ def _leaf_problem(value: Any, spec: F) -> tuple[str, str] | None:
         return "one of " + ", ".join(map(str, spec.choices)), ""
     if spec.min is not None and isinstance(value, (int, float)) and value < spec.min:
         return f"a value >= {spec.min:g}", "counts and sizes must be positive"
-    if spec.max is not None and isinstance(value, (int, float)) and value > spec.max:
-        return f"a value <= {spec.max:.0f}", ""
+    top = MAX_NUMBER if spec.max is None else spec.max
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > top:
+        return f"a value <= {top:.0f}", "" if spec.max is not None else "runner's numbers stay below 2**31"
     if spec.pattern and isinstance(value, str) and not spec.pattern.fullmatch(value):
         return spec.expect or f"a value matching {spec.pattern.pattern}", ""
     return None
@@ -193,7 +200,9 @@ def check_rules(d: dict[str, Any], problems: Problems, base: Path | None = None,
             up = -(-shards // dws) * dws
             problems.add(f"dataloader.{split}.total_shards", shards, f"a multiple of dist_world_size={dws}",
                          f"use total_shards: {up}")
+    _check_time(d["slurm"]["time"], problems)
     if not program:
+        _check_trainer_numbers(tr, problems)
         _check_batch(d, world, problems)
         for key in ("max_steps", "max_epochs"):
             if tr[key] == 0 and _ints(tr[key]):
@@ -211,6 +220,56 @@ def check_rules(d: dict[str, Any], problems: Problems, base: Path | None = None,
                              "bf16-mixed or 32-true on CPU" if "precision" in key else "use ddp on CPU, or "
                              "accelerator: gpu")
     _check_strings(d, problems, base, program)
+
+
+def slurm_seconds(value: str | int) -> int:
+    """Slurm's time formats (minutes, M:S, H:M:S, D-H, D-H:M, D-H:M:S) in seconds."""
+    if isinstance(value, int):
+        return value * 60
+    days, _, rest = value.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if days:
+        parts += [0] * (3 - len(parts))
+        h, m, sec = parts
+    elif len(parts) == 1:
+        h, m, sec = 0, parts[0], 0
+    elif len(parts) == 2:
+        h, m, sec = 0, *parts
+    else:
+        h, m, sec = parts
+    return ((int(days or 0) * 24 + h) * 60 + m) * 60 + sec
+
+
+def _check_time(value: Any, problems: Problems) -> None:
+    """``slurm.time``: at least a minute (Slurm rounds a shorter limit up to one; 0 is no limit at some sites)."""
+    if value is BAD or not isinstance(value, (str, int)) or isinstance(value, bool):
+        return
+    if isinstance(value, str) and not TIME.fullmatch(value):
+        return  # the schema said what is wrong
+    if slurm_seconds(value) < 60:
+        problems.add("slurm.time", value, "a time limit of at least 1 minute", "write e.g. 00:10:00 or 10 (minutes)")
+
+
+# Lightning Trainer arguments that runner's own training divides by or counts with: (smallest value, None allowed).
+_TRAINER_INTS = {"log_every_n_steps": (1, False), "check_val_every_n_epoch": (1, True),
+                 "num_sanity_val_steps": (-1, False), "min_steps": (-1, True), "min_epochs": (-1, True)}
+
+
+def _check_trainer_numbers(tr: dict[str, Any], problems: Problems) -> None:
+    for key, (low, nullable) in _TRAINER_INTS.items():
+        value = tr.get(key, low)
+        if value is BAD or (value is None and nullable):
+            continue
+        if not _ints(value) or not low <= value <= MAX_NUMBER:
+            problems.add(f"trainer.{key}", value, f"an integer from {low} to {MAX_NUMBER}" +
+                         (" or null" if nullable else ""), "0 steps between logs would divide by zero"
+                         if key == "log_every_n_steps" else "")
+    clip = tr.get("gradient_clip_val")
+    if isinstance(clip, float) and not math.isfinite(clip):
+        return  # said with every other non-finite number
+    if clip is not None and clip is not BAD and (isinstance(clip, bool) or not isinstance(clip, (int, float))
+                                                 or not 0 <= clip <= MAX_NUMBER):
+        problems.add("trainer.gradient_clip_val", clip, "a number >= 0, or null")
 
 
 def _loaders(dataloader: dict[str, Any], program: bool, problems: Problems) -> list[tuple[str, dict[str, Any]]]:
@@ -369,12 +428,45 @@ def _check_strings(d: dict[str, Any], problems: Problems, base: Path | None, pro
     for i, event in enumerate(d["alerts"]["events"] if isinstance(d["alerts"]["events"], list) else []):
         if event not in EVENTS:
             problems.add(f"alerts.events[{i}]", event, "one of " + ", ".join(EVENTS))
-    if base is not None and isinstance(d["run_root"], str) and d["run_root"]:
+    for key, value in (("run_root", d["run_root"]), ("container.image_dir", d["container"]["image_dir"]),
+                       ("container.image", d["container"]["image"]), ("container.wheelhouse",
+                                                                      d["container"]["wheelhouse"]),
+                       ("alerts.url_file", d["alerts"]["url_file"])):
+        if isinstance(value, str) and not _unencodable(value) and (part := long_component(value)):
+            problems.add(key, value, f"path components of at most {NAME_MAX} bytes",
+                         f"{part[:20]}... has {len(os.fsencode(part))}")
+    if base is not None and isinstance(d["run_root"], str) and d["run_root"] and not long_component(d["run_root"]):
         blocker = not_a_directory(Path(d["run_root"]))  # relative to where runner runs, as submit resolves it
         if blocker:
             problems.add("run_root", d["run_root"], "a directory (or a path that can be created)",
                          f"{blocker} is a file")
     parallel.check(d["parallel"], problems, need_workload=False)
+
+
+def _unencodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def check_text(data: Any, problems: Problems, path: str = "") -> None:
+    """Every key and string is text that can be written (a lone surrogate, from a command line of bytes that are
+    not UTF-8, validates as a str and then fails every write)."""
+    if isinstance(data, dict):
+        for k, v in data.items():
+            sub = f"{path}.{k}" if path else str(k)
+            if isinstance(k, str) and _unencodable(k):
+                problems.add(path or "(top level)", Said(ascii(k)), "a key that is UTF-8 text",
+                             "the command line held bytes that are not UTF-8")
+                continue
+            check_text(v, problems, sub)
+    elif isinstance(data, list):
+        for i, v in enumerate(data):
+            check_text(v, problems, f"{path}[{i}]")
+    elif isinstance(data, str) and _unencodable(data):
+        problems.add(path, Said(ascii(data)[:80]), "UTF-8 text", "the command line held bytes that are not UTF-8")
 
 
 def check_env(env: dict[str, Any], problems: Problems) -> None:
@@ -387,8 +479,16 @@ def check_env(env: dict[str, Any], problems: Problems) -> None:
             problems.add(f"env.{key}", key, "a name the batch script, Slurm or runner do not own",
                          f"{key} is set by the batch script or Slurm; names starting with "
                          f"{', '.join(RESERVED_ENV_PREFIXES)} are reserved")
+        elif (key in RUNS_CHANGERS or str(key).startswith(RUNS_CHANGER_PREFIXES)) and key not in PYTHON_SWITCHES:
+            problems.add(f"env.{key}", key, "a name that does not change how the batch script or its Python run",
+                         f"{key} would reach the host-side hooks too (bash, Python, the dynamic loader); set it in "
+                         "the image, or put your code next to the config (container.code) instead of a path variable")
         elif not isinstance(value, (str, int, float, bool)):
             problems.add(f"env.{key}", value, "a string or number")
+        elif key == "PYTHONHASHSEED" and not re.fullmatch(r"random|\d{1,10}", str(value)) or \
+                key == "PYTHONHASHSEED" and str(value).isdigit() and int(str(value)) > 4294967295:
+            problems.add(f"env.{key}", value, "random or an integer from 0 to 4294967295",
+                         "Python refuses to start with any other value")
 
 
 def _check_code(entry: str, key: str, base: Path, problems: Problems) -> None:
@@ -406,9 +506,17 @@ def _check_code(entry: str, key: str, base: Path, problems: Problems) -> None:
 def not_a_directory(path: Path) -> Path | None:
     """The first existing part of ``path`` that is not a directory (so that mkdir -p would fail), or None."""
     for p in (path, *path.parents):
-        if p.exists() or p.is_symlink():
-            return None if p.is_dir() else p
+        if os.path.lexists(p):  # never raises: a name too long to stat is said by check_rules
+            return None if os.path.isdir(p) else p
     return None
+
+
+NAME_MAX = 255  # bytes in one path component (Linux, and most filesystems)
+
+
+def long_component(path: str) -> str | None:
+    """The first component of ``path`` longer than a filesystem takes, or None."""
+    return next((part for part in path.split("/") if len(os.fsencode(part)) > NAME_MAX), None)
 
 
 def check_targets(d: dict[str, Any], problems: Problems, base: Path) -> bool | None:
