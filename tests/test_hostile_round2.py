@@ -263,3 +263,44 @@ def test_a_fifo_as_the_config_or_the_url_file_is_refused_without_opening_it(tmp_
 
     with pytest.raises(alerts.AlertConfigError, match="no regular file"):
         alerts.resolve_url({"enabled": True, "url_env": "RUNNER_TEST_NO_SUCH_VAR", "url_file": str(url)})
+
+
+# --- container.code stays inside the project ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("how", ["entry", "inside", "file"])
+def test_container_code_that_leads_outside_the_project_through_a_symlink_is_refused(tmp_path: Path, how: str) -> None:
+    from runner import spec
+    from runner.errors import ConfigError
+
+    project, secret = tmp_path / "project", tmp_path / "home" / ".ssh"
+    secret.mkdir(parents=True)
+    (secret / "id_rsa").write_text("PRIVATE KEY\n")
+    (project / "mycode").mkdir(parents=True)
+    (project / "mycode" / "train.py").write_text("x = 1\n")
+    if how == "entry":
+        (project / "linked").symlink_to(secret)
+        entry = "linked"
+    elif how == "inside":
+        (project / "mycode" / "keys").symlink_to(secret)
+        entry = "mycode"
+    else:
+        (project / "mycode" / "id_rsa").symlink_to(secret / "id_rsa")
+        entry = "mycode"
+    conf = project / "conf.yaml"
+    conf.write_text(QUICKSTART.read_text())
+    with pytest.raises(ConfigError) as err:
+        spec.load(conf, [f"container.code=[runner, {entry}]", "container.runtime=podman"])
+    (line,) = [p for p in err.value.problems if "container.code[1]" in p]
+    assert "leads outside it" in line
+    (project / "mycode" / "inner").symlink_to(project / "mycode")  # a link inside the project is fine
+    if how == "entry":
+        spec.load(conf, ["container.code=[runner, mycode]", "container.runtime=podman"])
+
+
+@pytest.mark.parametrize("image", ["../../..", ".", "/", "images/.."])
+def test_container_image_that_names_no_file_is_one_line_at_build_dry_run(tmp_path: Path, image: str,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["build", "--dry-run", str(QUICKSTART), f"container.image={image}",
+                     "container.runtime=apptainer"]) == 2
+    err = capsys.readouterr().err
+    assert "container.image" in err and "the path of an image file" in err and "Traceback" not in err

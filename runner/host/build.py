@@ -72,11 +72,15 @@ def image_code_files(cfg: Config) -> dict[str, bytes]:
     Not the code the preflight compares between nodes (``runner.job.checks.code_to_compare``).
     """
     import runner
+    from runner.spec.validate import escapes
 
     out: dict[str, bytes] = {}
     base = Path(cfg.path).resolve().parent
     for entry in cfg.data["container"]["code"]:
         src = Path(runner.__file__).resolve().parent if entry == "runner" else (base / entry)
+        if entry != "runner" and (outside := escapes(base, src)) is not None:  # linked since it was validated
+            raise BuildError(f"container.code: {entry}: {outside} leads outside {base}; expected the project's own "
+                             "code. hint: copy that code next to the config instead of linking it")
         if src.is_file():
             out[src.name] = src.read_bytes()
             continue

@@ -428,6 +428,10 @@ def _check_strings(d: dict[str, Any], problems: Problems, base: Path | None, pro
     for i, event in enumerate(d["alerts"]["events"] if isinstance(d["alerts"]["events"], list) else []):
         if event not in EVENTS:
             problems.add(f"alerts.events[{i}]", event, "one of " + ", ".join(EVENTS))
+    image = d["container"]["image"]
+    if isinstance(image, str) and (Path(image).name in ("", ".", "..") or not Path(os.path.abspath(image)).name):
+        problems.add("container.image", image, "the path of an image file, like images/train.sif",
+                     "name the file, not a folder")
     for key, value in (("run_root", d["run_root"]), ("container.image_dir", d["container"]["image_dir"]),
                        ("container.image", d["container"]["image"]), ("container.wheelhouse",
                                                                       d["container"]["wheelhouse"]),
@@ -501,6 +505,32 @@ def _check_code(entry: str, key: str, base: Path, problems: Problems) -> None:
                      "copy or link the code next to the config")
     elif not (base / rel).exists():
         problems.add(key, entry, f"an existing file or directory under {base}", "check the path")
+    elif (outside := escapes(base, base / rel)) is not None:
+        problems.add(key, entry, f"code inside {base.resolve()} (symlinks followed)",
+                     f"{outside} leads outside it; copy that code next to the config instead of linking it")
+
+
+def escapes(base: Path, entry: Path) -> str | None:
+    """The first path under ``entry`` (itself included) whose symlinks lead outside ``base``, or None: what the build
+    context copies must be the project's own code, never a link to ~/.ssh."""
+    root = base.resolve()
+
+    def outside(p: Path) -> bool:
+        try:
+            return not p.resolve().is_relative_to(root)
+        except (OSError, RuntimeError):  # a symlink loop: nothing that could be copied
+            return True
+
+    if outside(entry):
+        return str(entry.relative_to(base))
+    if not entry.is_dir():
+        return None
+    for dirpath, dirnames, filenames in os.walk(entry):  # symlinked folders are checked, not entered
+        for name in [*dirnames, *filenames]:
+            p = Path(dirpath) / name
+            if p.is_symlink() and outside(p):
+                return str(p.relative_to(base))
+    return None
 
 
 def not_a_directory(path: Path) -> Path | None:
