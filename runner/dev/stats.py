@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from typing import Any
 
@@ -37,6 +37,37 @@ def forward(idx: int, feats: torch.Tensor, sleep_s: float = 0.0, fail: AbstractS
         raise OSError(f"item {idx}: transient read error")
     x = feats[idx].double()
     return {"shape": list(x.shape), "sum": x.sum(0).tolist(), "sumsq": (x * x).sum(0).tolist()}
+
+
+class StatsProvider:
+    """The seed's provider class (ESPnet3's ``EnvironmentProvider`` shape, without ESPnet3): ``config`` holds
+    ``provider``'s arguments; each worker builds the dataset once from ``build_worker_setup_fn()``."""
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        self.config = config
+
+    def build_env_local(self) -> dict[str, Any]:
+        return provider(**dict(self.config))
+
+    def build_worker_setup_fn(self) -> Callable[[], dict[str, Any]]:
+        config = dict(self.config)
+        return lambda: provider(**config)
+
+
+class StatsRunner:
+    """The seed's runner class (ESPnet3's ``BaseRunner`` shape): a static ``forward``, and
+    ``StatsRunner(provider)(range(n))`` runs it over the items here, in one process (the plain loop)."""
+
+    def __init__(self, env_provider: StatsProvider) -> None:
+        self.provider = env_provider
+
+    @staticmethod
+    def forward(idx: int, **env: Any) -> dict[str, Any]:
+        return forward(idx, **env)
+
+    def __call__(self, items: Iterable[int]) -> list[dict[str, Any]]:
+        env = self.provider.build_env_local()
+        return [self.forward(i, **env) for i in items]
 
 
 def reduce(values: Iterable[dict[str, Any]]) -> dict[str, Any]:

@@ -226,6 +226,8 @@ def _drive(p: Plan, attempt: int) -> None:
     progress = _Progress(p.done, p.total)
     with _cluster(p) as cluster, Client(cluster) as client:  # type: ignore[no-untyped-call]
         log.info("cluster up (%s); %d items in %d chunks", p.workers, p.items_left, len(p.left))
+        targets = [t for t in (par["provider"].get("_target_"), par["forward"], par["reduce"]) if t]
+        client.register_plugin(worker.preload(targets))
         futures = {client.submit(worker.run_chunk, par["provider"], par["forward"], items, par["retries"],
                                  key=f"chunk-{chunk.index}-attempt-{attempt}", pure=False): (chunk, items)
                    for chunk, items in p.left}
@@ -235,7 +237,10 @@ def _drive(p: Plan, attempt: int) -> None:
                 if fut.status == "error":  # the task itself was lost (e.g. its workers kept dying)
                     results, failed = {}, {i: one_line(cast(BaseException, fut.exception())) for i in items}
                 else:
-                    results, failed = fut.result()
+                    results, failed, setup_error = fut.result()
+                    if setup_error:
+                        raise RunnerError(f"the workload could not start in a worker: {setup_error}. hint: check "
+                                          "parallel.provider and parallel.forward")
                 store.merge(chunk.index, results, failed)
                 progress.add(len(results), len(failed))
         finally:

@@ -7,9 +7,11 @@ required), or one next to ``trainer:`` (``runner validate`` and ``submit`` check
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from runner.spec import targets
 from runner.spec.schema import REQUIRED, SBATCH_SAFE, SCHEMA
 
 # Options each env accepts (the names are Dask's and dask-jobqueue's own, passed through).
@@ -24,6 +26,26 @@ KNOWN = tuple(dict.fromkeys(k for keys in OPTIONS.values() for k in keys))
 # The sections a parallel run reads; the training sections may be present (and are checked by `runner validate`).
 SHARED = ("name", "run_root", "container", "slurm", "env", "alerts", "parallel")
 SCHEMA_PARALLEL: dict[str, Any] = {**{k: SCHEMA[k] for k in SHARED}, "*": tuple(k for k in SCHEMA if k not in SHARED)}
+
+
+# ESPnet3's EnvironmentProvider methods that build a worker's environment (runner.parallel.worker uses the first).
+BUILDERS = ("build_worker_setup_fn", "build_env_local", "build_env")
+
+
+def forward_of(found: targets.Found) -> targets.Found:
+    """``parallel.forward`` may name a runner class (ESPnet3's BaseRunner shape): its ``forward`` does the work."""
+    return targets.member(found.node, "forward") if isinstance(found.node, ast.ClassDef) else found
+
+
+def provider_of(found: targets.Found) -> targets.Found:
+    """A provider class (ESPnet3's EnvironmentProvider shape) must have one of the builders, maybe inherited."""
+    if not isinstance(found.node, ast.ClassDef):
+        return found
+    looks = [targets.member(found.node, b) for b in BUILDERS]
+    if any(f.status != "missing_name" for f in looks):
+        return found
+    return targets.Found("missing_name", f"class {found.node.name} has none of {', '.join(BUILDERS)} (a provider "
+                                         "class builds each worker's environment with one of them)")
 
 
 class Adds(Protocol):

@@ -148,10 +148,29 @@ def resolve(target: str, base: Path) -> Found:
         if mod is None:
             continue
         found = _lookup(mod, parts[i], base, 0)
-        if i == len(parts) - 1 or found.status != "found":
-            return found
-        return Found("unknown", "nested attribute")
+        for attr in parts[i + 1:]:  # Class.method (ESPnet3's runner classes): looked up in the class body
+            if found.status != "found":
+                break
+            found = member(found.node, attr)
+        return found
     return Found("missing_module", f"module {parts[0]!r} is not on this host")
+
+
+def member(node: ast.AST | None, attr: str) -> Found:
+    """``attr`` of a class definition: found in its body, unknown when it may be inherited or the node is not a
+    class, missing when the class has no bases and does not define it."""
+    if not isinstance(node, ast.ClassDef):
+        return Found("unknown", f"{attr} of something that is not a class definition")
+    for st in _statements(node.body):
+        if isinstance(st, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and st.name == attr:
+            return Found("found", node.name, st)
+        if isinstance(st, (ast.Assign, ast.AnnAssign)):
+            names = st.targets if isinstance(st, ast.Assign) else [st.target]
+            if any(isinstance(t, ast.Name) and t.id == attr for t in names):
+                return Found("found", node.name)
+    if node.bases or node.keywords:
+        return Found("unknown", f"{attr} may be inherited by {node.name} from a base class")
+    return Found("missing_name", f"class {node.name} has no {attr!r}")
 
 
 def _init(node: ast.AST | None) -> ast.FunctionDef | ast.AsyncFunctionDef | None:

@@ -564,6 +564,10 @@ def check_targets(d: dict[str, Any], problems: Problems, base: Path) -> bool | N
         if not isinstance(target, str):
             continue
         found = targets.resolve(target, base)
+        if key == "parallel.forward":
+            found = parallel.forward_of(found)
+        elif key == "parallel.provider._target_":
+            found = parallel.provider_of(found)
         if found.status == "invalid":
             problems.add(key, target, found.detail)
         elif found.status == "missing_name":
