@@ -90,8 +90,8 @@ class Unreadable(RunnerError):
 
     exit_code = 2
 
-    def __init__(self, path: Path, found: str, hint: str):
-        super().__init__(f"{path}: {found}; expected a regular file. hint: {hint}")
+    def __init__(self, path: Path, found: str, hint: str, expected: str = "a regular file"):
+        super().__init__(f"{path}: {found}; expected {expected}. hint: {hint}")
         self.found, self.hint = found, hint
 
 

@@ -194,11 +194,12 @@ def read_resolved(path: Path) -> RunConfig:
     try:
         data = yaml.load(read_regular(path, 16 << 20).decode("utf-8"), Loader=loader)  # noqa: S506 -- a safe loader
     except (ValueError, yaml.YAMLError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
-        raise Unreadable(path, f"found no config runner wrote ({type(e).__name__})", "restore it from the "
-                         "config you submitted, or move the run directory away") from None
+        raise Unreadable(path, f"found no YAML ({type(e).__name__})", "restore it from the config you submitted, "
+                         "or move the run directory away", expected="the config runner wrote") from None
     if not _looks_resolved(data):
-        raise Unreadable(path, "found a config of another shape (a section missing or not a mapping)", "restore it "
-                         "from the config you submitted, or move the run directory away")
+        raise Unreadable(path, "found a config of another shape (a section that is not a mapping)", "restore it "
+                         "from the config you submitted, or move the run directory away",
+                         expected="the config runner wrote")
     if isinstance(data, dict):  # a run submitted before program mode existed
         data.setdefault("command", None)
         data.setdefault("program", {})
@@ -213,6 +214,8 @@ _SECTIONS = ("trainer", "dataloader", "container", "slurm", "env", "network", "c
 
 
 def _looks_resolved(data: Any) -> bool:
-    """The shape every reader of a resolved config relies on (validation filled every section when it was written)."""
-    return isinstance(data, dict) and all(isinstance(data.get(k), dict) for k in _SECTIONS) and \
-        all(type(data.get(k)) is int for k in ("num_nodes", "num_device")) and isinstance(data.get("name"), str)
+    """The shape every reader of a resolved config relies on: a mapping whose sections are mappings (validation filled
+    every one when it was written; a run from an older runner may lack the newer ones)."""
+    return isinstance(data, dict) and all(isinstance(data[k], dict) for k in _SECTIONS if k in data) and \
+        all(type(data[k]) is int for k in ("num_nodes", "num_device") if k in data) and \
+        isinstance(data.get("name", ""), str)
