@@ -8,13 +8,15 @@ import json
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from runner.job import checkpoint
-from runner.rundir import RunDir
+from runner.rundir import EXIT_HANG, RunDir
 from tests.test_local_run import QUICKSTART, SLOW, STEPS, assert_bitwise, runner, start, wait_for
 
 pytestmark = pytest.mark.slow
@@ -102,7 +104,8 @@ def test_resume_on_another_world_size_reshards_and_keeps_the_global_batch(tmp_pa
     wait_for(run / "checkpoints" / "step-0000010" / "COMPLETE")
     proc.send_signal(signal.SIGUSR2)
     proc.communicate(timeout=180)
-    [(step, _)] = [(s, p) for s, p in checkpoint.complete(run / "checkpoints")[:1]]
+    [(step, path)] = checkpoint.complete(run / "checkpoints")[:1]
+    stopped_at = json.loads((path / "manifest.json").read_text())  # pruned by the resumed run's checkpoints
     out = runner("resume", str(run), "num_device=1", timeout=240)
     assert "resized from 1x2 (accumulate 2) to 1x1 (accumulate 4); global batch 32 kept" in out.stdout
     assert (run / "finished").exists()
@@ -118,8 +121,40 @@ def test_resume_on_another_world_size_reshards_and_keeps_the_global_batch(tmp_pa
     newest = checkpoint.complete(run / "checkpoints")[0][1]
     manifest = json.loads((newest / "manifest.json").read_text())
     assert manifest["world_size"] == 1 and manifest["shards"] == {"0": "__0_0.distcp"}
-    losses = [float(line.split("loss ")[1].split()[0]) for line in out.stdout.splitlines() if " loss " in line]
-    assert losses and all(loss < 5.0 for loss in losses), out.stdout  # trained on, not restarted from scratch
+    losses = [float(line.split("loss ")[1].split()[0]) for line in log.splitlines() if line.startswith("step ")]
+    assert losses and all(loss < 5.0 for loss in losses), log  # trained on, not restarted from scratch
+    assert_resumed_honestly(rd, stopped_at, to_world=1, to_accumulate=4, state="resharded")
+
+
+def assert_resumed_honestly(rd: RunDir, ckpt: dict[str, Any], to_world: int, to_accumulate: int, state: str,
+                            epoch_len: int = 32) -> None:
+    """The ``resumed`` record of a resume onto another world size says what was exact and what not, and the data
+    position it kept (the step, so the global sample count, and each rank's batches into the epoch) is where the
+    run's next checkpoint counted on from: no batch of the epoch taken again or skipped. ``epoch_len``: batches per
+    rank and epoch (the quickstart's 1024 samples / 4 shards / batch 8, one shard per rank and epoch on any shape).
+    ``ckpt``: the manifest of the checkpoint resumed from."""
+    [r] = [e for e in rd.events() if e["event"] == "resumed"]
+    assert (r["from_world"], r["to_world"], r["from_accumulate"], r["to_accumulate"]) == \
+        (ckpt["world_size"], to_world, ckpt["accumulate"], to_accumulate) and r["reshaped"]
+    assert r["state"] == state and r["trajectory"].startswith("not bitwise: ")
+    assert (r["step"], r["epoch"], r["epoch_batches"], r["mid_epoch"]) == \
+        (ckpt["step"], ckpt["epoch"], ckpt["epoch_batches"], ckpt["mid_epoch"])
+    assert r["global_batch"] == 32 and r["samples"] == ckpt["step"] * 32
+    assert r["data_exact"] == (not ckpt["mid_epoch"])
+    cut = ckpt["epoch_batches"] % to_accumulate if ckpt["mid_epoch"] else 0
+    assert r["first_step_samples"] == (32 // to_accumulate * (to_accumulate - cut) if cut else None)
+    # Lightning's count on the new shape goes on from the checkpoint's: a step every `to_accumulate` batches of the
+    # epoch and at its end (the first one shorter when the checkpoint fell inside an accumulation).
+    manifests = [json.loads((p / "manifest.json").read_text()) for _, p in checkpoint.complete(rd.checkpoints)]
+    after = min((m for m in manifests if m["world_size"] == to_world), key=lambda m: m["step"])
+    step, epoch, batches = ckpt["step"], ckpt["epoch"], ckpt["epoch_batches"]
+    while step < after["step"]:
+        if batches == epoch_len:
+            epoch, batches = epoch + 1, 0
+        batches += 1
+        step += batches % to_accumulate == 0 or batches == epoch_len
+    assert (after["epoch"], after["epoch_batches"]) == (epoch, batches), (ckpt, after)
+
 
 
 def test_a_kill_during_the_sharded_write_keeps_the_previous_checkpoint(tmp_path: Path, reference: tuple) -> None:
@@ -156,3 +191,39 @@ def test_a_nan_on_one_rank_stops_every_rank_at_the_same_step(tmp_path: Path) -> 
         assert "at step 7: training stops" in rd.rank_log(rank).read_text()
     assert json.loads(rd.last_exit.read_text())["code"] == 80
     assert [p.name for p in sorted((run / "checkpoints").glob("step-*"))] == ["step-0000005"]  # none of the NaN
+
+
+def test_a_slow_fsdp_rank_is_a_straggler_and_stopped_it_is_named_as_the_hang(tmp_path: Path) -> None:
+    """The guards on shards, as under DDP: FSDP2 all-gathers inside the forward, yet the slow rank is the one named
+    (its own forward time against the median), and a SIGSTOPped rank is named, with its node, by the others'
+    watchdogs, which exit with the hang code. (Of two ranks the median is their mean: a straggler is one more than 3x
+    slower than the other, so the slow rank sleeps 0.3 s a step against the other's 0.05 s.)"""
+    proc, run = start(tmp_path, *FSDP, SLOW, "trainer.max_steps=100000", "model.faults.slow_s=0.3",
+                      "model.faults.rank=1", "watchdog.straggler_report_s=1", "watchdog.floor_s=3")
+    rd = RunDir(run)
+    rank1: dict[str, Any] = {}
+    try:
+        wait_for(run / "checkpoints" / "step-0000010" / "COMPLETE", 180)
+        deadline = time.monotonic() + 120
+        while not any(e["event"] == "straggler" for e in rd.events()):
+            assert time.monotonic() < deadline and proc.poll() is None, "no straggler record"
+            time.sleep(0.2)
+        rank1 = json.loads((run / "ranks" / "rank-00001.json").read_text())
+        os.kill(rank1["pid"], signal.SIGSTOP)
+        wait_for(run / "hang.json", 120)
+    finally:
+        if rank1:
+            os.kill(rank1["pid"], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=120)
+    [slow] = [e for e in rd.events() if e["event"] == "straggler"]
+    assert (slow["rank"], slow["node"], slow["slow"]) == (1, rank1["hostname"], "forward"), slow
+    assert slow["compute_x"] > 1.5
+    table = runner("status", str(run), "--ranks").stdout.splitlines()
+    assert table[1].split()[:2] == ["1", rank1["hostname"]] and table[1].rstrip().endswith("forward"), table
+    hang = json.loads((run / "hang.json").read_text())
+    assert [(s["rank"], s["node"], s["state"]) for s in hang["suspects"]] == \
+        [(1, rank1["hostname"], "not responding")], hang
+    assert f"rank 1 on {rank1['hostname']}" in hang["summary"]
+    assert json.loads(rd.last_exit.read_text())["code"] == EXIT_HANG, out
+    [event] = [e for e in rd.events() if e["event"] == "hang"]
+    assert event["summary"] == hang["summary"]

@@ -285,7 +285,7 @@ def make_checkpoint(rd: RunDir, cfg: RunConfig, cfg_hash: str, flag: StopFlag, a
             if guard is not None and guard.tripped_at is not None:
                 return  # a non-finite step: training stops here, and nothing of this step is saved
             if step != self.last_saved and (step % every == 0 or stop):
-                self.save(trainer, step, mid_epoch=batch_idx + 1 != trainer.num_training_batches)
+                self.save(trainer, step, batch_idx + 1)
             if stop:
                 self.stopped_by_signal = True
                 trainer.should_stop = True
@@ -294,8 +294,10 @@ def make_checkpoint(rd: RunDir, cfg: RunConfig, cfg_hash: str, flag: StopFlag, a
             self.agreement.finish()
             self.writer.wait()  # the last checkpoint is complete before the launcher reports anything
 
-        def save(self, trainer: L.Trainer, step: int, mid_epoch: bool = True) -> None:
+        def save(self, trainer: L.Trainer, step: int, batches: int) -> None:
+            """Checkpoint ``step``, taken after ``batches`` batches of this epoch (per rank)."""
             root, rank, world = rd.checkpoints, trainer.global_rank, trainer.world_size
+            mid_epoch = batches != trainer.num_training_batches
             self.writer.wait()  # never two writes in flight
             staging = checkpoint.staging_dir(root, step)
             if rank == 0:
@@ -316,7 +318,8 @@ def make_checkpoint(rd: RunDir, cfg: RunConfig, cfg_hash: str, flag: StopFlag, a
             rng = _rng_state()
             manifest = {"step": step, "epoch": trainer.current_epoch, "config_hash": cfg_hash, "world_size": world,
                         "time": time.time(), "runner_version": __version__, "productive_s": self.productive(),
-                        "mid_epoch": mid_epoch}
+                        "mid_epoch": mid_epoch, "epoch_batches": batches,
+                        "accumulate": trainer.accumulate_grad_batches}
             if shards is not None:
                 manifest["format"] = checkpoint.SHARDED
             group = self.group
@@ -448,10 +451,11 @@ class Guarantees:
                                           report_every_s=w["straggler_report_s"],
                                           first_step_s=w["first_step_s"]) if w["enabled"] else None
         pulse = [watchdog.make_pulse(self.watchdog)] if self.watchdog else []
+        self.honesty = honesty.callback(rd, configured_batch, rank, world, cfg["checkpoint"]["exact_resume"])
         # The non-finite guard runs before the optimizer step and before the checkpoint callback; the watchdog's
         # pulse first of all, so the stall clock stops before the last checkpoint is awaited at the end.
         self.parts = [*(extra or []), *pulse, self.guard, owner.make_callback(rd), self.checkpoint,
-                      honesty.callback(rd, configured_batch, rank, world)]
+                      self.honesty]
         self.callback = combine(self.parts)
         self.callback.runner = self  # how the wrapped Trainer.fit finds its trainer's guarantees
 
@@ -472,6 +476,7 @@ class Guarantees:
             # (``meta.pt`` beside the shards) into this world size, resharding when it differs from the writer's.
             ckpt = str(last[1]) if checkpoint.is_sharded(last[1]) else str(last[1] / checkpoint.MODEL)
             self.checkpoint.resuming(last[1])
+            self.honesty.resuming(last[1])
             log.info("resuming from %s (step %d)%s", last[1], last[0],
                      f" instead of the program's ckpt_path {asked}" if asked else "")
         if self.watchdog:

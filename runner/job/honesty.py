@@ -7,18 +7,105 @@ first step and checks whether the train loader can save its position (``state_di
 torchdata's ``StatefulDataLoader`` and runner's example loader do); rank 0 logs both and records them in one
 ledger event (``data``: ``exactness`` is "exact" or "epoch boundaries only"), where ``runner status`` and a
 reader of the run directory find them.
+
+A resume adds one ``resumed`` event (``Resumed``, a typed record made by ``resumed``, a pure function): what the
+resume restored exactly and what it did not. On the same shape, the weights, the optimizer state, the RNG and the
+data position are those of the checkpoint and the run continues bitwise. On another world size the weights and
+the optimizer state are still exact (DDP loads the whole model; fsdp's DCP reshards every saved element into the
+new shards, none recomputed), the trajectory is not bitwise (other sum orders, another accumulation, the RNG of
+ranks that no longer exist), and the data position kept is Lightning's: the step (so the global sample count, step
+x global batch, with the global batch kept), the epoch, and each rank's count of batches into the epoch, which
+the loader's own state says too. Which samples follow mid-epoch is the new ranks' loaders' business, so mid-epoch
+that position is a count, not a set of samples (``data_exact`` false); at an epoch boundary the next epoch starts
+whole.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
-from runner.rundir import RunDir
+from runner.rundir import RunDir, read_json
 
 log = logging.getLogger(__name__)
 EXACT = "exact"
 EPOCH_ONLY = "epoch boundaries only"
+BITWISE = "bitwise"
+RESHARDED = "resharded"
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """What a resume restored exactly, and what not: the ledger's ``resumed`` event (``asdict``)."""
+
+    step: int  # the checkpoint's optimizer step: training continues at the next one
+    epoch: int
+    from_world: int  # the world size that wrote the checkpoint
+    to_world: int
+    from_accumulate: int | None  # None: a checkpoint from before runner recorded it
+    to_accumulate: int
+    global_batch: int | None  # samples per optimizer step, the same on both shapes (None: a program's own)
+    samples: int | None  # the global sample count at the checkpoint: step x global batch
+    epoch_batches: int | None  # batches each rank had taken in the epoch (kept as a count on any shape)
+    mid_epoch: bool
+    state: str  # weights and optimizer state: "exact", or "resharded" (exact: every element loaded, fsdp's DCP)
+    trajectory: str  # "bitwise", or why not
+    data: str  # the data position kept, in words
+    data_exact: bool  # the next sample is the one the uninterrupted run would have taken on the same shape
+    first_step_samples: int | None  # the first step's samples when the new accumulation cuts it short, else None
+
+    @property
+    def reshaped(self) -> bool:
+        return self.from_world != self.to_world
+
+    def fields(self) -> dict[str, Any]:
+        return {**asdict(self), "reshaped": self.reshaped}
+
+
+def resumed(manifest: dict[str, Any], world: int, accumulate: int, global_batch: int | None, *, sharded: bool,
+            exact_resume: bool, loader_resumable: bool) -> Resumed:
+    """The honesty record of a resume from a checkpoint with this ``manifest`` onto ``world`` ranks (pure)."""
+    step, epoch = int(manifest.get("step", 0)), int(manifest.get("epoch", 0))
+    from_world = int(manifest.get("world_size", world))
+    from_acc = manifest.get("accumulate")
+    batches = manifest.get("epoch_batches")
+    mid = bool(manifest.get("mid_epoch", True))
+    reshaped = from_world != world
+    state = RESHARDED if sharded and reshaped else EXACT
+    if reshaped:
+        trajectory = (f"not bitwise: {world} ranks sum the gradients in another order than {from_world}, with "
+                      f"accumulation {accumulate} instead of {from_acc if from_acc is not None else '?'}, and the "
+                      "dropout streams of other ranks")
+    elif not exact_resume:
+        trajectory = "not promised bitwise: checkpoint.exact_resume is false"
+    elif mid and not loader_resumable:
+        trajectory = "not bitwise: the train loader cannot restore its position mid-epoch (it restarts the epoch)"
+    else:
+        trajectory = BITWISE
+    kept = f"step {step}" + (f" ({step * global_batch} samples at global batch {global_batch})"
+                             if global_batch else "") + f", epoch {epoch}"
+    short = None
+    if not mid:
+        data = f"{kept}, at the epoch's end: the next epoch starts whole"
+    elif not loader_resumable:
+        data = f"{kept}; the loader cannot resume mid-epoch: it replays the epoch from its start"
+    elif not reshaped:
+        data = f"{kept}, {batches if batches is not None else '?'} batches per rank into the epoch: the same samples"
+    else:
+        data = (f"{kept}, {batches if batches is not None else '?'} batches per rank into the epoch kept as a count: "
+                f"each of the {world} new ranks continues its own loader from that batch, so mid-epoch the samples "
+                f"that follow are the new layout's (those the {from_world} old ranks had left in the epoch are not "
+                "replayed in it)")
+        if isinstance(batches, int) and batches % accumulate and global_batch:
+            short = (accumulate - batches % accumulate) * global_batch // accumulate
+    data_exact = not mid or (loader_resumable and not reshaped)
+    return Resumed(step=step, epoch=epoch, from_world=from_world, to_world=world,
+                   from_accumulate=int(from_acc) if isinstance(from_acc, int) else None, to_accumulate=accumulate,
+                   global_batch=global_batch, samples=step * global_batch if global_batch else None,
+                   epoch_batches=int(batches) if isinstance(batches, int) else None, mid_epoch=mid, state=state,
+                   trajectory=trajectory, data=data, data_exact=data_exact, first_step_samples=short)
 
 
 def batch_len(batch: Any) -> int | None:
@@ -38,14 +125,22 @@ def resumable(loader: Any) -> bool:
     return callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))
 
 
-def callback(rd: RunDir, configured: int | None, rank: int, world: int) -> Any:
+def callback(rd: RunDir, configured: int | None, rank: int, world: int, exact_resume: bool = True) -> Any:
     """A Lightning callback that measures and records; it changes nothing in training. ``configured``: the global
-    batch the config asks for (None: a program's own, not known to runner)."""
+    batch the config asks for (None: a program's own, not known to runner). Before ``fit``, ``resuming(path)``
+    names the checkpoint training continues from: rank 0 records its ``Resumed`` at the start of training."""
     import lightning as L
+
+    from runner.job import internals
 
     class Honesty(L.Callback):
         exactness = ""
         measured = False
+        resume_from: Path | None = None
+        record: Resumed | None = None
+
+        def resuming(self, path: Path) -> None:
+            self.resume_from = path
 
         def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
             loader = trainer.train_dataloader
@@ -53,6 +148,21 @@ def callback(rd: RunDir, configured: int | None, rank: int, world: int) -> Any:
             if self.exactness != EXACT and rank == 0:
                 log.warning("the train loader (%s) cannot save its position mid-epoch: a resume is exact only at "
                             "epoch boundaries. hint: torchdata's StatefulDataLoader can", type(loader).__name__)
+            if self.resume_from is None or rank != 0:
+                return
+            manifest = read_json(self.resume_from / "manifest.json", {}) or {}
+            self.record = resumed(manifest, world, trainer.accumulate_grad_batches, configured,
+                                  sharded=internals.is_sharded(trainer.strategy), exact_resume=exact_resume,
+                                  loader_resumable=self.exactness == EXACT)
+            r = self.record
+            log.log(logging.WARNING if r.reshaped else logging.INFO,
+                    "resumed at step %d on %d ranks (the checkpoint's: %d): weights and optimizer state %s; "
+                    "trajectory %s; data: %s", r.step, r.to_world, r.from_world,
+                    "resharded, every saved element loaded" if r.state == RESHARDED else r.state, r.trajectory, r.data)
+            if r.first_step_samples is not None:
+                log.warning("the first step after the resume takes %d samples, not %s: the checkpoint fell "
+                            "inside an accumulation of the new shape", r.first_step_samples, r.global_batch)
+            rd.record("resumed", **r.fields())
 
         def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                                batch_idx: int) -> None:

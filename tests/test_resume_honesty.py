@@ -1,0 +1,58 @@
+"""The honesty record of a resume (ledger ``resumed``): what is exact and what is not, for each kind of resume, as a
+table (``honesty.resumed`` is pure; the end-to-end resumes in test_fsdp_local/test_fsdp_cluster assert the record
+their runs wrote)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from runner.job import honesty
+
+
+def manifest(world: int, step: int = 13, batches: int | None = 10, acc: int | None = 2, mid: bool = True) -> dict:
+    m: dict[str, Any] = {"step": step, "epoch": 0, "world_size": world, "mid_epoch": mid}
+    if batches is not None:
+        m.update(epoch_batches=batches, accumulate=acc)
+    return m
+
+
+# (manifest, world, accumulate, sharded, exact_resume, loader resumable) ->
+#   (state, bitwise, data_exact, first step's samples)
+CASES = [
+    pytest.param(manifest(2), 2, 2, True, True, True, ("exact", True, True, None), id="fsdp-same-shape"),
+    pytest.param(manifest(2), 2, 2, False, True, True, ("exact", True, True, None), id="ddp-same-shape"),
+    pytest.param(manifest(2), 1, 4, True, True, True, ("resharded", False, False, 16), id="fsdp-2-to-1-mid-accum"),
+    pytest.param(manifest(4, batches=8, acc=1), 2, 2, True, True, True, ("resharded", False, False, None),
+                 id="fsdp-4-to-2-on-a-step"),
+    pytest.param(manifest(2, batches=32, mid=False), 1, 4, True, True, True, ("resharded", False, True, None),
+                 id="fsdp-2-to-1-epoch-end"),
+    pytest.param(manifest(2), 1, 4, False, True, True, ("exact", False, False, 16), id="ddp-2-to-1"),
+    pytest.param(manifest(2), 2, 2, False, False, True, ("exact", False, True, None), id="exact-resume-off"),
+    pytest.param(manifest(2), 2, 2, False, True, False, ("exact", False, False, None), id="plain-dataloader"),
+    pytest.param(manifest(2, batches=None), 1, 4, True, True, True, ("resharded", False, False, None),
+                 id="manifest-before-the-fields"),
+]
+
+
+@pytest.mark.parametrize(("m", "world", "acc", "sharded", "exact_resume", "loader", "expected"), CASES)
+def test_what_a_resume_keeps_exactly(m: dict, world: int, acc: int, sharded: bool, exact_resume: bool, loader: bool,
+                                     expected: tuple) -> None:
+    r = honesty.resumed(m, world, acc, 32, sharded=sharded, exact_resume=exact_resume, loader_resumable=loader)
+    assert (r.state, r.trajectory == honesty.BITWISE, r.data_exact, r.first_step_samples) == expected, r
+    assert (r.step, r.from_world, r.to_world, r.to_accumulate) == (13, m["world_size"], world, acc)
+    assert r.samples == 13 * 32 and r.global_batch == 32  # the global sample count at the checkpoint
+    assert r.reshaped == (world != m["world_size"]) and r.fields()["reshaped"] == r.reshaped
+    assert "\n" not in r.data and r.data.startswith("step 13 (416 samples at global batch 32), epoch 0")
+    if r.reshaped:
+        assert r.trajectory.startswith(f"not bitwise: {world} ranks sum the gradients in another order than "
+                                       f"{m['world_size']}")
+    if r.reshaped and m["mid_epoch"] and m.get("epoch_batches"):
+        assert f"{m['epoch_batches']} batches per rank into the epoch kept as a count" in r.data
+
+
+def test_a_programs_resume_has_no_global_batch_of_runners() -> None:
+    r = honesty.resumed(manifest(2), 2, 2, None, sharded=True, exact_resume=True, loader_resumable=True)
+    assert r.global_batch is None and r.samples is None and r.first_step_samples is None
+    assert r.data.startswith("step 13, epoch 0, 10 batches per rank into the epoch: the same samples")
