@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -93,9 +94,8 @@ def test_three_submits_of_one_config_in_one_second_all_get_their_own_run_directo
     for p in written:  # each directory holds its own plan: its script names itself
         assert str(p.run.root) in p.run.script.read_text()
         assert (p.run.root / "config.yaml").is_file()
-    names = sorted(r.name for r in roots)
-    assert status.find_run("quickstart", tmp_path / "runs").name == max(
-        names, key=lambda n: (len(n.split("-")) > 3 and int(n.split("-")[-1]), n))
+    newest = max(roots, key=lambda r: status._run_name(r.name)[1])  # (stamp, N): a second may have passed
+    assert status.find_run("quickstart", tmp_path / "runs").root == newest
 
 
 def test_status_lists_the_runs_beside_an_entry_it_cannot_stat(tmp_path: Path) -> None:
@@ -304,3 +304,110 @@ def test_container_image_that_names_no_file_is_one_line_at_build_dry_run(tmp_pat
                      "container.runtime=apptainer"]) == 2
     err = capsys.readouterr().err
     assert "container.image" in err and "the path of an image file" in err and "Traceback" not in err
+
+
+# --- a webhook that accepts and never answers never stalls cron --------------------------------------------------
+
+def failed_slurm_runs(root: Path, n: int) -> list[Path]:
+    """``n`` Slurm runs as submit and the exit hook leave a failed job: each resubmittable by cron."""
+    from runner.rundir import RunDir
+
+    out = []
+    for i in range(n):
+        p = submit.plan(QUICKSTART, [f"run_root={root}", "scheduler=slurm", "container.runtime=none", f"name=r{i:03d}",
+                                     "alerts.timeout_s=1", "alerts.retries=0", "resume.backoff_s=0"])
+        p = submit.write(p)
+        run, job = RunDir(p.run.root), str(100 + i)
+        run.job_id_file.write_text(job + "\n")
+        for event in ("submitted", "start"):
+            run.record(event, job_id=job)
+        run.record("exit", job_id=job, exit_code=1, outcome="failed")
+        run.exit_status.write_text(json.dumps({"exit_code": 1, "job_id": job, "event": "failed"}))
+        out.append(run.root)
+    return out
+
+
+def recorded_slurm(monkeypatch: pytest.MonkeyPatch, failed_jobs: int) -> None:
+    """Slurm's commands answered with recorded output (the row format of tests/fixtures/slurm/sacct_FAILED.txt):
+    jobs 100... ended FAILED; sbatch hands out 1000, 1001, ..."""
+    from runner import proc
+
+    sacct = "".join(f"{100 + i}|FAILED|1:0|n1|2026-11-22T13:12:50|2026-11-22T13:12:50|00:00:00\n"
+                    for i in range(failed_jobs))
+    jobs = iter(range(1000, 2000))
+
+    def slurm(argv: list[str], timeout: float = 60, check: bool = True, **kw: object) -> \
+            subprocess.CompletedProcess[str]:
+        out = {"sacct": sacct, "sbatch": f"{next(jobs)}\n"}.get(argv[0], "")
+        return subprocess.CompletedProcess(argv, 0, out, "")
+
+    monkeypatch.setattr(proc, "run", slurm)
+
+
+def test_cron_decides_every_run_before_it_sends_and_sends_without_the_lock_within_one_budget(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slurm's answers are recorded sacct/sbatch output (tests/fixtures/slurm); the webhook is a real socket that
+    accepts and never answers. Every run is resubmitted before the first connection; while the sender waits on the
+    webhook, the root's lock is free; one dead webhook is tried once in a pass, not once per run; nothing is lost."""
+    from runner.host import cron
+    from runner.rundir import RunDir, locked
+    from tests.webhook_server import BlackHole
+
+    root = tmp_path / "runs"
+    runs = failed_slurm_runs(root, 6)
+    recorded_slurm(monkeypatch, len(runs))
+    lock_free: list[bool] = []
+
+    def check_lock() -> None:
+        with locked(root / ".runner-cron.lock", blocking=False) as held:
+            lock_free.append(held)
+
+    hole = BlackHole(on_accept=check_lock)
+    monkeypatch.setenv("RUNNER_WEBHOOK_URL", hole.url)
+    try:
+        assert cron.run_once([root]) == 0
+    finally:
+        hole.close()
+    resubmitted = [e["time"] for r in runs for e in RunDir(r).events() if e["event"] == "resubmitted"]
+    assert len(resubmitted) == len(runs)
+    assert len(hole.accepted) == 1 and lock_free == [True]
+    assert hole.accepted[0] >= max(resubmitted) - 0.01  # ledger times are rounded to ms
+    for r in runs:  # nothing lost: each run's alert waits in its queue for the next pass
+        assert len(list((r / "alerts" / "queue").glob("*-resubmitted.json"))) == 1
+
+
+def test_the_sender_stops_at_its_budget_and_leaves_the_rest_queued(tmp_path: Path, webhook: Any) -> None:
+    from runner import alerts
+
+    section = {"enabled": True, "kind": "json", "url_env": "RUNNER_TEST_HOOK", "url_file": None,
+               "events": ["failed"], "timeout_s": 1, "retries": 0, "backoff_s": 0}
+    os.environ["RUNNER_TEST_HOOK"] = webhook.url
+    try:
+        dirs = [tmp_path / f"r{i}" for i in range(3)]
+        for d in dirs:
+            with alerts.deferred():
+                assert alerts.send(alerts.Alert(event="failed", run=d.name, run_dir=str(d)), section, d) is False
+        assert alerts.flush_many([(d, section) for d in dirs], budget_s=0) == (0, 3)
+        assert webhook.requests == []
+        assert alerts.flush_many([(d, section) for d in dirs], budget_s=30) == (3, 0)
+        assert len(webhook.requests) == 3
+    finally:
+        del os.environ["RUNNER_TEST_HOOK"]
+
+
+def test_cron_alerts_a_hook_that_could_not_run_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   webhook: Any) -> None:
+    from runner.host import cron
+    from runner.rundir import RunDir
+
+    root = tmp_path / "runs"
+    (run,) = failed_slurm_runs(root, 1)
+    with open(run / "ledger.jsonl", "a") as f:  # as the batch script's hook() writes it
+        f.write('{"event": "hook_failed", "exit_code": 127, "hook": "exit", "job_id": "100", "time": 1}\n')
+    recorded_slurm(monkeypatch, 1)
+    monkeypatch.setenv("RUNNER_WEBHOOK_URL", webhook.url)
+    cron.run_once([root])
+    cron.run_once([root])  # said once
+    texts = [json.dumps(r.json) for r in webhook.requests]
+    assert sum("hook could not run (exit 127)" in t for t in texts) == 1, texts
+    assert [e["event"] for e in RunDir(run).events()].count("hook_failure_alerted") == 1

@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-__all__ = ["Request", "Response", "WebhookServer", "webhook"]
+__all__ = ["BlackHole", "Request", "Response", "WebhookServer", "blackhole", "webhook"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,3 +213,53 @@ def webhook() -> Iterator[WebhookServer]:
         yield server
     finally:
         server.stop()
+
+
+class BlackHole:
+    """A webhook that accepts the TCP connection and never answers (a stuck proxy, a hung receiver): a client waits
+    for its whole timeout. ``on_accept`` runs in the server's thread at each connection; ``accepted`` holds the
+    wall-clock time of each."""
+
+    def __init__(self, on_accept: Any = None) -> None:
+        import socket
+
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(256)
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}/hooks/{secrets.token_hex(8)}"
+        self.accepted: list[float] = []
+        self.on_accept = on_accept
+        self._held: list[Any] = []
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return  # closed
+            self.accepted.append(time.time())
+            self._held.append(conn)  # never read from, never answered, never closed until close()
+            if self.on_accept is not None:
+                self.on_accept()
+
+    def close(self) -> None:
+        import contextlib
+        import socket
+
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)  # wakes the accept() (a close alone does not)
+        self._sock.close()
+        for conn in self._held:
+            conn.close()
+        self._thread.join(timeout=10)
+
+
+@pytest.fixture
+def blackhole() -> Iterator[BlackHole]:
+    hole = BlackHole()
+    try:
+        yield hole
+    finally:
+        hole.close()

@@ -9,7 +9,9 @@ at import time. Callers pass the validated ``alerts:`` section of a config.
 from runner.alerts.causes import alert_from_run, guess_cause
 from runner.alerts.delivery import (
     AlertConfigError,
+    deferred,
     enqueue,
+    flush_many,
     flush_queue,
     notify,
     queue_dir,
@@ -24,7 +26,9 @@ __all__ = [
     "Alert",
     "AlertConfigError",
     "alert_from_run",
+    "deferred",
     "enqueue",
+    "flush_many",
     "flush_queue",
     "guess_cause",
     "json_payload",

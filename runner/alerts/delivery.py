@@ -23,7 +23,7 @@ import re
 import stat
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -376,6 +376,62 @@ def flush_queue(run_dir: str | os.PathLike[str], section: Mapping[str, Any],
         return 0, 0
 
 
+# ------------------------------------------------------------------------------------------ one sender
+
+_DEFERRED: list[bool] = []  # inside ``deferred()``: send() queues, a sender sends later
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """Within the block ``send`` (and so ``notify``) only queues, as ``enqueue`` does: for a caller that holds a lock
+    or works through many runs (``runner cron``), and sends them afterwards with ``flush_many`` under one budget."""
+    _DEFERRED.append(True)
+    try:
+        yield
+    finally:
+        _DEFERRED.pop()
+
+
+def _transport_failure(problem: str) -> bool:
+    """A failure of the webhook itself (no answer, refused, timed out), as opposed to one payload refused."""
+    return not problem.startswith("HTTP 4")
+
+
+def flush_many(queues: Iterable[tuple[str | os.PathLike[str], Mapping[str, Any]]],
+               budget_s: float = MAX_TOTAL_S) -> tuple[int, int]:
+    """Send the queued alerts of many runs, oldest run first, within ``budget_s`` seconds in total: one sender, one
+    deadline, however many runs. A webhook that fails for one run (no answer, refused) is not tried again for the
+    others in this pass: their alerts stay queued for the next one. Returns (sent, left). Never raises."""
+    deadline = time.monotonic() + max(0.0, budget_s)
+    dead: set[str] = set()
+    sent = left = 0
+    for run_dir, section in queues:
+        try:
+            pending = len(_queued(run_dir))
+            if not pending:
+                continue
+            try:
+                url, _ = resolve_url(section)
+            except AlertConfigError as exc:
+                _warn(str(exc))
+                left += pending
+                continue
+            if url is None or url in dead or time.monotonic() >= deadline:
+                left += pending
+                continue
+            n, rest, problem = _flush(run_dir, section, url, deadline)
+            sent, left = sent + n, left + rest
+            if rest and problem and _transport_failure(problem):
+                dead.add(url)
+            if rest:
+                _warn(f"{rest} queued alerts of {Path(run_dir).name} not delivered ({problem}); they stay in "
+                      f"{queue_dir(run_dir)}", [url])
+        except Exception as exc:  # one run's queue never stops the others
+            with contextlib.suppress(Exception):
+                _warn(f"flushing queued alerts of {Path(run_dir).name} failed: {type(exc).__name__}")
+    return sent, left
+
+
 # ------------------------------------------------------------------------------------------ send
 
 
@@ -409,6 +465,10 @@ def send(
             problem = str(exc)
         else:
             if url is None:
+                return False
+            if _DEFERRED:  # the caller's sender sends it, after its pass
+                safe = redacted_alert(alert, [url])
+                _enqueue(run_dir, safe, section["kind"], render_payload(safe, section["kind"]))
                 return False
             problem = ""
             if _queued(run_dir):

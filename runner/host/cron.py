@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from runner import log as runner_log
 from runner import policy, proc
@@ -49,15 +50,17 @@ def _alerts_queued(run: RunDir) -> bool:
 
 
 def handle(run: RunDir, jobs: Mapping[str, policy.JobInfo] | None = None, asked: bool = True) -> policy.Decision:
+    """Decide for one run and act; its alerts are queued (``run_once`` sends every run's after its pass, under one
+    time budget and without the root's lock)."""
     from runner import alerts
     from runner.host import notices, submit
 
     settled = policy.settled(records(run))
-    if settled is not None and not _alerts_queued(run):
-        return settled  # nothing to send and nothing to decide: not even the config is read
+    if settled is not None:
+        return settled  # nothing to decide: not even the config is read
     cfg = read_resolved(run.config)
     notices.queue_stragglers(run, cfg, records(run).job_id)  # a straggler of the running job, recorded in its ledger
-    alerts.flush_queue(run.root, cfg["alerts"])
+    _alert_hook_failures(run, cfg)
     d = decide(run, cfg, jobs, asked=asked)
     if d.action == "resubmit" and jobs is not None:
         d = decide(run, cfg)  # act on a fresh answer: the one asked for all runs may be minutes old by now
@@ -69,6 +72,24 @@ def handle(run: RunDir, jobs: Mapping[str, policy.JobInfo] | None = None, asked:
         alerts.notify(run.root, cfg["alerts"], "gave_up", attempt=policy.attempt(run.events()),
                       next_step=f"no further submissions: {d.reason}")
     return d
+
+
+def _alert_hook_failures(run: RunDir, cfg: RunConfig) -> None:
+    """A host-side hook the batch script could not run (its ``hook_failed`` ledger line): alerted once, since the
+    hook that would have alerted is the one that failed; what happens next is decided from Slurm's record."""
+    from runner import alerts
+
+    events = run.events()
+    told = {e.get("of") for e in events if e["event"] == "hook_failure_alerted"}
+    for e in events:
+        if e["event"] != "hook_failed" or e["time"] in told:
+            continue
+        run.record("hook_failure_alerted", of=e["time"])
+        alerts.notify(run.root, cfg["alerts"], "failed", job_id=str(e.get("job_id") or ""),
+                      attempt=policy.attempt(events),
+                      cause=f"the batch script's host-side {str(e.get('hook'))[:20]} hook could not run (exit "
+                            f"{e.get('exit_code')}): no exit record, requeue or alert came from the job itself",
+                      next_step=f"see `runner logs {run.name} --batch`; runner cron decides from Slurm's record")
 
 
 def _remember_failed_node(run: RunDir, job: policy.JobInfo | None) -> None:
@@ -117,7 +138,37 @@ def _job_ids(runs: list[RunDir]) -> list[str]:
     return ids
 
 
+SEND_BUDGET_S = 20.0  # one cron pass spends at most this long sending alerts, however many runs have some queued
+
+
+def _queues(runs: list[RunDir]) -> list[tuple[Path, Mapping[str, Any]]]:
+    """(run directory, alerts section) of every run with alerts waiting, oldest queue first."""
+    out: list[tuple[Path, Mapping[str, Any]]] = []
+    for run in runs:
+        try:
+            if _alerts_queued(run):
+                out.append((run.root, read_resolved(run.config)["alerts"]))
+        except Exception as e:  # logged by handle() already, or a config that cannot be read: left queued
+            log.debug("%s: alerts left queued: %s", run.name, runner_log.one_line(e))
+    return out
+
+
+def send_alerts(root: Path, runs: list[RunDir], budget_s: float = SEND_BUDGET_S) -> None:
+    """The one sender of a cron pass: every run's queued alerts, one deadline for all of them, the root's decision
+    lock not held (another cron decides meanwhile); a second sender leaves the sending to the first."""
+    from runner import alerts
+
+    with locked(root / ".runner-cron-send.lock", blocking=False, fail_open=True) as held:
+        if not held:
+            log.info("another instance is sending the alerts of %s; leaving them to it", root)
+            return
+        sent, left = alerts.flush_many(_queues(runs), budget_s)
+        if sent or left:
+            log.info("alerts: %d sent, %d left queued for the next pass", sent, left)
+
+
 def run_once(roots: list[Path], report: bool = False) -> int:
+    from runner import alerts
     from runner.host import slurm
 
     for root in roots:
@@ -132,15 +183,18 @@ def run_once(roots: list[Path], report: bool = False) -> int:
             if answer is None:
                 log.warning("Slurm cannot be asked (sacct, squeue and scontrol failed or timed out): no run whose "
                             "job may be alive is resubmitted; trying again next time")
-            for run in runs:
-                try:
-                    d = handle(run, answer or {}, asked=answer is not None)
-                except Exception as e:  # one broken run must never stop the others
-                    log.error("%s: %s", run.name, runner_log.one_line(e))
-                    continue
-                if d.action != "skip":
-                    print(f"{run.name}: {d.action}: {d.reason}", flush=True)
-            if report:  # after the decisions: the pages show what was just done
+            with alerts.deferred():  # every decision first, no webhook in the way; the alerts after the lock
+                for run in runs:
+                    try:
+                        d = handle(run, answer or {}, asked=answer is not None)
+                    except Exception as e:  # one broken run must never stop the others
+                        log.error("%s: %s", run.name, runner_log.one_line(e))
+                        continue
+                    if d.action != "skip":
+                        print(f"{run.name}: {d.action}: {d.reason}", flush=True)
+        send_alerts(root, runs)
+        with locked(root / ".runner-cron.lock", blocking=False) as held:
+            if report and held:  # after the decisions: the pages show what was just done
                 from runner.host import report as pages
 
                 try:
