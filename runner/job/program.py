@@ -67,10 +67,20 @@ def workdir(manifest: dict[str, Any]) -> Path:
     return cwd if cwd.is_dir() else Path.cwd()
 
 
+def venv_on_path() -> None:
+    """In a virtual environment, its ``bin`` leads PATH for the program, as after ``activate``: the tools installed
+    with the program's packages (ESPnet3's recipes call some by name) are found, and so is this ``python``."""
+    bindir = str(Path(sys.executable).parent)
+    path = os.environ.get("PATH", "")
+    if sys.prefix != sys.base_prefix and path.split(os.pathsep)[0] != bindir:
+        os.environ["PATH"] = os.pathsep.join(p for p in (bindir, path) if p)
+
+
 def prepare(rd: RunDir, command: list[str], manifest: dict[str, Any], rank: int) -> int | None:
     """Before the preflight: into the program's working directory; EXIT_PROGRAM with one line (and a ledger entry)
     when the command cannot start."""
     os.chdir(workdir(manifest))
+    venv_on_path()
     why = problem(command, Path.cwd())
     if why is None:
         return None
