@@ -18,6 +18,7 @@ import torch
 from runner.job import checkpoint
 from runner.rundir import EXIT_HANG, RunDir
 from tests.test_local_run import QUICKSTART, SLOW, STEPS, assert_bitwise, runner, start, wait_for
+from tests.test_resume_honesty import assert_resumed_honestly
 
 pytestmark = pytest.mark.slow
 FSDP = ("trainer.strategy=fsdp",)
@@ -124,36 +125,6 @@ def test_resume_on_another_world_size_reshards_and_keeps_the_global_batch(tmp_pa
     losses = [float(line.split("loss ")[1].split()[0]) for line in log.splitlines() if line.startswith("step ")]
     assert losses and all(loss < 5.0 for loss in losses), log  # trained on, not restarted from scratch
     assert_resumed_honestly(rd, stopped_at, to_world=1, to_accumulate=4, state="resharded")
-
-
-def assert_resumed_honestly(rd: RunDir, ckpt: dict[str, Any], to_world: int, to_accumulate: int, state: str,
-                            epoch_len: int = 32) -> None:
-    """The ``resumed`` record of a resume onto another world size says what was exact and what not, and the data
-    position it kept (the step, so the global sample count, and each rank's batches into the epoch) is where the
-    run's next checkpoint counted on from: no batch of the epoch taken again or skipped. ``epoch_len``: batches per
-    rank and epoch (the quickstart's 1024 samples / 4 shards / batch 8, one shard per rank and epoch on any shape).
-    ``ckpt``: the manifest of the checkpoint resumed from."""
-    [r] = [e for e in rd.events() if e["event"] == "resumed"]
-    assert (r["from_world"], r["to_world"], r["from_accumulate"], r["to_accumulate"]) == \
-        (ckpt["world_size"], to_world, ckpt["accumulate"], to_accumulate) and r["reshaped"]
-    assert r["state"] == state and r["trajectory"].startswith("not bitwise: ")
-    assert (r["step"], r["epoch"], r["epoch_batches"], r["mid_epoch"]) == \
-        (ckpt["step"], ckpt["epoch"], ckpt["epoch_batches"], ckpt["mid_epoch"])
-    assert r["global_batch"] == 32 and r["samples"] == ckpt["step"] * 32
-    assert r["data_exact"] == (not ckpt["mid_epoch"])
-    cut = ckpt["epoch_batches"] % to_accumulate if ckpt["mid_epoch"] else 0
-    assert r["first_step_samples"] == (32 // to_accumulate * (to_accumulate - cut) if cut else None)
-    # Lightning's count on the new shape goes on from the checkpoint's: a step every `to_accumulate` batches of the
-    # epoch and at its end (the first one shorter when the checkpoint fell inside an accumulation).
-    manifests = [json.loads((p / "manifest.json").read_text()) for _, p in checkpoint.complete(rd.checkpoints)]
-    after = min((m for m in manifests if m["world_size"] == to_world), key=lambda m: m["step"])
-    step, epoch, batches = ckpt["step"], ckpt["epoch"], ckpt["epoch_batches"]
-    while step < after["step"]:
-        if batches == epoch_len:
-            epoch, batches = epoch + 1, 0
-        batches += 1
-        step += batches % to_accumulate == 0 or batches == epoch_len
-    assert (after["epoch"], after["epoch_batches"]) == (epoch, batches), (ckpt, after)
 
 
 

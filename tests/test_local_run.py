@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from runner.job import checkpoint
 from runner.rundir import RunDir
+from tests.test_resume_honesty import assert_resumed_honestly
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "conf" / "quickstart.yaml"
@@ -146,12 +148,16 @@ def test_resume_on_other_capacity_keeps_the_global_batch(tmp_path: Path) -> None
     bad = runner("resume", str(run), "seed=3", check=False)
     assert bad.returncode == 1 and "expected only num_nodes or num_device" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
+    [(_, path)] = checkpoint.complete(run / "checkpoints")[:1]
+    stopped_at = json.loads((path / "manifest.json").read_text())
     out = runner("resume", str(run), "num_device=1")
     assert "resized from 1x2 (accumulate 2) to 1x1 (accumulate 4); global batch 32 kept" in out.stdout
     assert (run / "finished").exists()
     resized = [json.loads(x) for x in (run / "ledger.jsonl").read_text().splitlines() if '"resized"' in x]
     assert resized[0]["world_size"] == 1 and resized[0]["accumulate"] == 4
     assert "resuming from" in RunDir(run).rank_log(0).read_text()
+    # what the resume kept, said in its `resumed` record (fsdp's is the same but for `resharded`)
+    assert_resumed_honestly(RunDir(run), stopped_at, to_world=1, to_accumulate=4, state="exact")
 
 
 def test_each_attempt_logs_into_its_own_folder(tmp_path: Path) -> None:

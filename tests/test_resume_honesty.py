@@ -4,11 +4,13 @@ their runs wrote)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
-from runner.job import honesty
+from runner.job import checkpoint, honesty
+from runner.rundir import RunDir
 
 
 def manifest(world: int, step: int = 13, batches: int | None = 10, acc: int | None = 2, mid: bool = True) -> dict:
@@ -56,3 +58,34 @@ def test_a_programs_resume_has_no_global_batch_of_runners() -> None:
     r = honesty.resumed(manifest(2), 2, 2, None, sharded=True, exact_resume=True, loader_resumable=True)
     assert r.global_batch is None and r.samples is None and r.first_step_samples is None
     assert r.data.startswith("step 13, epoch 0, 10 batches per rank into the epoch: the same samples")
+
+
+def assert_resumed_honestly(rd: RunDir, ckpt: dict[str, Any], to_world: int, to_accumulate: int, state: str,
+                            epoch_len: int = 32) -> None:
+    """The ``resumed`` record of a resume onto another world size says what was exact and what not, and the data
+    position it kept (the step, so the global sample count, and each rank's batches into the epoch) is where the
+    run's next checkpoint counted on from: no batch of the epoch taken again or skipped. ``epoch_len``: batches per
+    rank and epoch (the quickstart's 1024 samples / 4 shards / batch 8, one shard per rank and epoch on any shape).
+    ``ckpt``: the manifest of the checkpoint resumed from."""
+    [r] = [e for e in rd.events() if e["event"] == "resumed"]
+    assert (r["from_world"], r["to_world"], r["from_accumulate"], r["to_accumulate"]) == \
+        (ckpt["world_size"], to_world, ckpt["accumulate"], to_accumulate) and r["reshaped"]
+    assert r["state"] == state and r["trajectory"].startswith("not bitwise: ")
+    assert (r["step"], r["epoch"], r["epoch_batches"], r["mid_epoch"]) == \
+        (ckpt["step"], ckpt["epoch"], ckpt["epoch_batches"], ckpt["mid_epoch"])
+    assert r["global_batch"] == 32 and r["samples"] == ckpt["step"] * 32
+    assert r["data_exact"] == (not ckpt["mid_epoch"])
+    cut = ckpt["epoch_batches"] % to_accumulate if ckpt["mid_epoch"] else 0
+    assert r["first_step_samples"] == (32 // to_accumulate * (to_accumulate - cut) if cut else None)
+    # Lightning's count on the new shape goes on from the checkpoint's: a step every `to_accumulate` batches of the
+    # epoch and at its end (the first one shorter when the checkpoint fell inside an accumulation).
+    manifests = [json.loads((p / "manifest.json").read_text()) for _, p in checkpoint.complete(rd.checkpoints)]
+    after = min((m for m in manifests if m["world_size"] == to_world), key=lambda m: m["step"])
+    step, epoch, batches = ckpt["step"], ckpt["epoch"], ckpt["epoch_batches"]
+    while step < after["step"]:
+        if batches == epoch_len:
+            epoch, batches = epoch + 1, 0
+        batches += 1
+        step += batches % to_accumulate == 0 or batches == epoch_len
+    assert (after["epoch"], after["epoch_batches"]) == (epoch, batches), (ckpt, after)
+
