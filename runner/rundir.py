@@ -180,9 +180,10 @@ class RunDir:
     def config(self) -> Path:
         return self.root / "config.yaml"
 
-    @property
-    def program_config(self) -> Path:  # program mode: the program's own config (`${program_config}`)
-        return self.root / "program.yaml"
+    def program_config(self, config_name: str) -> Path:
+        """Program mode: the program's own config (``${program_config}``), under the config file's own name (ESPnet3
+        names its experiment after it: ``exp_tag: ${self_name:}``)."""
+        return self.root / "program" / config_name
 
     @property
     def manifest(self) -> Path:

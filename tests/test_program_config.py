@@ -104,7 +104,7 @@ def test_seed_example_with_a_command_validates_with_world_size_16(tmp_path: Path
     summary = out.stdout.strip().splitlines()[-1]
     assert summary.startswith("# world size 16; global batch: the program's own"), summary
     resolved = yaml.safe_load(out.stdout)
-    assert resolved["command"] == ["python", "train.py", "--config", "${run_dir}/program.yaml"]
+    assert resolved["command"] == ["python", "train.py", "--config", "${run_dir}/program/conf.yaml"]
     train = resolved["dataloader"]["train"]
     assert train["iter_factory"]["batches"]["shape_files"] == ["exp/stats/train/feats_shape"]
     assert resolved["program"]["stats_dir"] == "exp/stats"
@@ -145,8 +145,9 @@ def test_program_yaml_is_the_file_as_written_without_the_runner_block(tmp_path: 
     path = write(tmp_path, SEED + extra + "trainer_logger_name: ${self_name:}\n")
     plan = submit.plan(path, ["dataloader.train.iter_factory.batches.batch_bins=5000000"])
     submit.write(plan)  # the run directory as `runner submit` leaves it (nothing is started)
-    text = plan.run.program_config.read_text()
-    assert plan.run.program_config == RunDir(plan.run.root).root / "program.yaml"
+    text = plan.run.program_config("conf.yaml").read_text()
+    # Under the config's own name: ESPnet3 names its experiment after it (exp_tag: ${self_name:}).
+    assert plan.run.program_config("conf.yaml") == RunDir(plan.run.root).root / "program" / "conf.yaml"
     doc = yaml.safe_load(text)
     assert "runner" not in doc
     assert doc["exp_name"] == doc["trainer_logger_name"] == "${self_name:}"  # the program's resolvers, verbatim
@@ -155,9 +156,9 @@ def test_program_yaml_is_the_file_as_written_without_the_runner_block(tmp_path: 
     assert doc["dataloader"]["valid"]["iter_factory"]["collate_fn"] == "${dataloader.collate_fn}"
     assert doc["dataloader"]["train"]["iter_factory"]["batches"]["batch_bins"] == 5000000  # the override
     # runner's own names are the only ones written out: the program could not resolve them.
-    assert doc["command"] == f"python train.py --config {plan.run.program_config}"
+    assert doc["command"] == f"python train.py --config {plan.run.program_config('conf.yaml')}"
     resolved = yaml.safe_load(plan.run.config.read_text())
-    assert resolved["command"][-1] == str(plan.run.program_config)
+    assert resolved["command"][-1] == str(plan.run.program_config("conf.yaml"))
     manifest = json.loads(plan.run.manifest.read_text())
     assert manifest["global_batch"] is None and manifest["data_module"]["global_batch"] == "the program's own"
     assert not list(plan.run.root.glob(".*.tmp-*"))  # written atomically, no temp file left
@@ -174,11 +175,11 @@ def test_dry_run_of_a_program_prints_its_command_and_config_and_writes_nothing(t
     assert out.returncode == 0, out.stderr
     run = out.stdout.splitlines()[0].removeprefix("run directory: ")
     assert "world size:    16" in out.stdout
-    assert f"program:       python train.py --config {run}/program.yaml (on every rank" in out.stdout
+    assert f"program:       python train.py --config {run}/program/conf.yaml (on every rank" in out.stdout
     assert "global batch:  the program's own" in out.stdout
-    for name in ("config.yaml", "manifest.json", "job.sbatch", "program.yaml"):
+    for name in ("config.yaml", "manifest.json", "job.sbatch", "program/conf.yaml"):
         assert f"--- {name} ---" in out.stdout
-    program_yaml = yaml.safe_load(out.stdout.split("--- program.yaml ---", 1)[1])
+    program_yaml = yaml.safe_load(out.stdout.split("--- program/conf.yaml ---", 1)[1])
     assert program_yaml["exp_name"] == "${self_name:}" and "runner" not in program_yaml
     assert sorted(p.name for p in tmp_path.iterdir()) == ["conf.yaml"]  # no run directory, no file
 

@@ -49,9 +49,14 @@ def _alerts_queued(run: RunDir) -> bool:
     return queue.is_dir() and any(queue.iterdir())
 
 
-def handle(run: RunDir, jobs: Mapping[str, policy.JobInfo] | None = None, asked: bool = True) -> policy.Decision:
+def handle(run: RunDir, jobs: Mapping[str, policy.JobInfo] | None = None, asked: bool = True,
+           fresh: bool | None = None) -> policy.Decision:
     """Decide for one run and act; its alerts are queued (``run_once`` sends every run's after its pass, under one
-    time budget and without the root's lock)."""
+    time budget and without the root's lock).
+
+    A resubmission acts on a fresh answer from Slurm (the one asked for all runs may be minutes old by now):
+    ``fresh=None`` asks again for this run; ``fresh=False`` returns the resubmit decision without acting (the caller
+    asks once for all of them and calls again with ``fresh=True`` and that answer)."""
     from runner import alerts
     from runner.host import notices, submit
 
@@ -62,8 +67,10 @@ def handle(run: RunDir, jobs: Mapping[str, policy.JobInfo] | None = None, asked:
     notices.queue_stragglers(run, cfg, records(run).job_id)  # a straggler of the running job, recorded in its ledger
     _alert_hook_failures(run, cfg)
     d = decide(run, cfg, jobs, asked=asked)
-    if d.action == "resubmit" and jobs is not None:
-        d = decide(run, cfg)  # act on a fresh answer: the one asked for all runs may be minutes old by now
+    if d.action == "resubmit" and fresh is False:
+        return d
+    if d.action == "resubmit" and jobs is not None and fresh is None:
+        d = decide(run, cfg)
     if d.action == "resubmit":
         _remember_failed_node(run, (jobs or {}).get(records(run).job_id or ""))
         submit.resubmit(run, cfg, d.reason)
@@ -167,6 +174,18 @@ def send_alerts(root: Path, runs: list[RunDir], budget_s: float = SEND_BUDGET_S)
             log.info("alerts: %d sent, %d left queued for the next pass", sent, left)
 
 
+def _act(run: RunDir, jobs: Mapping[str, policy.JobInfo], asked: bool, fresh: bool) -> str | None:
+    """``handle`` one run, its line printed when it acted; one broken run never stops the others."""
+    try:
+        d = handle(run, jobs, asked=asked, fresh=fresh)
+    except Exception as e:
+        log.error("%s: %s", run.name, runner_log.one_line(e))
+        return None
+    if d.action != "skip" and (fresh or d.action != "resubmit"):
+        print(f"{run.name}: {d.action}: {d.reason}", flush=True)
+    return d.action
+
+
 def run_once(roots: list[Path], report: bool = False) -> int:
     from runner import alerts
     from runner.host import slurm
@@ -184,14 +203,11 @@ def run_once(roots: list[Path], report: bool = False) -> int:
                 log.warning("Slurm cannot be asked (sacct, squeue and scontrol failed or timed out): no run whose "
                             "job may be alive is resubmitted; trying again next time")
             with alerts.deferred():  # every decision first, no webhook in the way; the alerts after the lock
-                for run in runs:
-                    try:
-                        d = handle(run, answer or {}, asked=answer is not None)
-                    except Exception as e:  # one broken run must never stop the others
-                        log.error("%s: %s", run.name, runner_log.one_line(e))
-                        continue
-                    if d.action != "skip":
-                        print(f"{run.name}: {d.action}: {d.reason}", flush=True)
+                due = [run for run in runs if _act(run, answer or {}, answer is not None, False) == "resubmit"]
+                if due:  # one fresh answer for every run about to be resubmitted (minutes may have passed)
+                    fresh = slurm.ask_many(_job_ids(due))
+                    for run in due:
+                        _act(run, fresh or {}, fresh is not None, True)
         send_alerts(root, runs)
         with locked(root / ".runner-cron.lock", blocking=False) as held:
             if report and held:  # after the decisions: the pages show what was just done

@@ -131,7 +131,7 @@ def plan(path: Path, overrides: list[str], allow_missing_image: bool = False) ->
              "manifest.json": json.dumps(manifest, indent=2) + "\n",
              "job.sbatch": render.sbatch(cfg, rd_path, image, os.getcwd())}
     if cfg.document is not None:  # program mode: the program's config, ${program_config} in the command
-        files[RunDir(rd_path).program_config.name] = spec.dump(cfg.document)
+        files[f"program/{cfg.path.name}"] = spec.dump(cfg.document)  # RunDir.program_config
     extra: list[str] = []
     if cfg.data["scheduler"] == "slurm":
         extra = nodes.exclude_args(rd_path.parent, cfg.data["resume"]["exclude_nodes_s"])
@@ -142,7 +142,7 @@ def plan(path: Path, overrides: list[str], allow_missing_image: bool = False) ->
              f"{cfg.accumulate} accumulation"]
     if cfg.data["command"] is not None:
         notes = [f"program:       {shlex.join(cfg.data['command'])} (on every rank; its config: "
-                 f"{RunDir(rd_path).program_config.name})", "global batch:  the program's own"]
+                 f"program/{cfg.path.name})", "global batch:  the program's own"]
     if extra:
         notes.append(f"bad nodes:     {extra[0].split('=', 1)[1]} left out (`runner nodes` lists why); where sbatch "
                      "refuses that, the oldest are let back in one by one (ledger: bad_nodes_let_in)")
@@ -182,6 +182,7 @@ def write(p: Plan) -> Plan:
     for sub in (p.run.logs, p.run.checkpoints):
         sub.mkdir()
     for name, text in p.files.items():
+        (p.run.root / name).parent.mkdir(exist_ok=True)
         atomic_write(p.run.root / name, text)
     for name, text in p.private.items():
         atomic_write(p.run.root / name, text, mode=0o600)
@@ -326,7 +327,7 @@ def resize(run: RunDir, overrides: list[str]) -> str:
     """
     if read_resolved(run.config)["command"] is not None:
         raise SubmitError(f"resume {run.name}: found a layout override for a program; expected none (the program "
-                          "reads its own config, program.yaml). hint: submit the config again with the new layout")
+                          "reads its own config, program/CONFIG). hint: submit the config again with the new layout")
     bad = sorted({o.partition("=")[0] for o in overrides} - set(RESIZABLE))
     if bad:
         raise SubmitError(f"resume {run.name}: found an override of {', '.join(bad)}; expected only num_nodes or "

@@ -41,7 +41,7 @@ class Config:
     lines: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # warnings from validation (printed, recorded in the manifest)
     takes_dataloader: bool | None = None  # whether data._target_ takes `dataloader` (None: not known statically)
-    # Program mode: the program's config (program.yaml): the file as written, after the overrides, never
+    # Program mode: the program's config (program/<config name>): the file as written, after the overrides, never
     # interpolated (the program resolves its ${...}), without the runner: block. None in runner's own mode.
     document: dict[str, Any] | None = None
 
@@ -523,7 +523,8 @@ def load(path: str | Path, overrides: list[str] | None = None, run_dir: str = "$
     ``kind="parallel"`` (``runner parallel``) checks only what a Dask workload reads (``SCHEMA_PARALLEL``):
     its ``data`` then holds no training sections, and the training properties of Config do not apply.
     ``${...}`` names keys as the file does (``${runner.seed}`` under a runner: block); ``${run_dir}`` is
-    ``run_dir`` and ``${program_config}`` the program's config in it (``RunDir.program_config``).
+    ``run_dir`` and ``${program_config}`` the program's config in it (``RunDir.program_config``: ``program/`` and
+    the config file's own name).
     """
     path = Path(path)
     data, lines = read_yaml(path)
@@ -539,7 +540,7 @@ def load(path: str | Path, overrides: list[str] | None = None, run_dir: str = "$
     settings.setdefault("name", None)
     parts = split.split(data, problems)
     program = kind == "train" and parts.own.get("command") is not None
-    builtins = {"run_dir": run_dir, "program_config": str(RunDir(Path(run_dir)).program_config)}
+    builtins = {"run_dir": run_dir, "program_config": str(RunDir(Path(run_dir)).program_config(path.name))}
     own = _resolve_all(parts.own, _Interp(data, builtins), problems, "", _programs if program else lambda p: False)
     if own.get("name") is None:
         own["name"] = re.sub(r"[^A-Za-z0-9_.\-]", "-", path.stem)[:100] or "run"
@@ -567,6 +568,7 @@ def load(path: str | Path, overrides: list[str] | None = None, run_dir: str = "$
         shown, more = problems.items[:MAX_PROBLEMS], len(problems.items) - MAX_PROBLEMS
         raise ConfigError(shown + ([f"{path}: ... and {more} more problems like these"] if more > 0 else []))
     doc = {k: _builtins(v, builtins) for k, v in document.items() if k != BLOCK} if program else None
+    redaction.remember_config(own)  # whatever this process writes for the run from now on: without its webhook URL
     return Config(data=view(own), path=path, lines=lines, notes=problems.notes, takes_dataloader=takes,
                   document=doc)
 
