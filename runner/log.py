@@ -22,12 +22,41 @@ class _Formatter(logging.Formatter):
         return super().format(record)
 
 
+_FACTORY: list[object] = []
+
+
+def _scrubbing_records() -> None:
+    """Every log record of this process, whatever handler writes it (stderr, a driver's log file), without the
+    webhook URLs the process knows (``runner.redaction``): installed once."""
+    if _FACTORY:
+        return
+    from runner import redaction
+
+    make = logging.getLogRecordFactory()
+
+    def factory(*args: object, **kwargs: object) -> logging.LogRecord:
+        record = make(*args, **kwargs)
+        if record.name.startswith("runner"):
+            try:
+                text = record.getMessage()
+            except Exception:  # a bad format string: logging reports it, as it would have
+                return record
+            clean = redaction.scrub(text)
+            if clean != text:
+                record.msg, record.args = clean, None
+        return record
+
+    logging.setLogRecordFactory(factory)
+    _FACTORY.append(factory)
+
+
 def setup(verbosity: int = 0, stamped: bool | None = None) -> None:
     """Configure the ``runner`` logger once per process.
 
     ``verbosity``: -1 warnings only (``-q``), 0 info, 1 debug (``-v``, also ``RUNNER_VERBOSE=1``: every command
     runner runs). ``stamped``: timestamps and module names; by default when stderr is not a terminal.
     """
+    _scrubbing_records()
     if os.environ.get("RUNNER_VERBOSE"):
         verbosity = max(verbosity, 1)
     level = {-1: logging.WARNING, 0: logging.INFO}.get(verbosity, logging.DEBUG)

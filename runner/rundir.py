@@ -19,20 +19,33 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from runner import redaction
 from runner.errors import RunnerError
 
 log = logging.getLogger(__name__)
 
 
 def atomic_write(path: Path, data: str | bytes | Callable[[IO[bytes]], None], mode: int = 0o666,
-                 sync_dir: bool = True) -> None:
+                 sync_dir: bool = True, scrub: bool = True) -> None:
     """Write a file so that readers see the old content or the new one, never a torn write.
 
     ``data`` may be a function that writes into the open file (a large object streamed, never held twice).
     ``mode`` (before the umask) holds from the first byte: 0o600 keeps a private file private all along.
     ``sync_dir=False`` leaves the directory's fsync to whoever moves the directory next (another process may
     rename it as soon as the file appears: a checkpoint's staging directory).
+    Text (a str, or bytes that are UTF-8 under 16 MiB) leaves without the webhook URLs this process knows
+    (``runner.redaction``); ``scrub=False`` only for a private file (mode 0600) that must hold one.
     """
+    if scrub and isinstance(data, str):
+        data = redaction.scrub(data)
+    elif scrub and isinstance(data, bytes) and len(data) < 16 << 20:
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+        else:
+            if (clean := redaction.scrub(text)) != text:
+                data = clean.encode("utf-8")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
@@ -293,7 +306,7 @@ class RunDir:
     def record(self, event: str, **fields: Any) -> None:
         """Append one event to the run's ledger (one JSON object per line, fsynced)."""
         self.root.mkdir(parents=True, exist_ok=True)
-        line = json.dumps({"time": round(time.time(), 3), "event": event, **fields}, sort_keys=True)
+        line = redaction.scrub(json.dumps({"time": round(time.time(), 3), "event": event, **fields}, sort_keys=True))
         # Never blocks: a FIFO in the ledger's place fails at once (ENXIO without a reader) or is refused below.
         fd = os.open(self.ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
         with open(fd, "a") as f:

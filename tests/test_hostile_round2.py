@@ -411,3 +411,95 @@ def test_cron_alerts_a_hook_that_could_not_run_once(tmp_path: Path, monkeypatch:
     texts = [json.dumps(r.json) for r in webhook.requests]
     assert sum("hook could not run (exit 127)" in t for t in texts) == 1, texts
     assert [e["event"] for e in RunDir(run).events()].count("hook_failure_alerted") == 1
+
+
+# --- the webhook URL on disk ------------------------------------------------------------------------------------
+
+SECRET_URL = "https://hooks.example.com/services/T0ABCDEF/B0ABCDEF/s3cr3tT0kenValue9"
+
+
+def leaked(root: Path, url: str = SECRET_URL, skip: tuple[str, ...] = ()) -> dict[str, list[str]]:
+    from tests.test_secrets import found_in
+
+    out = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and p.name not in skip:
+            if found := found_in(p.read_text(errors="replace"), url):
+                out[str(p.relative_to(root))] = found
+    return out
+
+
+def test_a_url_passed_through_env_lands_only_in_a_private_file_and_still_reaches_the_job(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("MY_HOOK", raising=False)
+    overrides = [f"run_root={tmp_path / 'runs'}", "scheduler=slurm", "container.runtime=none",
+                 "alerts.url_env=MY_HOOK", f"env.MY_HOOK={SECRET_URL}", "env.OTHER=kept"]
+    assert cli.main(["submit", "--dry-run", str(QUICKSTART), *overrides]) == 0
+    from tests.test_secrets import found_in
+
+    assert found_in(capsys.readouterr().out, SECRET_URL) == []
+    p = submit.write(submit.plan(QUICKSTART, overrides))
+    assert leaked(p.run.root, skip=("secret.env",)) == {}
+    secret = p.run.root / "secret.env"
+    assert secret.stat().st_mode & 0o777 == 0o600 and SECRET_URL in secret.read_text()
+    assert p.run.script.stat().st_mode & 0o777 == 0o755
+    script = p.run.script.read_text()
+    start, end = script.index("RUN_DIR="), script.index("# Rendezvous")
+    out = subprocess.run(["bash", "-c", script[start:end] + 'printf "%s|%s" "$MY_HOOK" "$OTHER"'],
+                         capture_output=True, text=True, timeout=60)
+    assert out.stdout == f"{SECRET_URL}|kept", out.stderr
+
+
+WRITERS = """
+import json, logging, sys
+from pathlib import Path
+from runner import log
+from runner.parallel.store import Store
+from runner.rundir import RunDir, atomic_write
+from runner.spec.typed import read_resolved
+
+run, url = RunDir(Path(sys.argv[1])), sys.argv[2]
+token = url.rsplit("/", 1)[1]
+read_resolved(run.config)  # what every writer of a run does first
+log.setup(stamped=True)
+handler = logging.FileHandler(run.root / "driver.log")  # as runner parallel's driver log
+logging.getLogger("runner").addHandler(handler)
+logging.getLogger("runner.host.parallel").warning("item 3 failed: POST %s: timed out", url)
+run.record("exit", cause=f"ConnectionError: {url.split('://')[1]} unreachable")
+atomic_write(run.crash_file(1, 0), json.dumps({"message": f"bad token {token}", "frame": url}) + "\\n")
+Store(run).write(0, {1: f"fetched {url}"}, {2: f"HTTPError for url: {url}"})
+handler.close()
+"""
+
+
+@pytest.mark.parametrize("source", ["url_env", "url_file", "env"])
+def test_every_writer_of_a_run_directory_redacts_the_url_from_every_source(tmp_path: Path, source: str) -> None:
+    """The ledger, a crash record, a parallel chunk and a driver log, written by a process that read the run's config
+    (as the launcher, the hooks, cron and the parallel driver do), whichever source the URL came from."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RUNNER_WEBHOOK_URL", "MY_HOOK")}
+    overrides = [f"run_root={tmp_path / 'runs'}", "alerts.url_env=MY_HOOK"]
+    if source == "url_env":
+        env["MY_HOOK"] = SECRET_URL
+    elif source == "url_file":
+        secret = tmp_path / "private" / "hook"
+        secret.parent.mkdir(mode=0o700)
+        secret.write_text(SECRET_URL + "\n")
+        secret.chmod(0o600)
+        overrides.append(f"alerts.url_file={secret}")
+    else:
+        overrides.append(f"env.MY_HOOK={SECRET_URL}")
+    p = submit.write(submit.plan(QUICKSTART, overrides))
+    out = subprocess.run([sys.executable, "-c", WRITERS, str(p.run.root), SECRET_URL], capture_output=True, text=True,
+                         timeout=120, env={**env, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr
+    assert (p.run.root / "driver.log").read_text().count("redacted") == 1
+    assert leaked(p.run.root, skip=("secret.env",)) == {}
+    from tests.test_secrets import found_in
+
+    assert found_in(out.stderr, SECRET_URL) == []
+    (p.run.root / "ledger.jsonl").open("a").write(json.dumps(  # a ledger from before redaction
+        {"time": 2, "event": "exit", "outcome": "failed", "cause": f"POST {SECRET_URL} failed"}) + "\n")
+    shown = runner("status", "--json", "--root", str(tmp_path / "runs"), env={"RUNNER_WEBHOOK_URL": "",
+                                                                              "MY_HOOK": env.get("MY_HOOK", "")})
+    assert shown.returncode == 0 and "redacted" in shown.stdout, shown.stderr
+    assert found_in(shown.stdout, SECRET_URL) == []

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from collections.abc import Iterable
 from typing import Any
-from urllib.parse import parse_qsl, quote, urlsplit
 
+from runner.redaction import redact as redact
+from runner.redaction import redact_obj as redact_obj
 from runner.spec.schema import EVENTS
 
 SLACK_SECTION_LIMIT = 3000
@@ -66,9 +66,6 @@ _EMOJI = {
     "straggler": ":snail:",
 }
 
-_REDACTED = "[webhook URL redacted]"
-# A Slack URL is a write token wherever it appears, also URL-encoded (https%3A%2F%2Fhooks.slack.com%2F...).
-_SLACK_HOOK_RE = re.compile(r"(?:https?(?:://|%3A%2F%2F))?hooks\.slack(?:-gov)?\.com(?:/|%2F)[^\s\"'<>`|)\]]*", re.I)
 
 
 @dataclasses.dataclass
@@ -106,49 +103,6 @@ def clip(text: str, limit: int) -> str:
 
 
 # ------------------------------------------------------------------------------------ redaction
-
-
-TOKEN_MIN = 8  # a path segment or query value this long may be the token; shorter ones are words like "hooks"
-
-
-def _secret_variants(secrets: Iterable[str]) -> list[str]:
-    """The secret, the forms in which a message may quote it (no scheme, its path, its token parts), and each of
-    those URL-encoded (a URL passed as a query parameter, a log of a redirect)."""
-    variants: set[str] = set()
-    for secret in secrets:
-        if not secret:
-            continue
-        variants.add(secret)
-        parts = urlsplit(secret)
-        if parts.netloc:
-            # HTTP clients name the host and the path separately in their messages.
-            variants.add(secret.split("://", 1)[-1])
-            path = parts.path + (f"?{parts.query}" if parts.query else "")
-            if len(path) >= TOKEN_MIN:
-                variants.add(path)
-            # The token: the last path segment (Slack, Discord, Teams) and every query value (?token=...).
-            tokens = [parts.path.rstrip("/").rsplit("/", 1)[-1], *(v for _, v in parse_qsl(parts.query))]
-            variants.update(t for t in tokens if len(t) >= TOKEN_MIN)
-    variants |= {quote(v, safe="") for v in variants} | {quote(v) for v in variants}
-    return sorted(variants, key=len, reverse=True)
-
-
-def redact(text: str, secrets: Iterable[str] = ()) -> str:
-    """Replace every Slack webhook URL and every given secret (and its path part) in text."""
-    for variant in _secret_variants(secrets):
-        text = text.replace(variant, _REDACTED)
-    return _SLACK_HOOK_RE.sub(_REDACTED, text)
-
-
-def redact_obj(obj: Any, secrets: list[str]) -> Any:
-    """``redact`` applied to every string (keys too) of a JSON-like value."""
-    if isinstance(obj, str):
-        return redact(obj, secrets)
-    if isinstance(obj, list):
-        return [redact_obj(item, secrets) for item in obj]
-    if isinstance(obj, dict):
-        return {redact(str(k), secrets): redact_obj(v, secrets) for k, v in obj.items()}
-    return obj
 
 
 def redacted_alert(alert: Alert, secrets: Iterable[str]) -> Alert:

@@ -205,6 +205,21 @@ CONTAINER_ENV = ("MASTER_ADDR", "MASTER_PORT", "RUNNER_PREFLIGHT_PORT", "OMP_NUM
 IFNAME_ENV = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")  # passed only when network.ifname sets them
 
 
+SECRET_ENV = "secret.env"  # RUN/secret.env: export lines of the env: values that are secrets, mode 0600
+
+
+def secret_env(env: dict[str, object]) -> dict[str, str]:
+    """The ``env:`` values that hold a secret this process knows (the webhook URL, ``runner.redaction``): they never
+    land in the batch script (mode 0755) or config.yaml, but in ``RUN/secret.env`` (0600), which the script sources."""
+    from runner import redaction
+
+    return {k: str(v) for k, v in env.items() if redaction.redact(str(v)) != str(v)}
+
+
+def secret_env_file(env: dict[str, object]) -> str:
+    return "".join(f"export {k}={q(v)}\n" for k, v in sorted(secret_env(env).items()))
+
+
 def sbatch(cfg: Config, run_dir: Path, image: str, program_dir: str | None = None) -> str:
     """The batch script. ``program_dir``: where a program (``command:``) runs, bound into the container."""
     d, s = cfg.data, cfg.data["slurm"]
@@ -215,9 +230,10 @@ def sbatch(cfg: Config, run_dir: Path, image: str, program_dir: str | None = Non
         gpus = d["num_device"] if d["trainer"]["accelerator"] in ("gpu", "cuda") else 0
     binds = sorted({str(run_dir.parent.resolve()), *cfg.data["container"]["binds"],
                     *([program_dir] if program_dir and d["command"] else [])})
-    env = sorted((k, str(v)) for k, v in d["env"].items())
+    everything = sorted((k, str(v)) for k, v in d["env"].items())
+    env = [(k, v) for k, v in everything if k not in secret_env(d["env"])]  # the rest: RUN/secret.env (0600)
     ifname = cfg.data["network"]["ifname"]
-    env_names = [*CONTAINER_ENV, *(IFNAME_ENV if ifname else ()), *(k for k, _ in env)]
+    env_names = [*CONTAINER_ENV, *(IFNAME_ENV if ifname else ()), *(k for k, _ in everything)]
     return render("sbatch.sh.j2", config_name=cfg.name, config_hash=cfg.hash(), name=cfg.name,
                   nodes=d["num_nodes"], ntasks_per_node=d["num_device"], gpus_per_node=gpus,
                   cpus_per_task=s["cpus_per_task"], time=s["time"], sbatch_flags=flags, requeue=s["requeue"],

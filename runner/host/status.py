@@ -256,10 +256,21 @@ def collect(name: str | None, root: Path) -> list[dict[str, Any]]:
             rows.append(broken_row(run, runner_log.one_line(e)))
     from runner import alerts
 
-    # A cause read from a log line may quote the webhook URL (ledgers written before redaction did): never show it.
-    url = os.environ.get(DEFAULT_URL_ENV, "").strip()  # and any Slack URL, which redact() finds by its shape
-    secrets = [url] if url else []
-    return [alerts.redact_obj(r, secrets) for r in rows]
+    # A cause read from a log line may quote the webhook URL (ledgers written before redaction did): never show it,
+    # whatever its source (each run's url_env, url_file or env:, learnt from its config), nor any Slack URL.
+    for run in runs:
+        _learn_secrets(run)
+    url = os.environ.get(DEFAULT_URL_ENV, "").strip()
+    return [alerts.redact_obj(r, [url] if url else []) for r in rows]
+
+
+def _learn_secrets(run: RunDir) -> None:
+    from runner.spec.typed import read_resolved
+
+    try:
+        read_resolved(run.config)  # remembers the run's webhook URLs (runner.redaction)
+    except Exception:  # noqa: S110 -- its row says what is wrong with it
+        pass
 
 
 def _age(seconds: float) -> str:

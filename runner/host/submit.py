@@ -153,6 +153,9 @@ def plan(path: Path, overrides: list[str], allow_missing_image: bool = False) ->
         notes.append(f"image check:   {image_problem} (runner submit refuses without --allow-missing-image)")
     notes += [f"note:          {n}" for n in cfg.notes]
     private = {"git.diff": alerts.redact(diff, secrets)} if diff else {}
+    if hidden := render.secret_env_file(cfg.data["env"]):
+        private[render.SECRET_ENV] = hidden  # what the script sources: the one place an env: secret is written
+    files = {name: alerts.redact(text) for name, text in files.items()}  # --dry-run prints them
     return Plan(RunDir(rd_path), files, argv, cfg.data["scheduler"], cfg.world_size, notes, image_problem,
                 private=private, warnings=cfg.notes, source=(path, list(overrides), allow_missing_image))
 
@@ -185,7 +188,7 @@ def write(p: Plan) -> Plan:
         (p.run.root / name).parent.mkdir(exist_ok=True)
         atomic_write(p.run.root / name, text)
     for name, text in p.private.items():
-        atomic_write(p.run.root / name, text, mode=0o600)
+        atomic_write(p.run.root / name, text, mode=0o600, scrub=False)  # mode 0600 from the first byte
     p.run.script.chmod(0o755)
     return p
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from runner import redaction
 from runner.errors import ConfigError
 from runner.rundir import RunDir
 from runner.spec import parallel, split, validate

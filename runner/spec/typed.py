@@ -200,6 +200,9 @@ def read_resolved(path: Path) -> RunConfig:
         raise Unreadable(path, "found a config of another shape (a section that is not a mapping)", "restore it "
                          "from the config you submitted, or move the run directory away",
                          expected="the config runner wrote")
+    from runner import redaction
+
+    redaction.remember_config(data, path.parent)  # what this process writes into the run: without its webhook URL
     if isinstance(data, dict):  # a run submitted before program mode existed
         data.setdefault("command", None)
         data.setdefault("program", {})
