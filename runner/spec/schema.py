@@ -242,4 +242,6 @@ PROGRAM_TRAINER: dict[str, Any] = {
 }
 SHARDING = {k: _LOADER[k] for k in ("total_shards", "dist_world_size")}  # what runner reads of a program's loader
 SCHEMA_PROGRAM: dict[str, Any] = {**{k: v for k, v in SCHEMA.items() if k not in ("model", "data")},
-                                  "trainer": PROGRAM_TRAINER, "dataloader": {"*": True}}
+                                  "trainer": PROGRAM_TRAINER, "dataloader": {"*": True},
+                                  # ESPnet3 runs its own Dask from it: its other keys (allow_overwrite_lock) are its
+                                  "parallel": {**SCHEMA["parallel"], "*": True}}

@@ -1,0 +1,238 @@
+"""ESPnet3's own mini_an4 recipe (``espnet==202611`` from PyPI, its ``run.py`` and config unchanged) under runner,
+as examples/espnet3-mini-an4/README.md runs it: every stage a runner run, training on the dev cluster (2 nodes x 2
+ranks, CPU/gloo, ``runtime: none`` with the ESPnet3 venv: see that README for why not the podman image), and the
+faults runner promises to handle, inside ESPnet3's own Lightning Trainer.
+
+Needs ``.venv-espnet3`` (scripts/install-espnet3.sh, which scripts/test.sh runs): skipped with a reason on a laptop
+without it, a failure under CI=true."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from runner.dev import devcluster
+from tests.ci import unavailable
+from tests.test_failures import checkpoint_done, events, job_id, runner, status, wait_for
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "espnet3-mini-an4"
+PYTHON = REPO / ".venv-espnet3" / "bin" / "python"
+CONF = "conf/training_asr_transformer.yaml"
+REPEAT = 8  # 32 training utterances: 4 batches of 2 per rank and epoch on 4 ranks; 8 for validation: 1 per rank
+EPOCHS = 25  # 100 steps on 4 ranks
+TRAIN = ["stages=train", "num_nodes=2", "num_device=2", "runner.scheduler=slurm", f"trainer.max_epochs={EPOCHS}",
+         "trainer.limit_train_batches=null", "trainer.limit_val_batches=null", "trainer.log_every_n_steps=4",
+         "runner.network.pg_timeout_s=60", "runner.resume.backoff_s=0", "runner.alerts.enabled=false"]
+
+
+def espnet3_python() -> Path:
+    if not PYTHON.exists():
+        unavailable("ESPnet3's venv is missing. HINT: scripts/install-espnet3.sh")
+    return PYTHON
+
+
+def submit(recipe: Path, env: dict[str, str], root: Path, *overrides: str, timeout: float = 900
+           ) -> subprocess.CompletedProcess[str]:
+    """``runner submit`` from the ESPnet3 venv, in the recipe directory, as the example's README does."""
+    return subprocess.run([str(espnet3_python()), "-m", "runner", "submit", CONF, f"runner.run_root={root}",
+                           *overrides], capture_output=True, text=True, cwd=recipe, env=env, timeout=timeout)
+
+
+def local_env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def cluster_env(cluster: devcluster.Cluster) -> dict[str, str]:
+    return {**local_env(), **cluster.env()}
+
+
+def one_run(root: Path) -> Path:
+    [run] = root.iterdir()
+    return run
+
+
+def exits(run: Path) -> list[dict[str, Any]]:
+    return [e for e in events(run) if e["event"] == "exit"]
+
+
+def rank_info(run: Path) -> list[dict[str, Any]]:
+    return [json.loads(f.read_text()) for f in sorted((run / "ranks").glob("rank-*.json"))]
+
+
+@pytest.fixture(scope="module")
+def recipe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The recipe prepared as the README says: create_dataset, then train_tokenizer and collect_stats, each a
+    one-process runner run (local)."""
+    espnet3_python()
+    work = tmp_path_factory.mktemp("espnet3") / "mini_an4"
+    prep = subprocess.run([str(EXAMPLE / "prepare.sh"), str(work)], capture_output=True, text=True, timeout=300)
+    assert prep.returncode == 0, prep.stdout + prep.stderr
+    for n, stages in enumerate(["create_dataset", "train_tokenizer collect_stats"]):
+        out = submit(work, local_env(), work / "prep-runs" / str(n), f"stages={stages}")
+        assert out.returncode == 0, out.stdout + out.stderr
+        if stages == "create_dataset":
+            repeat = subprocess.run([str(PYTHON), str(EXAMPLE / "repeat.py"), "data/manifest", str(REPEAT)],
+                                    cwd=work, capture_output=True, text=True, timeout=60)
+            assert repeat.returncode == 0, repeat.stderr
+    return work
+
+
+# -- the config ----------------------------------------------------------------------------------------------------
+
+
+def template_with_runner_settings(tmp_path: Path) -> Path:
+    """ESPnet3's TEMPLATE training.yaml with runner's settings added the documented way: it has num_nodes and
+    num_device already, so the rest of examples/espnet3-mini-an4/runner.yaml."""
+    template = subprocess.run([str(espnet3_python()), "-c", "import egs3, os; print(os.path.join(os.path.dirname("
+                               "egs3.__file__), 'TEMPLATE', 'esp2_asr', 'conf', 'training.yaml'))"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    settings = [line for line in (EXAMPLE / "runner.yaml").read_text().splitlines()
+                if not line.startswith(("num_nodes:", "num_device:"))]
+    path = tmp_path / "training.yaml"
+    path.write_text(Path(template).read_text() + "\n".join(settings) + "\n")
+    return path
+
+
+@pytest.mark.parametrize(("overrides", "key"), [
+    ([], None),
+    (["num_device=2"], "dataloader.train.dist_world_size"),  # ESPnet3's dist_world_size: 1 left as it was
+    (["num_device=2", "dataloader.train.dist_world_size=2", "dataloader.valid.dist_world_size=2",
+      "dataloader.train.total_shards=3", "dataloader.valid.total_shards=2"], "dataloader.train.total_shards"),
+])
+def test_runner_validates_espnet3s_template_config(tmp_path: Path, overrides: list[str], key: str | None) -> None:
+    out = runner(local_env(), "validate", str(template_with_runner_settings(tmp_path)), *overrides, check=False)
+    if key is None:
+        assert out.returncode == 0, out.stderr
+        resolved = yaml.safe_load(out.stdout)
+        assert resolved["program"]["scheduler"]["_target_"] == "espnet2.schedulers.warmup_lr.WarmupLR"  # ESPnet3's
+        assert resolved["scheduler"] == "local" and resolved["program"]["exp_tag"] == "${self_name:}"
+        return
+    assert out.returncode == 2, out.stdout + out.stderr
+    lines = out.stderr.strip().splitlines()  # one line a problem (train and valid both, where both are wrong)
+    assert lines[0].startswith("runner: error:") and key in lines[0] and len(lines) <= 2, lines
+    assert "Traceback" not in out.stderr
+
+
+# -- every stage, locally ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_stages_run_as_runner_runs_and_espnet3s_outputs_are_where_espnet3_puts_them(recipe: Path,
+                                                                                      tmp_path: Path) -> None:
+    for n in ("0", "1"):
+        run = one_run(recipe / "prep-runs" / n)
+        assert (run / "finished").exists() and [e["outcome"] for e in exits(run)] == ["completed"]
+    assert (recipe / "data" / "manifest" / "train.tsv").exists()
+    assert (recipe / "exp" / "stats" / "train" / "feats_shape").exists()  # collect_stats, on ESPnet3's Dask
+    out = submit(recipe, local_env(), tmp_path / "runs", "stages=train", "num_device=2", "trainer.max_epochs=2",
+                 "exp_tag=local_train")
+    assert out.returncode == 0, out.stdout + out.stderr
+    run = one_run(tmp_path / "runs")
+    assert (run / "finished").exists()
+    # ESPnet3's experiment, named as ESPnet3 names it, its own checkpoints and its validation loss in its log.
+    exp = recipe / "exp" / "local_train"
+    assert (exp / "last.ckpt").exists() and list(exp.glob("epoch*valid.loss.ckpt"))
+    assert "valid/loss" in (exp / "train.log").read_text()
+    assert (run / "program" / "training_asr_transformer.yaml").exists()
+    row = status(local_env(), run)
+    assert row["state"] == "completed", row
+
+
+# -- training on the dev cluster -----------------------------------------------------------------------------------
+
+cluster = pytest.mark.slurm
+
+
+@cluster
+@pytest.mark.slow
+def test_train_stage_on_two_nodes_of_two_ranks(slurm_cluster: devcluster.Cluster, recipe: Path,
+                                               tmp_path: Path) -> None:
+    env = cluster_env(slurm_cluster)
+    out = submit(recipe, env, tmp_path / "runs", *TRAIN, "exp_tag=cluster_train", "trainer.max_epochs=3")
+    assert out.returncode == 0, out.stdout + out.stderr
+    run = one_run(tmp_path / "runs")
+    wait_for("the training job to end", lambda: bool(exits(run)), 600, run)
+    [end] = exits(run)
+    assert (end["outcome"], end["exit_code"]) == ("completed", 0), end
+    info = rank_info(run)
+    assert sorted(r["hostname"] for r in info) == ["n1", "n1", "n2", "n2"]
+    assert {r["runtime"] for r in info} == {"none"}
+    assert next(e for e in events(run) if e["event"] == "finished")["step"] == 3 * 4  # ESPnet3's global step
+    exp = recipe / "exp" / "cluster_train"
+    assert (exp / "last.ckpt").exists() and "valid/loss" in (exp / "train.log").read_text()
+    assert status(env, run)["state"] == "completed"
+
+
+@cluster
+@pytest.mark.slow
+def test_a_preemption_notice_requeues_and_espnet3s_global_step_continues(slurm_cluster: devcluster.Cluster,
+                                                                         recipe: Path, tmp_path: Path) -> None:
+    env = cluster_env(slurm_cluster)
+    out = submit(recipe, env, tmp_path / "runs", *TRAIN, "exp_tag=cluster_usr2")
+    assert out.returncode == 0, out.stdout + out.stderr
+    run = one_run(tmp_path / "runs")
+    wait_for("checkpoint 10", lambda: checkpoint_done(run, 10), 600, run)
+    first = job_id(run)
+    subprocess.run(["scancel", "--batch", "--signal=USR2", first], env=env, check=True, timeout=30)
+    wait_for("the requeued job to finish", lambda: len(exits(run)) == 2, 600, run)
+    first_exit, second_exit = exits(run)
+    assert (first_exit["outcome"], first_exit["exit_code"]) == ("preempted", 75), first_exit
+    assert second_exit["outcome"] == "completed", second_exit
+    starts = [e for e in events(run) if e["event"] == "train_start"]
+    assert [s["attempt"] for s in starts] == [1, 2]
+    stop = starts[1]["step"]
+    assert 10 <= stop < EPOCHS * 4 and starts[0]["step"] == 0  # not from 0 again: from the stop's checkpoint
+    assert starts[1]["resumed_from"].endswith(f"step-{stop:07d}")
+    assert next(e for e in events(run) if e["event"] == "finished")["step"] == EPOCHS * 4
+    log = (run / "logs" / "attempt-1" / "rank-00000.log").read_text()
+    assert re.search(rf"stopped on signal at step {stop}\b", log), log[-2000:]
+
+
+@cluster
+@pytest.mark.slow
+def test_a_killed_rank_is_resubmitted_by_cron_and_finishes(slurm_cluster: devcluster.Cluster, recipe: Path,
+                                                           tmp_path: Path) -> None:
+    env = cluster_env(slurm_cluster)
+    out = submit(recipe, env, tmp_path / "runs", *TRAIN, "exp_tag=cluster_kill")
+    assert out.returncode == 0, out.stdout + out.stderr
+    run = one_run(tmp_path / "runs")
+    wait_for("checkpoint 10", lambda: checkpoint_done(run, 10), 600, run)
+    os.kill(rank_info(run)[3]["pid"], signal.SIGKILL)
+    wait_for("the job to fail", lambda: bool(exits(run)) and status(env, run)["state"] == "failed", 120, run)
+    cron = runner(env, "cron", "--root", str(tmp_path / "runs")).stdout
+    assert "resubmit:" in cron, cron
+    wait_for("the resubmitted job to finish", lambda: len(exits(run)) == 2, 600, run)
+    assert exits(run)[1]["outcome"] == "completed" and (run / "finished").exists()
+    starts = [e["step"] for e in events(run) if e["event"] == "train_start"]
+    assert starts[0] == 0 and starts[1] >= 10, starts
+
+
+@cluster
+@pytest.mark.slow
+def test_a_stopped_rank_is_named_as_the_hang(slurm_cluster: devcluster.Cluster, recipe: Path, tmp_path: Path) -> None:
+    env = cluster_env(slurm_cluster)
+    out = submit(recipe, env, tmp_path / "runs", *TRAIN, "exp_tag=cluster_hang", "runner.watchdog.floor_s=5",
+                 "runner.resume.enabled=false")
+    assert out.returncode == 0, out.stdout + out.stderr
+    run = one_run(tmp_path / "runs")
+    wait_for("checkpoint 10", lambda: checkpoint_done(run, 10), 600, run)
+    victim = rank_info(run)[1]
+    os.kill(victim["pid"], signal.SIGSTOP)
+    try:
+        wait_for("the hang to be recorded", lambda: bool(exits(run)), 180, run)
+        [end] = exits(run)
+        assert (end["outcome"], end["exit_code"]) == ("hang", 79), end
+        hang = json.loads((run / "hang.json").read_text())
+        assert [(s["rank"], s["node"]) for s in hang["suspects"]] == [(1, victim["hostname"])], hang
+    finally:
+        os.kill(victim["pid"], signal.SIGCONT) if Path(f"/proc/{victim['pid']}").exists() else None
+        runner(env, "cancel", str(run), check=False)
