@@ -164,7 +164,7 @@ def restarts_used(events: Sequence[Mapping[str, Any]]) -> int:
 
 
 # Outcomes that never consume resume.max_restarts: the run did nothing wrong (the schedule ended it).
-FREE = ("timeout", "preempted", "completed", "cancelled", "superseded")
+FREE = ("timeout", "preempted", "completed", "cancelled", "superseded", "interrupted")
 
 
 def failures(events: Sequence[Mapping[str, Any]], ended: bool = False) -> int:
@@ -390,9 +390,47 @@ def local_state(rec: Records) -> str:
         return "cancelled"
     if status is None or (events and events[-1]["event"] in ("submitted", "resubmitted", "start")):
         return "running" if any(e["event"] in ("start", "train_start") for e in events[-3:]) else "pending"
+    if status.get("event") == "interrupted":  # a local run a person stopped (Ctrl-C)
+        return "interrupted"
     if status.get("exit_code") == EXIT_REQUEUE:
         return "preempted"
     return "cancelled" if status.get("cancelled") else "failed"
+
+
+def local_run_state(rec: Records, alive: bool) -> str:
+    """A local run's state: its own records, and ``alive``, whether any of its processes holds its owner lock. A run
+    killed outright records no exit: it is ``failed``, never ``running`` forever."""
+    if rec.finished:
+        return "completed"
+    if cancelled_by_user(rec.events):
+        return "cancelled"
+    if alive:
+        return "running"
+    ended = False
+    for e in reversed(rec.events):
+        if e["event"] == "exit":
+            ended = True
+            break
+        if e["event"] in ("submitted", "resubmitted"):
+            break
+    if rec.events and not ended:
+        return "failed"
+    return local_state(rec)
+
+
+def local_next_step(outcome: str, run: str) -> str:
+    """What happens next to a local run after ``outcome``: nothing by itself (``runner cron`` resubmits Slurm runs
+    only); the person who runs it resumes it."""
+    if outcome == "completed":
+        return "nothing: training finished"
+    if outcome == "nan":
+        return f"nothing by itself (a local run is not resubmitted): fix the model or data, then `runner resume {run}`"
+    if outcome == "preflight_failed":
+        return f"nothing by itself: fix the check it names, then `runner resume {run}`"
+    if outcome == "cancelled":
+        return f"nothing: cancelled; `runner resume {run}` starts it again from its newest complete checkpoint"
+    return f"nothing by itself (runner cron resubmits Slurm runs only): `runner resume {run}` continues from its " \
+           "newest complete checkpoint"
 
 
 def job_alive(events: Sequence[Mapping[str, Any]]) -> bool:

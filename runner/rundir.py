@@ -231,6 +231,14 @@ class RunDir:
         return self.root / "cancelled"
 
     @property
+    def owner_lock(self) -> Path:  # a local run's lock, held (flock) by its driver and ranks while any of them lives
+        return self.root / "owner.lock"
+
+    @property
+    def local_owner(self) -> Path:  # the processes of the local run that holds owner.lock (runner.host.local)
+        return self.root / "owner.json"
+
+    @property
     def successor(self) -> Path:  # resume.successor: the job queued behind the run's job ({"job_id", "after"})
         return self.root / "successor.json"
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import signal
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from runner.alerts.payload import NEXT_STEPS, Alert, clip
-from runner.rundir import RunDir
+from runner.rundir import EXIT_NONFINITE, EXIT_REQUEUE, EXIT_SUPERSEDED, EXIT_TERMINATED, RunDir
 
 TAIL_LINES = 30  # log lines shown in an alert
 _SCAN_BYTES = 256 * 1024  # of the end of each rank log: enough for a long traceback
@@ -183,3 +185,117 @@ def alert_from_run(run_dir: str | os.PathLike[str], event: str, **fields: Any) -
         extra.setdefault("log", str(log_path.relative_to(root)))
     values["extra"] = extra
     return Alert(event=event, run_dir=os.fspath(run_dir), **values)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The first rank to fail: the cause, before its peers' echoes of it
+
+# Exit codes of ranks that stopped in agreement with the others: never a failure.
+ORDERLY = frozenset({0, EXIT_REQUEUE, EXIT_TERMINATED, EXIT_SUPERSEDED, EXIT_NONFINITE})
+# What a rank raises when a peer died or left: an echo of the cause, never the cause.
+_ECHO_RE = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|NCCL communicator was aborted"
+                      r"|ProcessGroupGloo|DistBackendError|DistNetworkError|Socket Timeout|timed out|Timeout", re.I)
+# srun's words for a task that ended badly: "srun: error: n2: task 3: Killed",
+# "srun: error: n1: tasks 0-1: Exited with exit code 1", "srun: error: n1: task 0: Out Of Memory".
+_SRUN_RE = re.compile(r"srun: error: (?P<node>[^:\s]+): tasks? (?P<tasks>[\d,\-]+): (?P<how>.+?)\s*$")
+
+
+@dataclasses.dataclass(frozen=True)
+class RankExit:
+    """How one rank ended, as whoever started it saw it (the local driver, or srun's output)."""
+
+    rank: int
+    code: int  # the exit code; negative: killed by that signal (subprocess's convention)
+    time: float = 0.0  # when it was seen to end (order of srun's lines on Slurm)
+    node: str = ""
+    words: str = ""  # srun's own words ("Killed", "Out Of Memory"), when srun said it
+
+    @property
+    def orderly(self) -> bool:
+        return self.code in ORDERLY
+
+    @property
+    def how(self) -> str:
+        if self.words:
+            return self.words
+        if self.code < 0:
+            return f"killed by {_signame(-self.code)}"
+        return f"exit {self.code}"
+
+
+def _signame(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    """The first rank that failed, its node and how; ``cause`` is the line the console, status and alerts show."""
+
+    rank: int
+    node: str
+    how: str
+    exit_code: int  # the attempt's exit code for it (a signal N as 128 + N, as a shell reports it)
+
+    @property
+    def cause(self) -> str:
+        return f"rank {self.rank}{f' on {self.node}' if self.node else ''}: {self.how}"
+
+
+def _echo(crash: Mapping[str, Any] | None) -> bool:
+    return crash is not None and bool(_ECHO_RE.search(f"{crash.get('type')} {crash.get('message')}"))
+
+
+def _killed(e: RankExit) -> bool:
+    return e.code < 0 or bool(re.search(r"Killed|signal|Out Of Memory", e.words, re.I))
+
+
+def _how(e: RankExit, crash: Mapping[str, Any] | None) -> str:
+    if "out of memory" in e.words.lower():
+        return f"OOM (srun: {e.words})"
+    if _killed(e):
+        return f"killed (srun: {e.words})" if e.words else f"killed by {_signame(-e.code)}"
+    if crash and not _echo(crash):
+        return f"Python exception: {crash.get('type')}: {crash.get('message')} at {crash.get('frame')}, " \
+               f"step {crash.get('step')}"
+    if crash:
+        return f"{e.how} after {crash.get('type')}: {clip(str(crash.get('message')), 120)}"
+    return e.how
+
+
+def first_failure(exits: Iterable[RankExit], crashes: Mapping[int, Mapping[str, Any]],
+                  killed: Collection[int] = ()) -> Failure | None:
+    """The rank whose failure ended the attempt: the earliest one that was killed by a signal or raised an
+    exception of its own, before any rank that only lost its peer (a "Connection closed by peer" is an echo).
+
+    ``exits`` in the order they were seen; ``crashes`` the crash records by rank (``crash-XXXXX.json``); ``killed``
+    the ranks that whoever started them killed after the failure (not a cause). None when no rank failed.
+    """
+    bad = [e for e in exits if not e.orderly and e.rank not in killed]
+    if not bad:
+        return None
+    first = min(enumerate(bad), key=lambda ie: (not (_killed(ie[1]) or (ie[1].rank in crashes and
+                                                                          not _echo(crashes[ie[1].rank]))), ie[0]))[1]
+    code = 128 - first.code if first.code < 0 else first.code
+    return Failure(first.rank, first.node, _how(first, crashes.get(first.rank)), code)
+
+
+def srun_exits(lines: Sequence[str]) -> list[RankExit]:
+    """The tasks srun reported as ended badly, in the order it reported them (``srun: error: n2: task 3: Killed``)."""
+    out: list[RankExit] = []
+    for i, line in enumerate(lines):
+        m = _SRUN_RE.search(line)
+        if m is None:
+            continue
+        how = m["how"]
+        found = re.findall(r"exit code (\d+)", how)
+        code = int(found[0]) if found else -signal.SIGKILL if re.search(r"Killed|Out Of Memory", how, re.I) else 1
+        for part in m["tasks"].split(","):
+            lo, _, hi = part.partition("-")
+            if not lo.isdigit() or (hi and not hi.isdigit()):
+                continue
+            for task in range(int(lo), int(hi or lo) + 1):
+                out.append(RankExit(task, code, float(i), m["node"], how))
+    return out

@@ -139,6 +139,10 @@ def row(run: RunDir, jobs: Mapping[str, policy.JobInfo] | None = None,
         last = checkpoint.latest(run.checkpoints, cfg_hash) if run.checkpoints.is_dir() else None
     events = list(rec.events)
     state = policy.run_state(rec, info, heir)
+    if manifest.get("scheduler") == "local" and not _is_parallel(manifest):  # its processes hold its lock
+        from runner.host import local
+
+        state = policy.local_run_state(rec, local.held(run))
     return {"run": run.name, "path": str(run.root), "state": state, "job_id": rec.job_id,
             "last_checkpoint_step": last[0] if last else None,
             "restarts": policy.restarts_used(events),
@@ -343,7 +347,12 @@ def ended(run: RunDir) -> bool | None:
     if events and events[-1]["event"] in ("exit", "cancelled", "finished", "gave_up"):
         return True
     job = run.job_id()
-    if job and (read_json(run.manifest, {}) or {}).get("scheduler") == "slurm":
+    scheduler = (read_json(run.manifest, {}) or {}).get("scheduler")
+    if scheduler == "local" and not is_parallel(run):  # its processes hold its owner lock while any lives
+        from runner.host import local
+
+        return bool(events) and not local.held(run)
+    if job and scheduler == "slurm":
         from runner.host import slurm
 
         info = slurm.query(job)
@@ -438,7 +447,11 @@ def cancel(run: RunDir, wait_s: float = 30) -> int:
         note = f"; scancel said: {complaint}" if complaint else ""
         print(f"cancelled {run.name} (job {job}: {state}){note}")
         return 0
+    from runner.host import local
+
+    print(f"cancelling {run.name}: its ranks checkpoint at the next step and exit", flush=True)
+    stopped = local.cancel(run, wait_s)  # the driver, when alive, records the end as cancelled
     status = read_json(run.exit_status, {}) or {}
     atomic_write(run.exit_status, json.dumps({**status, "cancelled": True, "time": time.time()}) + "\n")
-    print(f"cancelled {run.name}" + (f" (job {job})" if job else ""))
+    print(f"cancelled {run.name}: {stopped}")
     return 0

@@ -12,9 +12,7 @@ import logging
 import os
 import shlex
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -27,7 +25,7 @@ from runner import __version__, alerts, spec
 from runner.errors import SubmitError
 from runner.host import build, nodes, render
 from runner.host.provenance import git_provenance
-from runner.rundir import ATTEMPT_ENV, RunDir, atomic_write, read_json
+from runner.rundir import RunDir, atomic_write, read_json
 from runner.spec.typed import RunConfig, read_resolved
 
 log = logging.getLogger(__name__)
@@ -200,8 +198,11 @@ def execute(p: Plan) -> int:
     if p.scheduler == "slurm":
         return submit_slurm(p)
     p = write(p)
+    from runner.host import local
+
+    owner = local.acquire(p.run)  # before the ledger says submitted: a live run always holds its lock
     p.run.record("submitted", scheduler="local", world_size=p.world_size)
-    return run_local(p.run, p.world_size)
+    return local.run(p.run, p.world_size, owner)
 
 
 def submit_slurm(p: Plan) -> int:
@@ -231,66 +232,10 @@ def submit_slurm(p: Plan) -> int:
 
 
 def run_local(run: RunDir, world_size: int, num_device: int | None = None) -> int:
-    """Start one launcher process per rank on this machine and wait; Ctrl-C stops them gracefully.
+    """Run an attempt of a local run here, holding its owner lock (``runner.host.local``); returns its exit code."""
+    from runner.host import local
 
-    Each call is a new attempt with its own log folder, claimed here and handed to the ranks.
-    """
-    cfg = read_resolved(run.config)
-    attempt = run.new_attempt()
-    per_node = num_device or cfg["num_device"]
-    with socket.socket() as s, socket.socket() as s2:  # two free ports: Lightning's and preflight's
-        s.bind(("127.0.0.1", 0))
-        s2.bind(("127.0.0.1", 0))
-        port, preflight_port = s.getsockname()[1], s2.getsockname()[1]
-    procs = []
-    for rank in range(world_size):
-        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world_size),
-               "RANK": str(rank), "LOCAL_RANK": str(rank % per_node), "NODE_RANK": str(rank // per_node),
-               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "RUNNER_RUN_DIR": str(run.root),
-               "RUNNER_PREFLIGHT_PORT": str(preflight_port), ATTEMPT_ENV: str(attempt)}
-        for key in [k for k in env if k.startswith("SLURM_")]:
-            del env[key]
-        env.update({k: str(v) for k, v in cfg.get("env", {}).items()})
-        # Own session: a Ctrl-C at the terminal reaches only this process, which turns it into a checkpoint.
-        # Popen, not proc.run: the ranks live as long as the training and this process forwards signals to them.
-        procs.append(subprocess.Popen([sys.executable, "-m", "runner.job.launch", str(run.root)], env=env,
-                                      start_new_session=True))
-    print(f"run {run.root}: {world_size} local processes, logs in {run.attempt_logs(attempt)}/", flush=True)
-    requeue_signal = getattr(signal, f"SIG{cfg['slurm']['signal']}")
-    stops = []
-
-    def forward(signum: int, frame: object) -> None:
-        """First Ctrl-C/TERM: every rank checkpoints and exits; a second one terminates them."""
-        stops.append(signum)
-        if signum == signal.SIGUSR2 or len(stops) == 1:
-            signum = requeue_signal
-            log.info("stopping: ranks checkpoint at the next step (Ctrl-C again to terminate)")
-        for p in procs:
-            p.send_signal(signum)
-
-    old = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)}
-    codes = []
-    try:
-        for p in procs:
-            codes.append(p.wait())
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
-    rc = next((c for c in codes if c != 0), 0)
-    atomic_write(run.exit_status, json.dumps({"exit_code": rc, "codes": codes, "time": time.time()}) + "\n")
-    run.record("exit", exit_code=rc)
-    _print_tail(run.rank_log(0, attempt))
-    print(f"run {run.root}: {'finished' if run.finished.exists() else f'stopped (exit {rc})'}")
-    return rc
-
-
-def _print_tail(path: Path, n: int = 8) -> None:
-    try:
-        lines = path.read_text(errors="replace").splitlines()[-n:]
-    except OSError:
-        return
-    for line in lines:
-        print(f"  {line}")
+    return local.run(run, world_size, local.acquire(run), num_device)
 
 
 RESIZABLE = ("num_nodes", "num_device")
@@ -392,6 +337,11 @@ def resume(run: RunDir, overrides: list[str] | None = None, force: bool = False)
     if decision.action == "skip":
         print(f"run {run.root} {decision.reason}")
         return 0
+    owner = None
+    if read_resolved(run.config)["scheduler"] != "slurm":  # one trainer per run directory: refused while one lives
+        from runner.host import local
+
+        owner = local.acquire(run)
     change = resize(run, overrides) if overrides else None
     cfg = read_resolved(run.config)
     run.cancelled.unlink(missing_ok=True)  # resuming is the user's word: a cancel before it no longer holds
@@ -399,5 +349,8 @@ def resume(run: RunDir, overrides: list[str] | None = None, force: bool = False)
         job_id = resubmit(run, cfg, change or decision.reason, by="user")
         print(f"resubmitted job {job_id}: {run.root}")
         return 0
-    run.record("resubmitted", scheduler="local")
-    return run_local(run, cfg["num_nodes"] * cfg["num_device"])
+    run.record("resubmitted", scheduler="local", by="user")
+    from runner.host import local
+
+    assert owner is not None
+    return local.run(run, cfg["num_nodes"] * cfg["num_device"], owner)

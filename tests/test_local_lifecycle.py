@@ -1,0 +1,214 @@
+"""A local run keeps a Slurm run's promises (issues 30 and 31), with real processes: one trainer per run directory (an
+owner lock held while any process of the run lives; resume refused, a dead run's lock taken over), cancel stops the
+processes, a hang ends the attempt (exit 79) and resumes, Ctrl-C is `interrupted` and a second one stops at once, a
+killed run is not `running` forever, and the first rank to fail is the cause on the console, in status and the alert.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runner.rundir import RunDir, read_json
+from tests.webhook_server import WebhookServer
+
+REPO = Path(__file__).resolve().parents[1]
+QUICKSTART = REPO / "conf" / "quickstart.yaml"
+SLOW = "model.step_time_s=0.05"  # training lasts long enough to act on it; no number depends on it
+pytestmark = pytest.mark.slow
+
+
+def env(webhook: WebhookServer | None = None) -> dict[str, str]:
+    out = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out.pop("RUNNER_WEBHOOK_URL", None)
+    if webhook is not None:
+        out["RUNNER_WEBHOOK_URL"] = webhook.url
+    return out
+
+
+def runner(*args: str, timeout: float = 240, webhook: WebhookServer | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "runner", *args], capture_output=True, text=True,
+                          env=env(webhook), timeout=timeout)
+
+
+def start(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "runner", *args], env=env(), text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+
+
+def submit(root: Path, *overrides: str) -> tuple[subprocess.Popen[str], Path]:
+    proc = start("submit", str(QUICKSTART), f"run_root={root}", SLOW, *overrides)
+    deadline = time.monotonic() + 120
+    while not (runs := list(root.glob("quickstart-*"))):
+        assert time.monotonic() < deadline and proc.poll() is None, "no run directory appeared"
+        time.sleep(0.05)
+    return proc, runs[0]
+
+
+def wait_for(path: Path, proc: subprocess.Popen[str] | None = None, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} did not appear"
+        assert proc is None or proc.poll() is None, f"the run ended before {path} appeared: {proc.communicate()[0]}"
+        time.sleep(0.05)
+
+
+def owner(run: Path, attempt: int) -> dict[str, Any]:
+    """The run's owner.json once it names this attempt's ranks."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            found = json.loads((run / "owner.json").read_text())
+            if found.get("attempt") == attempt:
+                return dict(found)
+        except (OSError, ValueError):
+            pass
+        assert time.monotonic() < deadline, "owner.json did not name the attempt"
+        time.sleep(0.05)
+
+
+def alive(pid: int) -> bool:
+    """A process that exists and is not a zombie (an orphan nobody reaped yet has ended)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[0] != "Z"
+
+
+def status(run: Path) -> dict[str, Any]:
+    out = runner("status", str(run), "--json")
+    assert out.returncode == 0, out.stderr
+    return dict(json.loads(out.stdout)[0])
+
+
+def test_resume_is_refused_while_any_process_of_the_run_lives_and_cancel_stops_them(tmp_path: Path) -> None:
+    proc, run = submit(tmp_path, "trainer.max_steps=100000")
+    wait_for(run / "checkpoints" / "step-0000010" / "COMPLETE", proc)
+    ranks = owner(run, 1)["ranks"]
+    refused = runner("resume", str(run))
+    assert refused.returncode != 0 and "one trainer per run directory" in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
+    assert RunDir(run).attempts() == [1]  # nothing was started: no second attempt's logs
+    proc.kill()  # the driver dies; its ranks train on and hold the lock
+    proc.communicate(timeout=30)
+    assert all(alive(p) for p in ranks)
+    again = runner("resume", str(run))
+    assert again.returncode != 0 and "one trainer per run directory" in again.stderr
+    assert status(run)["state"] == "running"
+    t0 = time.monotonic()
+    out = runner("cancel", str(run))
+    took = time.monotonic() - t0
+    assert out.returncode == 0, out.stderr
+    assert "stopped" in out.stdout, out.stdout
+    assert not any(alive(p) for p in ranks)  # gone when cancel returned
+    print(f"cancel -> processes gone: {took:.2f} s ({out.stdout.strip().splitlines()[-1]})")
+    assert status(run)["state"] == "cancelled"
+
+
+def test_cancel_of_a_local_run_stops_its_driver_and_ranks(tmp_path: Path) -> None:
+    proc, run = submit(tmp_path, "trainer.max_steps=100000")
+    wait_for(run / "checkpoints" / "step-0000010" / "COMPLETE", proc)
+    ranks = owner(run, 1)["ranks"]
+    out = runner("cancel", str(run))
+    assert out.returncode == 0 and "stopped" in out.stdout, out.stdout + out.stderr
+    assert proc.wait(timeout=5) is not None  # the driver is gone too
+    assert not any(alive(p) for p in ranks)
+    n = len(list((run / "checkpoints").glob("step-*")))
+    row = status(run)
+    assert row["state"] == "cancelled" and row["last_outcome"] == "cancelled"
+    assert len(list((run / "checkpoints").glob("step-*"))) == n  # nothing trains on
+
+
+def test_a_killed_run_is_failed_not_running_and_its_stale_lock_is_taken_over(tmp_path: Path) -> None:
+    proc, run = submit(tmp_path, "trainer.max_steps=120")
+    wait_for(run / "checkpoints" / "step-0000010" / "COMPLETE", proc)
+    who = owner(run, 1)
+    proc.kill()
+    proc.communicate(timeout=30)
+    for pid in who["ranks"]:
+        os.killpg(pid, signal.SIGKILL)
+    while any(alive(p) for p in who["ranks"]):
+        time.sleep(0.05)
+    assert status(run)["state"] == "failed"
+    follow = runner("logs", str(run), "--follow", timeout=60)  # returns: the run is over
+    assert follow.returncode == 0, follow.stderr
+    out = runner("resume", str(run))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "taking over from a local run that died" in out.stderr
+    assert (run / "finished").exists()
+    assert status(run)["state"] == "completed"
+
+
+def test_a_hang_ends_the_local_run_with_79_and_resume_finishes_it(tmp_path: Path) -> None:
+    proc, run = submit(tmp_path, "trainer.max_steps=150", "watchdog.floor_s=5")
+    wait_for(run / "checkpoints" / "step-0000010" / "COMPLETE", proc)
+    ranks = owner(run, 1)["ranks"]
+    t0 = time.monotonic()
+    os.kill(ranks[1], signal.SIGSTOP)
+    out, _ = proc.communicate(timeout=240)
+    took = time.monotonic() - t0
+    assert proc.returncode == 79, out
+    assert not any(alive(p) for p in ranks)
+    print(f"SIGSTOP of rank 1 -> runner submit exits 79: {took:.1f} s")
+    row = status(run)
+    assert row["state"] == "failed" and row["last_outcome"] == "hang", row
+    assert "rank 1" in row["last_cause"], row
+    resumed = runner("resume", str(run))
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert status(run)["state"] == "completed"
+
+
+def test_ctrl_c_is_interrupted_and_a_second_one_stops_at_once(tmp_path: Path) -> None:
+    proc, run = submit(tmp_path, "trainer.max_steps=100000")
+    wait_for(run / "checkpoints" / "step-0000010" / "COMPLETE", proc)
+    owner(run, 1)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 75, out
+    assert "Ctrl-C again" in out
+    row = status(run)
+    assert row["state"] == "interrupted" and row["last_outcome"] == "interrupted", row
+    assert row["restarts"] == 0
+    again = start("resume", str(run))
+    ranks = owner(run, 2)["ranks"]
+    beat = run / "heartbeats" / "rank-00001.json"
+    while (read_json(beat) or {}).get("attempt") != 2:
+        assert again.poll() is None, again.communicate()[0]
+        time.sleep(0.05)
+    os.kill(ranks[1], signal.SIGSTOP)  # a rank that can no longer checkpoint: one Ctrl-C would wait for it
+    again.send_signal(signal.SIGINT)
+    assert again.stdout is not None
+    while "Ctrl-C again" not in (line := again.stdout.readline()):  # two signals sent at once would be one
+        assert line, "the run ended before it acknowledged the first Ctrl-C"
+    again.send_signal(signal.SIGINT)
+    out, _ = again.communicate(timeout=60)
+    assert again.returncode != 0, out
+    assert not any(alive(p) for p in ranks)
+    assert status(run)["state"] == "interrupted"
+
+
+def test_the_first_failing_rank_is_the_cause_on_the_console_in_status_and_the_alert(
+        tmp_path: Path, webhook: WebhookServer) -> None:
+    out = runner("submit", str(QUICKSTART), f"run_root={tmp_path}", "trainer.max_steps=40",
+                 "model.faults.raise_at_step=5", "model.faults.rank=1", "alerts.enabled=true", "alerts.kind=json",
+                 webhook=webhook)
+    assert out.returncode == 1, out.stdout + out.stderr
+    [run] = tmp_path.glob("quickstart-*")
+    assert "rank 1 on " in out.stdout and "RuntimeError: injected fault at step 5" in out.stdout, out.stdout
+    assert "last lines of rank 1" in out.stdout
+    row = status(run)
+    assert row["state"] == "failed" and row["last_outcome"] == "failed"
+    assert row["last_cause"].startswith("rank 1 on ") and "RuntimeError" in row["last_cause"], row
+    [body] = webhook.wait_for(1, timeout=30)
+    assert body["event"] == "failed" and body["cause"] == row["last_cause"], body
+    assert "runner resume" in body["next_step"] and "cron" not in body["next_step"].replace("runner cron resubmits "
+                                                                                           "Slurm runs only", "")
