@@ -32,6 +32,7 @@ from typing import Any
 
 from runner import log as runner_log
 from runner import policy, proc
+from runner.alerts import causes
 from runner.errors import RunnerError
 from runner.host import nodes, notices, slurm, successor
 from runner.host.status import records
@@ -88,17 +89,49 @@ def _alerts(run: RunDir, event: str, decision: policy.Decision, requeued: bool |
     return out
 
 
-def _failure(run: RunDir, event: str, rec: policy.Records) -> tuple[dict[str, Any] | None, list[str], str | None]:
+def _batch_output(run: RunDir, job: str | None, rec: policy.Records) -> list[str]:
+    """This attempt's part of Slurm's batch output (srun's ``srun: error: n2: task 3: Killed`` lines): from where the
+    file ended when the start hook ran (``--open-mode=append`` keeps every attempt's output in one file)."""
+    if not job:
+        return []
+    starts = [e for e in rec.events if e["event"] == "start" and e.get("job_id") == job]
+    start: Mapping[str, Any] = starts[-1] if starts else {}
+    found = start.get("out_offset")
+    offset = found if isinstance(found, int) else 0
+    try:
+        with open(run.logs / f"slurm-{job}.out", "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(offset, size - 256 * 1024))
+            return f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return []
+
+
+def first_failure(run: RunDir, attempt: int, lines: list[str]
+                  ) -> tuple[causes.Failure | None, dict[int, Any]]:
+    """The first rank that failed in this attempt, its node and how (srun's words, the crash records), and the
+    attempt's crash records by rank."""
+    crashes = {int(p.stem.split("-")[1]): c for p in run.attempt_logs(attempt).glob("crash-*.json")
+               if p.stem.split("-")[1].isdigit() and isinstance(c := read_json(p), dict)}
+    return causes.first_failure(causes.srun_exits(lines), crashes), crashes
+
+
+def _failure(run: RunDir, event: str, rec: policy.Records, job: str | None = None
+             ) -> tuple[dict[str, Any] | None, list[str], str | None, int | None]:
     """What this attempt's own records say about its end: the launcher's crash record, the nodes a hang or the
-    preflight named, and the cause in words for those runner detected itself (hang, node, nan); from files the job
-    wrote, never from Slurm (which may not answer)."""
+    preflight named, the cause in words for those runner detected itself (hang, node, nan) and for a failure the
+    first rank that failed (from srun's output and the crash records, before its peers' connection errors), and that
+    rank; from files the job wrote, never from Slurm (which may not answer)."""
     number = os.environ.get(ATTEMPT_ENV, "")
     attempt = int(number) if number.isdigit() else (run.attempts() or [0])[-1]
     crash = run.first_crash(attempt) if event == "failed" else None
     report = read_json(run.root / "hang.json") if event == "hang" else read_json(run.preflight)
     bad = nodes.named_by(event, report, attempt)
-    cause = None
-    if crash:  # the launcher's own record beats a guess from the log tail
+    cause, rank = None, None
+    first, crashes = first_failure(run, attempt, _batch_output(run, job, rec)) if event == "failed" else (None, {})
+    if first is not None:  # srun saw the first rank end: it, and how, is the cause
+        crash, cause, rank = crashes.get(first.rank) or crash, first.cause, first.rank
+    elif crash:  # the launcher's own record beats a guess from the log tail
         cause = f"Python exception: {crash.get('type')}: {crash.get('message')} at {crash.get('frame')}, " \
                 f"step {crash.get('step')}"
     elif event == "hang" and isinstance(report, dict):
@@ -109,7 +142,7 @@ def _failure(run: RunDir, event: str, rec: policy.Records) -> tuple[dict[str, An
         last: Mapping[str, Any] = next((e for e in reversed(rec.events) if e["event"] == "nonfinite"), {})
         cause = f"nan: non-finite {last.get('what', 'loss')} at step {last.get('step', '?')}; training stopped " \
                 "before any checkpoint of it"
-    return crash, bad, cause
+    return crash, bad, cause, rank
 
 
 def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
@@ -129,7 +162,7 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
         run.record("superseded", job_id=job, owner=rec.job_id, exit_code=rc)
         log.info("job %s was superseded by job %s: no checkpoint written, nothing else recorded", job, rec.job_id)
         return 0
-    crash, bad, own_cause = _failure(run, event, rec)
+    crash, bad, own_cause, failed_rank = _failure(run, event, rec, job)
     this_exit = {"event": "exit", "outcome": event, "crash": crash, "time": time.time()}
     probe_only = str(cfg["env"].get(ONLY_ENV)) == "1"  # `runner preflight`: a report, never a resubmission
     heir = _successor(run, job)
@@ -157,6 +190,10 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
               "exit_code": rc, "next_step": step}
     if own_cause:
         common["cause"] = own_cause
+    if failed_rank is not None:  # its log, not a peer's echo of its end
+        path = run.rank_log(failed_rank, int(os.environ.get(ATTEMPT_ENV, "0") or 0) or None)
+        common.update(log_tail=causes.read_tail(path)[-causes.TAIL_LINES:],
+                      extra={"log": str(path.relative_to(run.root))})
     queued = [] if event == "cancelled" else _alerts(run, event, decision, requeued, **common)
     secrets = alerts.secrets_of(cfg["alerts"])
     status = {"exit_code": rc, "job_id": job, "attempt": attempt, "signal": signal_name, "event": event,
@@ -234,8 +271,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.what == "claim":
         return claim(run)
     if args.what == "start":
-        run.record("start", job_id=os.environ.get("SLURM_JOB_ID"), nodes=os.environ.get("SLURM_JOB_NODELIST"),
-                   restart_count=int(os.environ.get("SLURM_RESTART_COUNT", "0")))
+        job = os.environ.get("SLURM_JOB_ID")
+        try:  # where this attempt's part of the batch output begins (the exit hook reads srun's words from there)
+            offset = (run.logs / f"slurm-{job}.out").stat().st_size if job else 0
+        except OSError:
+            offset = 0
+        run.record("start", job_id=job, nodes=os.environ.get("SLURM_JOB_NODELIST"),
+                   restart_count=int(os.environ.get("SLURM_RESTART_COUNT", "0")), out_offset=offset)
         return 0
     return on_exit(run, args.rc, args.signal)
 
