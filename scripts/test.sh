@@ -9,6 +9,7 @@ if [ "$(id -u)" = 0 ]; then
   scripts/install-slurm.sh
   [ -x scripts/install-podman.sh ] && scripts/install-podman.sh
   scripts/install-chromium.sh  # the report page's browser test (tests/test_report.py)
+  scripts/install-tmux.sh  # the quickstart as a person runs it, in a terminal (tests/test_quickstart_tmux.py)
 fi
 export OMP_NUM_THREADS=1
 .venv/bin/ruff check runner tests bench

@@ -21,6 +21,7 @@ import functools
 import inspect
 import json
 import logging
+import math
 import os
 import random
 import signal
@@ -193,6 +194,16 @@ def save(obj: Any, path: Path, sync_dir: bool = True) -> None:
     atomic_write(path, lambda f: torch.save(obj, f), sync_dir=sync_dir)
 
 
+def _loss(outputs: Any) -> float | None:
+    """The training step's loss as a number (what ``training_step`` returned), None where it returned none."""
+    loss: Any = outputs.get("loss") if isinstance(outputs, dict) else outputs
+    try:
+        value = float(loss.item() if hasattr(loss, "item") else loss)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    return value if math.isfinite(value) else None
+
+
 def make_checkpoint(rd: RunDir, cfg: RunConfig, cfg_hash: str, flag: StopFlag, attempt: int, guard: Any = None) \
         -> Any:
     """The Lightning callback that owns checkpoints: periodic, on signal, RNG per rank, COMPLETE last.
@@ -218,6 +229,7 @@ def make_checkpoint(rd: RunDir, cfg: RunConfig, cfg_hash: str, flag: StopFlag, a
             self.buffers: list[Any] = []  # rank 0's copy of the last checkpoint, reused by the next (snapshot)
             self.group: Any = None  # sharded checkpoints: the background writes' own process group
             self.progress_at = 0.0
+            self.outputs: Any = None  # what the last training step returned (rank 0): its loss goes to progress.json
             self.resume_from: Path | None = None
             self.rng: dict[str, Any] | None = None  # this rank's RNG state from the checkpoint, until restored
             # Here, not in on_train_start: a resume from a checkpoint at the last step (a time limit's, say)
@@ -277,6 +289,7 @@ def make_checkpoint(rd: RunDir, cfg: RunConfig, cfg_hash: str, flag: StopFlag, a
                 self.owner.step_aside(step)
             stop = verdict == STOP
             if trainer.global_rank == 0:
+                self.outputs = outputs  # a reference: read (one sync) only when progress is written
                 if time.monotonic() - self.progress_at >= PROGRESS_S:
                     self.progress(step)
                 if step % getattr(trainer, "log_every_n_steps", 50) == 0 and step != self.last_saved:
@@ -361,10 +374,13 @@ def make_checkpoint(rd: RunDir, cfg: RunConfig, cfg_hash: str, flag: StopFlag, a
         def progress(self, step: int) -> None:
             """The last step reached (rank 0), every few seconds and at every checkpoint: a restart compares it
             with its checkpoint to count the steps a failure cost (a crash between two records counts up to
-            PROGRESS_S fewer). Advisory, so no fsync; a rename keeps it whole."""
+            PROGRESS_S fewer), and a local run's terminal shows it with the loss. Advisory, so no fsync; a rename
+            keeps it whole."""
             self.progress_at = time.monotonic()
+            loss = _loss(self.outputs)
             tmp = rd.root / ".progress.json.tmp"
-            tmp.write_text(json.dumps({"step": step, "time": time.time()}) + "\n")
+            tmp.write_text(json.dumps({"step": step, "time": time.time(), "attempt": attempt,
+                                       **({"loss": loss} if loss is not None else {})}) + "\n")
             os.replace(tmp, rd.root / "progress.json")
 
     return RunnerCheckpoint()
