@@ -29,6 +29,9 @@ def _validate(args: argparse.Namespace) -> int:
     if cfg.program_mode:
         print(f"# world size {cfg.world_size}; global batch: the program's own (program mode); config hash "
               f"{cfg.hash()}")
+    elif cfg.takes_dataloader is False:  # runner's dataloader settings never reach it: no number of runner's holds
+        print(f"# world size {cfg.world_size}; global batch: the data module's own (it does not take runner's "
+              f"dataloader settings; the job measures it at the first step); config hash {cfg.hash()}")
     else:
         print(f"# world size {cfg.world_size}; global batch {cfg.global_batch} = {cfg.local_batch} (batch_size) x "
               f"{cfg.world_size} (ranks) x {cfg.accumulate} (accumulate_grad_batches); config hash {cfg.hash()}")

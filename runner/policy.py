@@ -418,6 +418,15 @@ def local_run_state(rec: Records, alive: bool) -> str:
     return local_state(rec)
 
 
+def parallel_next_step(outcome: str, run: str) -> str:
+    """What happens next to a ``runner parallel`` run after ``outcome`` (its driver runs where it was typed: nothing
+    resubmits it)."""
+    if outcome == "completed":
+        return "nothing: every item is done (parallel/result.json)"
+    return f"nothing by itself (runner cron resubmits Slurm training runs only): `runner resume {run}` runs the " \
+           "items not done yet, the failed ones again, and skips the rest"
+
+
 def local_next_step(outcome: str, run: str) -> str:
     """What happens next to a local run after ``outcome``: nothing by itself (``runner cron`` resubmits Slurm runs
     only); the person who runs it resumes it."""

@@ -44,6 +44,20 @@ KILL_WAIT_S = 5.0  # after a rank failed, how long the others get to exit by the
 CANCEL_WAIT_S = 30.0  # `runner cancel`: how long the ranks get to checkpoint and exit before they are killed
 
 
+def runtime_refusal(config: object, runtime: str) -> str | None:
+    """Why a local run of this config cannot start, or None: a runtime that runs the ranks in an image, here where the
+    ranks start with this machine's Python outside any image (each rank would stop at once, exit 77: not in the run's
+    image). Inside a runner image (its spec file is there) a local run is in the image already."""
+    from runner.job.container import SPEC
+
+    if runtime == "none" or SPEC.is_file():
+        return None
+    return (f"{config}: container.runtime: found {runtime} with scheduler: local; expected none: a local run starts "
+            "its ranks with this machine's Python, outside any image. hint: set container.runtime: none (or pass "
+            "container.runtime=none) to run it here, or run it in its image on Slurm: `runner build CONF`, then "
+            "scheduler: slurm")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The owner lock
 

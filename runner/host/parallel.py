@@ -284,7 +284,10 @@ def _alert(p: Plan, event: str, log_path: Path, **fields: Any) -> None:
     from runner import alerts
 
     tail = log_path.read_text(errors="replace").splitlines()[-20:] if log_path.exists() else []
-    alerts.notify(p.run.root, p.cfg.data["alerts"], event, log_tail=tail, **fields)
+    from runner import policy
+
+    alerts.notify(p.run.root, p.cfg.data["alerts"], event, log_tail=tail,
+                  next_step=policy.parallel_next_step(event, p.run.name), **fields)
 
 
 def _report(p: Plan, done: int, failures: dict[int, str], stopped: str | None) -> tuple[int, str, str | None]:

@@ -142,6 +142,17 @@ def successor_args(after: str) -> list[str]:
     return [f"--dependency=afternotok:{after}", "--kill-on-invalid-dep=yes"]
 
 
+# What sbatch, squeue and scontrol say when no controller can be reached (no SLURM_CONF and no configless DNS record,
+# a missing slurm.conf, slurmctld down): the cluster, not the job, is the problem.
+_UNREACHABLE = ("_establish_config_source", "failed to fetch config", "Could not establish a configuration source",
+                "Unable to contact slurm controller", "ClusterName needs to be specified",
+                "Zero Bytes were transmitted or received", "Socket timed out on send/recv operation")
+
+
+def unreachable(text: str) -> bool:
+    """Whether a Slurm command's complaint says that no controller answers."""
+    return any(p.lower() in text.lower() for p in _UNREACHABLE)
+
 def submit(script: str, env: dict[str, str] | None = None, extra: Sequence[str] = (), after: str | None = None) -> str:
     """``sbatch --parsable [EXTRA] SCRIPT`` in a clean environment; returns the job id or raises SubmitError with
     sbatch's own reason. ``extra`` are options that win over the script's #SBATCH lines (``--exclude``).

@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from runner import __version__, alerts, spec
-from runner.errors import SubmitError
+from runner.errors import ConfigError, SubmitError
 from runner.host import build, nodes, render
 from runner.host.provenance import git_provenance
 from runner.rundir import RunDir, atomic_write, read_json
@@ -113,6 +113,11 @@ def plan(path: Path, overrides: list[str], allow_missing_image: bool = False) ->
     run = new_run_dir(cfg)
     rd_path = run.root
     cfg = spec.load(path, overrides, run_dir=str(rd_path))
+    if cfg.data["scheduler"] == "local":
+        from runner.host import local
+
+        if why := local.runtime_refusal(cfg.path, cfg.data["container"]["runtime"]):
+            raise ConfigError([why])
     image = build.image_path(cfg)
     image_problem = check_image(cfg, image, allow_missing_image)
     git = git_provenance(path.resolve().parent)
@@ -137,7 +142,8 @@ def plan(path: Path, overrides: list[str], allow_missing_image: bool = False) ->
     else:
         argv = [sys.executable, "-m", "runner.job.launch", str(rd_path)]
     notes = [f"global batch:  {cfg.global_batch} = {cfg.local_batch} x {cfg.world_size} ranks x "
-             f"{cfg.accumulate} accumulation"]
+             f"{cfg.accumulate} accumulation" if cfg.takes_dataloader is not False else
+             "global batch:  the data module's own (it does not take runner's dataloader settings)"]
     if cfg.data["command"] is not None:
         notes = [f"program:       {shlex.join(cfg.data['command'])} (on every rank; its config: "
                  f"program/{cfg.path.name})", "global batch:  the program's own"]
@@ -218,8 +224,8 @@ def submit_slurm(p: Plan) -> int:
     except BaseException as e:
         shutil.rmtree(p.run.root, ignore_errors=True)
         if isinstance(e, SubmitError):
-            raise SubmitError(f"sbatch refused the job: {e}. hint: compare the config's num_nodes, num_device and "
-                              "slurm: block with `sinfo -N -o '%N %c %G'`") from None
+            raise refused(e, "compare the config's num_nodes, num_device and slurm: block with "
+                             "`sinfo -N -o '%N %c %G'`") from None
         raise
     atomic_write(p.run.job_id_file, job_id + "\n")
     from runner.host import successor
@@ -229,6 +235,22 @@ def submit_slurm(p: Plan) -> int:
                  **({"bad_nodes_let_in": let_in} if let_in else {}))
     print(f"submitted job {job_id}: {p.run.root}")
     return 0
+
+
+def refused(e: SubmitError, hint: str) -> SubmitError:
+    """sbatch's refusal in one line: a controller that cannot be reached is named as such (the config is not to
+    blame), anything else with ``hint``."""
+    from runner.host import slurm
+
+    text = str(e)
+    if not slurm.unreachable(text):
+        return SubmitError(f"sbatch refused the job: {text}. hint: {hint}")
+    conf = os.environ.get("SLURM_CONF")
+    where = (f"SLURM_CONF={conf}: check that it names the cluster's slurm.conf and that its slurmctld runs "
+             "(`scontrol ping`)" if conf else "SLURM_CONF is not set and no controller was found without it: export "
+             "SLURM_CONF=/path/to/slurm.conf (`runner dev-cluster up` prints the line), or submit where Slurm is "
+             "set up (`scontrol ping` answers)")
+    return SubmitError(f"no Slurm controller answers: sbatch said: {text}. hint: {where}")
 
 
 def run_local(run: RunDir, world_size: int, num_device: int | None = None) -> int:
@@ -253,7 +275,7 @@ def resubmit(run: RunDir, cfg: RunConfig, reason: str, by: str = "cron") -> str:
     try:
         job_id, let_in = nodes.submit(str(run.script), run.root.parent, cfg["resume"]["exclude_nodes_s"])
     except SubmitError as e:
-        raise SubmitError(f"sbatch refused the job: {e}. hint: check the slurm: block against `sinfo`") from None
+        raise refused(e, "check the slurm: block against `sinfo`") from None
     atomic_write(run.job_id_file, job_id + "\n")
     stale = successor.queued(run)
     if stale is not None:

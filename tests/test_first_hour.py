@@ -1,0 +1,114 @@
+"""A first hour without surprises (issue 31): errors that name the fix, numbers that agree, and every alert's "Next:"
+line true for what happens next, per scheduler and workload (a table)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from runner import policy
+from tests.ci import need
+
+REPO = Path(__file__).resolve().parents[1]
+QUICKSTART = REPO / "conf" / "quickstart.yaml"
+SLURM_CONF = REPO / "conf" / "slurm-2node.yaml"
+
+
+def runner(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "runner", *args], capture_output=True, text=True, timeout=120,
+                          env=env if env is not None else {**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def one_line_error(out: subprocess.CompletedProcess[str]) -> str:
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_a_local_run_of_a_runtime_that_needs_an_image_names_both_fixes(tmp_path: Path, dry_run: bool) -> None:
+    out = runner("submit", str(QUICKSTART), f"run_root={tmp_path}", "container.runtime=apptainer",
+                 *(["--dry-run"] if dry_run else []))
+    assert out.returncode == 2, out.stdout + out.stderr
+    line = one_line_error(out)
+    assert "container.runtime: found apptainer with scheduler: local" in line
+    assert "container.runtime: none" in line and "runner build" in line and "scheduler: slurm" in line
+    assert not list(tmp_path.iterdir())  # no run directory of a run that cannot start
+
+
+def test_validate_says_the_data_modules_own_global_batch_when_dataloader_is_not_applied(tmp_path: Path) -> None:
+    data = yaml.safe_load(QUICKSTART.read_text())
+    data.update(model={"_target_": "lightning.pytorch.demos.BoringModel"},
+                data={"_target_": "lightning.pytorch.demos.BoringDataModule"})
+    conf = tmp_path / "boring.yaml"
+    conf.write_text(yaml.safe_dump(data))
+    out = runner("validate", str(conf))
+    assert out.returncode == 0, out.stderr
+    assert "global batch: the data module's own" in out.stdout and "= 8 (batch_size)" not in out.stdout
+    plan = runner("submit", str(conf), f"run_root={tmp_path / 'runs'}", "--dry-run")
+    assert "global batch:  the data module's own" in plan.stdout and "8 x 2 ranks" not in plan.stdout
+    mine = runner("validate", str(QUICKSTART))  # runner's own data module: runner's arithmetic
+    assert "global batch 32 = 8 (batch_size) x 2 (ranks) x 2 (accumulate_grad_batches)" in mine.stdout
+
+
+def test_an_unreachable_slurm_controller_is_named_as_such(tmp_path: Path) -> None:
+    need(shutil.which("sbatch") is not None, "sbatch is not installed (scripts/install-slurm.sh installs it)")
+    for conf in (None, str(tmp_path / "nowhere" / "slurm.conf")):
+        env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
+        if conf:
+            env["SLURM_CONF"] = conf
+        out = runner("submit", str(SLURM_CONF), f"run_root={tmp_path / 'runs'}", env=env)
+        assert out.returncode != 0
+        line = one_line_error(out)
+        assert "no Slurm controller answers" in line and "SLURM_CONF" in line, line
+        assert "num_nodes" not in line  # the config is not what is wrong
+        assert not list((tmp_path / "runs").glob("*"))
+
+
+LIMITS = policy.Limits(requeue=True, max_restarts=3)
+EXIT = {"event": "exit", "outcome": "failed", "time": 1.0}
+
+
+def slurm_next(outcome: str) -> str:
+    """What the exit hook's alert says for a Slurm training run's first attempt ending with ``outcome``."""
+    events = [{"event": "submitted", "time": 0.0}, {**EXIT, "outcome": outcome}]
+    decision = policy.after_exit(outcome, 1, "7", LIMITS, events)
+    requeued = True if decision.action == "requeue" else None
+    return policy.next_step(outcome, decision, 1, LIMITS, requeued, events)
+
+
+# (scheduler, workload, outcome) -> what the "Next:" line must say, and what it must not (a promise not kept there).
+NEXT_STEPS = [
+    ("slurm", "training", "failed", "runner cron resubmits it", None),
+    ("slurm", "training", "hang", "runner cron resubmits it", None),
+    ("slurm", "training", "preempted", "requeued as attempt 2", "runner resume"),
+    ("slurm", "training", "timeout", "requeued as attempt 2", "runner resume"),
+    ("slurm", "training", "nan", "stopped, not retried", "cron resubmits"),
+    ("slurm", "training", "preflight_failed", "not retried", "cron resubmits"),
+    ("local", "training", "failed", "`runner resume run-x`", "cron resubmits it"),
+    ("local", "training", "hang", "`runner resume run-x`", "cron resubmits it"),
+    ("local", "training", "nan", "fix the model or data", "cron resubmits it"),
+    ("local", "training", "preflight_failed", "fix the check", "cron resubmits it"),
+    ("local", "training", "completed", "nothing: training finished", "resume"),
+    ("local", "parallel", "failed", "`runner resume run-x` runs the items not done", "cron resubmits it"),
+    ("local", "parallel", "completed", "every item is done", "resume"),
+]
+
+
+@pytest.mark.parametrize(("scheduler", "workload", "outcome", "says", "never"), NEXT_STEPS)
+def test_each_next_line_says_what_happens_next(scheduler: str, workload: str, outcome: str, says: str,
+                                               never: str | None) -> None:
+    if workload == "parallel":
+        text = policy.parallel_next_step(outcome, "run-x")
+    elif scheduler == "local":
+        text = policy.local_next_step(outcome, "run-x")
+    else:
+        text = slurm_next(outcome)
+    assert says in text, text
+    assert never is None or never not in text, text
