@@ -8,6 +8,7 @@ a kill or a full disk leaves either the old file or the new one, never half of o
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -46,9 +47,10 @@ def atomic_write(path: Path, data: str | bytes | Callable[[IO[bytes]], None], mo
         else:
             if (clean := redaction.scrub(text)) != text:
                 data = clean.encode("utf-8")
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    why: Unwritable | None = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp.unlink(missing_ok=True)
         with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode), "wb") as f:
             if callable(data):
@@ -58,10 +60,53 @@ def atomic_write(path: Path, data: str | bytes | Callable[[IO[bytes]], None], mo
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        if sync_dir:
+            fsync_dir(path.parent)
+    except Exception as e:
+        why = unwritable(path, e)  # before the half-written file goes: a full disk is still full
+        if why is None:
+            raise
     finally:
-        tmp.unlink(missing_ok=True)
-    if sync_dir:
-        fsync_dir(path.parent)
+        with contextlib.suppress(OSError):  # a read-only folder: the error says so
+            tmp.unlink(missing_ok=True)
+    if why is not None:
+        raise why from None
+
+
+class Unwritable(RunnerError, OSError):
+    """A run directory that cannot be written (read-only, not ours, a full disk): one line naming the file and the
+    reason, still an OSError with the errno (a full disk's ENOSPC), however the writer reported it."""
+
+    exit_code = 2
+
+    def __str__(self) -> str:
+        return str(self.args[0])  # the one line, not OSError's "[Errno N] ..."
+
+
+def _full(folder: Path) -> bool:
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < 1 << 20
+
+
+def unwritable(path: Path, e: BaseException) -> Unwritable | None:
+    """What a failed write of ``path`` means, as one line; None for what is not about the file system (a bug). A
+    writer that hides ENOSPC behind its own words (torch.save's "unexpected pos") is told by the free space."""
+    if isinstance(e, Unwritable):
+        return e
+    code = e.errno if isinstance(e, OSError) else None
+    why = e.strerror if isinstance(e, OSError) else None
+    if code != errno.ENOSPC and _full(path.parent):
+        code, why = errno.ENOSPC, os.strerror(errno.ENOSPC)
+    if not why:
+        return None
+    hint = "free some space on it" if code == errno.ENOSPC else "check the folder's owner and mode, and the mount"
+    err = Unwritable(f"{path}: cannot write it: {why.lower()}; expected a run directory this user can write. "
+                     f"hint: {hint}")
+    err.errno, err.strerror, err.filename = code, why, str(path)
+    return err
 
 
 def fsync_dir(path: Path) -> None:
@@ -151,6 +196,14 @@ def damaged(path: Path, why: str) -> None:
 
 
 _SAID: set[tuple[str, str]] = set()
+
+
+def number(record: Any, key: str, default: float = 0) -> Any:
+    """``record[key]`` where it is a finite number (not a bool), else ``default``: a field of a JSON record read from a
+    run directory, whatever shape a damaged file gave it (``{"step": null}``, ``"7"``, ``[1]``)."""
+    value = record.get(key) if isinstance(record, dict) else None
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) < float("inf")
+    return value if ok else default
 
 
 def read_json(path: Path, default: Any = None, shape: type | tuple[type, ...] = dict) -> Any:
@@ -316,14 +369,19 @@ class RunDir:
         self.root.mkdir(parents=True, exist_ok=True)
         line = redaction.scrub(json.dumps({"time": round(time.time(), 3), "event": event, **fields}, sort_keys=True))
         # Never blocks: a FIFO in the ledger's place fails at once (ENXIO without a reader) or is refused below.
-        fd = os.open(self.ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
-        with open(fd, "a") as f:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise Unreadable(self.ledger, f"found {_kind(os.fstat(fd).st_mode)}", "remove it; runner writes "
-                                 "only regular files here")
-            f.write(line + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            fd = os.open(self.ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+            with open(fd, "a") as f:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise Unreadable(self.ledger, f"found {_kind(os.fstat(fd).st_mode)}", "remove it; runner writes "
+                                     "only regular files here")
+                f.write(line + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            if (why := unwritable(self.ledger, e)) is None:
+                raise
+            raise why from None
 
     def events(self) -> list[dict[str, Any]]:
         try:

@@ -503,3 +503,145 @@ def test_every_writer_of_a_run_directory_redacts_the_url_from_every_source(tmp_p
                                                                               "MY_HOOK": env.get("MY_HOOK", "")})
     assert shown.returncode == 0 and "redacted" in shown.stdout, shown.stderr
     assert found_in(shown.stdout, SECRET_URL) == []
+
+
+# --- valid JSON of the wrong shape, and special files, in a run directory ---------------------------------------
+
+@pytest.mark.slow
+def test_a_wrong_shape_checkpoint_manifest_and_progress_are_skipped_and_the_older_checkpoint_resumes(
+        tmp_path: Path) -> None:
+    """A real local run (2 ranks) stopped after its step-20 checkpoint: that checkpoint's manifest.json is `null` and
+    progress.json is `[1, 2]`. The resume names both in one line each, trains from step 10, and finishes."""
+    args = [str(QUICKSTART), f"run_root={tmp_path}", "trainer.max_steps=20", "checkpoint.every_n_steps=10",
+            "preflight.enabled=false"]
+    env = {"OMP_NUM_THREADS": "1"}
+    first = runner("submit", *args, env=env)
+    assert first.returncode == 0, first.stderr
+    (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    (run / "finished").unlink()  # as if killed right after step 20's checkpoint
+    import shutil
+
+    shutil.rmtree(run / "final", ignore_errors=True)
+    (run / "checkpoints" / "step-0000020" / "manifest.json").write_text("null\n")
+    (run / "progress.json").write_text("[1, 2]\n")
+    again = runner("resume", str(run), env=env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert (run / "finished").exists()
+    from runner.rundir import RunDir
+
+    starts = [e for e in RunDir(run).events() if e["event"] == "train_start"]
+    assert starts[-1]["step"] == 10
+    log0 = (run / "logs" / "attempt-2" / "rank-00000.log").read_text()
+    assert "progress.json: found a JSON list; expected an object; skipped as if it were missing" in log0
+    assert "step-0000020: written by config None" in log0 or "step-0000020/manifest.json" in log0
+
+
+def test_special_files_in_a_run_never_hang_cron_or_status(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """FIFOs as a run's ledger, job_id and manifest: runner status and runner cron answer (a hang would end in the
+    subprocess timeout), show that run as unreadable or skip it, and list the others."""
+    root = tmp_path / "runs"
+    runs = failed_slurm_runs(root, 4)
+    for name, victim in zip(("ledger.jsonl", "job_id", "manifest.json"), runs, strict=False):
+        (victim / name).unlink()
+        os.mkfifo(victim / name)
+    shown = runner("status", "--json", "--root", str(root))
+    assert shown.returncode == 0, shown.stderr
+    rows = {r["run"]: r for r in json.loads(shown.stdout)}
+    assert len(rows) == 4 and rows[runs[2].name]["state"] == "unreadable"
+    assert "a FIFO" in rows[runs[2].name]["error"]
+    recorded_slurm(monkeypatch, 4)
+    from runner.host import cron
+
+    assert cron.run_once([root]) == 0  # in-process: a hang would never return
+    from runner.rundir import RunDir
+
+    assert [e["event"] for e in RunDir(runs[3]).events()].count("resubmitted") == 1
+
+
+def test_a_ledger_with_bytes_that_are_not_utf8_is_read(tmp_path: Path) -> None:
+    from runner.rundir import RunDir
+
+    run = RunDir(tmp_path)
+    run.record("start", job_id="1")
+    with open(run.ledger, "ab") as f:
+        f.write(b'{"time": 2, "event": "exit", "cause": "\xff\xfe"}\n')
+    run.record("finished")
+    assert [e["event"] for e in run.events()] == ["start", "exit", "finished"]
+
+
+@pytest.mark.parametrize("text", ["null", "[]", "7", '"x"', "[1, 2]", '{"trainer": 5}', "{{{", "\xff"])
+def test_a_damaged_run_config_is_one_line_for_resume_and_cancel(tmp_path: Path, text: str) -> None:
+    (run,) = failed_slurm_runs(tmp_path / "runs", 1)
+    (run / "config.yaml").write_bytes(text.encode("latin-1"))
+    out = runner("resume", str(run), "--force")
+    one_error(out, "config.yaml")
+
+
+def test_a_run_the_user_cannot_write_is_one_line_for_cancel_and_resume(tmp_path: Path) -> None:
+    """Run as root here, so permissions cannot stop a write: a read-only filesystem can (a bind mount of the run's
+    own folder, made read-only). Without mount rights the test says so and skips."""
+    (run,) = failed_slurm_runs(tmp_path / "runs", 1)
+    made = subprocess.run(["mount", "--bind", "-o", "ro", str(run), str(run)], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot make a read-only mount here: {made.stderr.strip()}")
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(run)], check=True)
+        for cmd in (["cancel", str(run)], ["resume", str(run), "--force"]):
+            out = runner(*cmd)
+            assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr
+            assert len(out.stderr.strip().splitlines()) == 1 and "read-only" in out.stderr.lower(), out.stderr
+    finally:
+        subprocess.run(["umount", str(run)], check=False)
+
+
+@pytest.mark.slow
+def test_a_damaged_parallel_chunk_is_recomputed_and_the_result_equals_a_clean_run(tmp_path: Path) -> None:
+    conf = REPO / "conf" / "parallel-stats.yaml"
+    args = [str(conf), f"run_root={tmp_path}", "parallel.items=400", "parallel.provider.num_samples=400",
+            "parallel.chunk_size=50"]
+    env = {"OMP_NUM_THREADS": "1", "RUNNER_WEBHOOK_URL": ""}
+    assert runner("parallel", *args, env=env).returncode == 0
+    (run,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    chunks = run / "parallel" / "chunks"
+    clean = (run / "parallel" / "result.json").read_text()
+    (chunks / "chunk-000001.json").write_text("[1, 2]\n")  # a list
+    two = json.loads((chunks / "chunk-000002.json").read_text())
+    three = json.loads((chunks / "chunk-000003.json").read_text())
+    two["results"]["150"] = three["results"]["150"]  # another chunk's item
+    (chunks / "chunk-000002.json").write_text(json.dumps(two))
+    (run / "parallel" / "result.json").unlink()
+    again = runner("parallel", *args, env=env)
+    assert again.returncode == 0, again.stderr
+    assert "chunk-000001.json: found a JSON list" in again.stderr
+    assert "chunk-000002.json: found items of another chunk" in again.stderr
+    assert (run / "parallel" / "result.json").read_text() == clean
+    from runner.parallel.store import Store
+    from runner.rundir import RunDir
+
+    assert [i for i, _ in Store(RunDir(run)).items()] == list(range(400))
+
+
+def test_a_full_disk_is_named_as_such_whatever_words_the_writer_used(tmp_path: Path) -> None:
+    """torch.save on a full file system raises its own "enforce fail ... unexpected pos"; the run directory's writer
+    says "no space left on device" (a small tmpfs is the full disk; without mount rights the test skips)."""
+    import errno
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True,
+                          text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {made.stderr.strip()}")
+    try:
+        import torch
+
+        from runner.rundir import Unwritable, atomic_write
+
+        with pytest.raises(Unwritable) as err:
+            atomic_write(disk / "model.ckpt", lambda f: torch.save(torch.zeros(1 << 20), f))
+        assert err.value.errno == errno.ENOSPC and isinstance(err.value, OSError)
+        line = str(err.value)
+        assert "no space left on device" in line and "\n" not in line and "unexpected pos" not in line
+        assert not list(disk.iterdir())  # nothing half-written left behind
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)

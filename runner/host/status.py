@@ -99,8 +99,10 @@ def job_ids(rec: policy.Records) -> list[str]:
 def manifest_of(run: RunDir) -> dict[str, Any]:
     """The run's manifest; {} when there is none yet. Raises a one-line RunnerError when it is not a JSON object
     (a torn or hand-edited file): the caller shows that run as broken, never as another kind of run."""
+    from runner.rundir import read_regular
+
     try:
-        text = run.manifest.read_text()
+        text = read_regular(run.manifest)  # a FIFO or a device is refused from its stat, never opened
     except FileNotFoundError:
         return {}
     except OSError as e:

@@ -40,6 +40,7 @@ from runner.rundir import (
     EXIT_TERMINATED,
     RunDir,
     atomic_write,
+    number,
     read_json,
 )
 from runner.spec.typed import RunConfig, read_resolved
@@ -240,7 +241,7 @@ def make_checkpoint(rd: RunDir, cfg: RunConfig, cfg_hash: str, flag: StopFlag, a
         def resuming(self, path: Path) -> None:
             """Before ``fit``: training continues from this checkpoint."""
             self.resume_from = path
-            self.base_productive = float((read_json(path / "manifest.json", {}) or {}).get("productive_s", 0.0))
+            self.base_productive = float(number(read_json(path / "manifest.json", {}), "productive_s", 0.0))
 
         def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
             flag.take_over_sigterm()
@@ -253,8 +254,8 @@ def make_checkpoint(rd: RunDir, cfg: RunConfig, cfg_hash: str, flag: StopFlag, a
             self.t_start = time.time()
             resume_from = self.resume_from
             if trainer.global_rank == 0:
-                before = read_json(rd.root / "progress.json", {}) or {}
-                lost = max(int(before.get("step", 0)) - trainer.global_step, 0)
+                before = read_json(rd.root / "progress.json", {})  # {} when missing or damaged (said once)
+                lost = max(int(number(before, "step", 0)) - trainer.global_step, 0)
                 rd.record("train_start", step=trainer.global_step, lost_steps=lost, attempt=attempt,
                           resumed_from=str(resume_from) if resume_from else None)
                 checkpoint.remove_staging(rd.checkpoints)  # a dead attempt's half-written files
@@ -292,7 +293,8 @@ def make_checkpoint(rd: RunDir, cfg: RunConfig, cfg_hash: str, flag: StopFlag, a
                 self.outputs = outputs  # a reference: read (one sync) only when progress is written
                 if time.monotonic() - self.progress_at >= PROGRESS_S:
                     self.progress(step)
-                if step % getattr(trainer, "log_every_n_steps", 50) == 0 and step != self.last_saved:
+                every_log = getattr(trainer, "log_every_n_steps", 50)  # a program's Trainer may say 0: no step lines
+                if isinstance(every_log, int) and every_log > 0 and step % every_log == 0 and step != self.last_saved:
                     loss = outputs["loss"].item() if isinstance(outputs, dict) else float("nan")
                     print(f"step {step} loss {loss:.6f} ({time.time() - self.t0:.1f}s)", flush=True)
             if guard is not None and guard.tripped_at is not None:

@@ -79,6 +79,8 @@ def verify(path: Path) -> str | None:
         return f"manifest does not list {MODEL}"
     for name, meta in files.items():
         f = path / name
+        if not isinstance(meta, dict):
+            return f"manifest's entry for {name} is not a size and sha256"
         if "/" in name or name in (".", "..") or f.is_symlink():
             return f"{name} is not a plain file of the checkpoint directory (a symlink or a path)"
         if not f.is_file():

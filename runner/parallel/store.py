@@ -9,6 +9,7 @@ at a time, so every item is in the output exactly once however often a lost work
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -19,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runner.rundir import RunDir, atomic_write, locked, read_json
+from runner.rundir import RunDir, atomic_write, damaged, locked, read_json
+from runner.spec.typed import read_resolved
 
 
 @dataclass(frozen=True)
@@ -50,10 +52,46 @@ class Store:
         return self.chunks / f"chunk-{index:06d}.json"
 
     def read(self, index: int) -> tuple[dict[int, Any], dict[int, str]]:
-        """(results, failed) of one chunk; empty when it was never written."""
-        data = read_json(self.chunk_path(index), {}) or {}
-        return ({int(k): v for k, v in data.get("results", {}).items()},
-                {int(k): str(v) for k, v in data.get("failed", {}).items()})
+        """(results, failed) of one chunk; empty when it was never written or is damaged (see ``_load``)."""
+        return self._load(self.chunk_path(index), index)
+
+    @functools.cached_property
+    def _chunk_size(self) -> int | None:
+        """The run's parallel.chunk_size (which items a chunk holds); None where the config cannot tell."""
+        try:
+            size = read_resolved(self.run.config)["parallel"]["chunk_size"]
+        except Exception:
+            return None
+        return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
+
+    def _load(self, path: Path, index: int) -> tuple[dict[int, Any], dict[int, str]]:
+        """A chunk file read through its schema: ``{"chunk": index, "results": {idx: value}, "failed": {idx: error}}``
+        with every idx one of this chunk's items. Anything else is damaged: said in one line, skipped as if never
+        written, so a rerun computes those items again and every item is counted once."""
+        data = read_json(path, {})
+        results, failed = data.get("results", {}), data.get("failed", {})
+        why = ""
+        if data and data.get("chunk", index) != index:
+            why = f"found chunk {data.get('chunk')!r} in the file of chunk {index}"
+        elif not isinstance(results, dict) or not isinstance(failed, dict):
+            why = "found results or failed that are not JSON objects"
+        else:
+            keys = [*results, *failed]
+            size = self._chunk_size
+            if not all(isinstance(k, str) and k.isdigit() for k in keys):
+                why = "found item keys that are not item numbers"
+            elif size is not None and any(int(k) // size != index for k in keys):
+                why = f"found items of another chunk (chunk {index} holds {index * size} to {(index + 1) * size - 1})"
+        if why:
+            damaged(path, why)
+            return {}, {}
+        return {int(k): v for k, v in results.items()}, {int(k): str(v) for k, v in failed.items()}
+
+    def _indexed(self) -> Iterator[tuple[int, Path]]:
+        for path in self._files():
+            number = path.stem.removeprefix("chunk-")
+            if number.isdigit():
+                yield int(number), path
 
     def write(self, index: int, results: dict[int, Any], failed: dict[int, str]) -> None:
         data = {"chunk": index, "results": {str(k): results[k] for k in sorted(results)},
@@ -72,17 +110,16 @@ class Store:
 
     def items(self) -> Iterator[tuple[int, Any]]:
         """Every (idx, value) done, in item order."""
-        for path in self._files():
-            data = read_json(path, {}) or {}
-            yield from sorted((int(k), v) for k, v in data.get("results", {}).items())
+        for index, path in self._indexed():
+            yield from sorted(self._load(path, index)[0].items())
 
     def summary(self) -> tuple[int, dict[int, str]]:
         """(items done, failed items with their errors), in one pass over the chunk files."""
         done, failed = 0, {}
-        for path in self._files():
-            data = read_json(path, {}) or {}
-            done += len(data.get("results", {}))
-            failed.update({int(k): str(v) for k, v in data.get("failed", {}).items()})
+        for index, path in self._indexed():
+            results, failures = self._load(path, index)
+            done += len(results)
+            failed.update(failures)
         return done, dict(sorted(failed.items()))
 
     def driver_alive(self) -> bool:
