@@ -112,3 +112,51 @@ def test_each_next_line_says_what_happens_next(scheduler: str, workload: str, ou
         text = slurm_next(outcome)
     assert says in text, text
     assert never is None or never not in text, text
+
+
+def test_hints_list_each_known_key_once(tmp_path: Path) -> None:
+    out = runner("validate", str(QUICKSTART), "trainer.bogus=1")
+    assert out.returncode == 2
+    known = one_line_error(out).split("known keys: ", 1)[1].split(", ")
+    assert len(known) == len(set(known)) and "callbacks" in known, known
+
+
+def test_a_trainer_object_argument_of_the_wrong_shape_is_one_line(tmp_path: Path) -> None:
+    out = runner("validate", str(QUICKSTART), "trainer.callbacks=[3]")
+    assert out.returncode == 2
+    assert "trainer.callbacks.0: found 3; expected a mapping with _target_" in one_line_error(out)
+    out = runner("validate", str(QUICKSTART), "trainer.callbacks=[{_target_: lightning.pytorch.callbacks.Timerr}]")
+    assert out.returncode == 2 and "trainer.callbacks.0._target_" in one_line_error(out)
+
+
+@pytest.mark.slow
+def test_lightning_trainer_objects_pass_to_the_trainer(tmp_path: Path) -> None:
+    out = runner("submit", str(QUICKSTART), f"run_root={tmp_path}", "trainer.max_steps=20",
+                 "trainer.callbacks=[{_target_: lightning.pytorch.callbacks.Timer, duration: '00:01:00:00'}]",
+                 "trainer.logger={_target_: lightning.pytorch.loggers.CSVLogger, save_dir: '${run_dir}/csv'}")
+    assert out.returncode == 0, out.stdout + out.stderr
+    [run] = tmp_path.glob("quickstart-*")
+    assert (run / "finished").exists()
+    [metrics] = (run / "csv").rglob("metrics.csv")  # the user's logger got the model's self.log values
+    assert "train_loss" in metrics.read_text()
+
+
+@pytest.mark.slow
+def test_a_target_module_beside_the_config_is_found_from_any_directory(tmp_path: Path) -> None:
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    project.mkdir()
+    elsewhere.mkdir()
+    (project / "mymodel.py").write_text("from runner.dev.example import TinyRegressor\n\n\n"
+                                        "class Model(TinyRegressor):\n    pass\n")
+    data = yaml.safe_load(QUICKSTART.read_text())
+    data["model"]["_target_"] = "mymodel.Model"
+    conf = project / "conf.yaml"
+    conf.write_text(yaml.safe_dump(data))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for args in (["validate", str(conf)], ["submit", str(conf), f"run_root={tmp_path / 'runs'}",
+                                            "trainer.max_steps=10"]):
+        out = subprocess.run([sys.executable, "-m", "runner", *args], capture_output=True, text=True, timeout=240,
+                             cwd=elsewhere, env=env)
+        assert out.returncode == 0, out.stdout + out.stderr
+    [run] = (tmp_path / "runs").glob("quickstart-*")
+    assert (run / "finished").exists()

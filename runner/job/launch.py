@@ -49,6 +49,32 @@ def instantiate(spec: dict[str, Any], **offered: Any) -> Any:
     return target(**kwargs)
 
 
+TRAINER_OBJECTS = ("callbacks", "logger", "plugins", "profiler")  # runner.spec.schema.TRAINER_OBJECTS
+
+
+def built(value: Any) -> Any:
+    """A Trainer object argument as the config gives it, built: ``_target_`` mappings instantiated, lists item by item
+    (``logger: false``, ``profiler: simple`` as they are)."""
+    if isinstance(value, dict) and "_target_" in value:
+        return instantiate(value)
+    if isinstance(value, list):
+        return [built(v) for v in value]
+    return value
+
+
+def _listed(value: Any) -> list[Any]:
+    return [] if value is None else value if isinstance(value, list) else [value]
+
+
+def code_path(manifest: dict[str, Any]) -> None:
+    """Put the config's directory first on ``sys.path``: a ``_target_`` module is found where ``validate`` found it
+    (beside the config), whatever directory the run was started from. Not where the directory is not here (an
+    image that holds the code elsewhere: ``container.code``, under its workdir)."""
+    where = Path(str(manifest.get("config_file") or "")).parent
+    if manifest.get("config_file") and where.is_dir() and str(where) not in sys.path:
+        sys.path.insert(0, str(where))
+
+
 def _redirect_output(path: Path) -> None:
     """One log file per rank and attempt: everything this process and its children print goes there."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -127,6 +153,7 @@ def train(rd: RunDir) -> int:
                  torch.distributed.get_world_size())
     import lightning as L
 
+    code_path(manifest)
     code = targets.check(cfg)  # every _target_ imports here, in the image (the login node only read the source)
     if code is not None:
         return code
@@ -141,10 +168,15 @@ def train(rd: RunDir) -> int:
 
         plugins.append(SLURMEnvironment(auto_requeue=False))
     tcfg: dict[str, Any] = {k: v for k, v in cfg["trainer"].items() if k != "strategy"}  # + open arguments
+    user = {k: built(tcfg.pop(k)) for k in TRAINER_OBJECTS if k in tcfg}  # the user's, beside runner's own
+    plugins += _listed(user.pop("plugins", None))
+    callbacks = [g.callback, *_listed(user.pop("callbacks", None))]
+    logger = user.pop("logger", False)
     strategy = internals.strategy(cfg["trainer"]["strategy"], cfg["checkpoint"]["exact_resume"],
                                   cfg["network"]["pg_timeout_s"], world, cfg["fsdp"]["blocks"])
-    trainer = L.Trainer(**tcfg, strategy=strategy, plugins=plugins, callbacks=[g.callback], enable_checkpointing=False,
-                        logger=False, default_root_dir=str(rd.root), use_distributed_sampler=False)
+    trainer = L.Trainer(**tcfg, **user, strategy=strategy, plugins=plugins, callbacks=callbacks,
+                        enable_checkpointing=False, logger=logger, default_root_dir=str(rd.root),
+                        use_distributed_sampler=False)
     code = g.fit(trainer, lambda ckpt: trainer.fit(model, datamodule=data, ckpt_path=ckpt))
     if code is not None:
         return code

@@ -62,7 +62,10 @@ TRAINER_KEYS = (
     "check_val_every_n_epoch", "num_sanity_val_steps", "log_every_n_steps", "enable_progress_bar",
     "enable_model_summary", "accumulate_grad_batches", "gradient_clip_val", "gradient_clip_algorithm",
     "deterministic", "benchmark", "inference_mode", "detect_anomaly", "sync_batchnorm",
-)
+) + ("callbacks", "logger", "plugins", "profiler")
+# Lightning Trainer arguments that are objects: a `_target_` mapping (or a list of them; logger may be true/false,
+# profiler a name like "simple"), built in the job and passed to the Trainer beside runner's own callback and plugins.
+TRAINER_OBJECTS = ("callbacks", "logger", "plugins", "profiler")
 
 
 @dataclass(frozen=True)

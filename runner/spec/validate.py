@@ -38,6 +38,7 @@ from runner.spec.schema import (
     SHARDING,
     TIME,
     TRAINER_KEYS,
+    TRAINER_OBJECTS,
     F,
 )
 
@@ -130,7 +131,7 @@ def check_schema(data: dict[str, Any], schema: dict[str, Any], problems: Problem
             continue
         if free is True or (isinstance(free, tuple) and key in free):
             continue
-        known = [k for k in schema if k != "*"] + (list(free) if isinstance(free, tuple) else [])
+        known = list(dict.fromkeys([k for k in schema if k != "*"] + (list(free) if isinstance(free, tuple) else [])))
         close = difflib.get_close_matches(str(key), known, n=1)
         hint = f"did you mean {problems.name(prefix + close[0])}?" if close else f"known keys: {', '.join(known)}"
         problems.add(path, key, "a known key", hint)
@@ -560,6 +561,8 @@ def check_targets(d: dict[str, Any], problems: Problems, base: Path) -> bool | N
                                                 for s in ("model", "data")]
     pairs += [("parallel.provider._target_", (par.get("provider") or {}).get("_target_"), None),
               ("parallel.forward", par.get("forward"), None), ("parallel.reduce", par.get("reduce"), None)]
+    if d.get("command") is None:  # runner's own Trainer: its object arguments are built in the job
+        pairs += [(f"{key}._target_", target, None) for key, target in trainer_objects(d.get("trainer"), problems)]
     for key, target, section in pairs:
         if not isinstance(target, str):
             continue
@@ -591,6 +594,27 @@ def check_targets(d: dict[str, Any], problems: Problems, base: Path) -> bool | N
         if section == "data":
             takes = targets.accepts(found.node, "dataloader")
     return takes
+
+
+def trainer_objects(trainer: Any, problems: Problems) -> list[tuple[str, str]]:
+    """The ``_target_`` of each object argument of the Trainer (``trainer.callbacks`` ...: a mapping with ``_target_``
+    or a list of them; ``logger`` may also be true/false, ``profiler`` a name), as (key, target); a wrong shape is a
+    problem."""
+    found: list[tuple[str, str]] = []
+    for name in TRAINER_OBJECTS:
+        value = trainer.get(name) if isinstance(trainer, dict) else None
+        if value is None or (name == "logger" and isinstance(value, bool)) or (name == "profiler" and
+                                                                               isinstance(value, str)):
+            continue
+        items = list(enumerate(value)) if isinstance(value, list) else [(None, value)]
+        for i, item in items:
+            key = f"trainer.{name}" + (f".{i}" if i is not None else "")
+            if isinstance(item, dict) and isinstance(item.get("_target_"), str):
+                found.append((key, item["_target_"]))
+            else:
+                problems.add(key, item, "a mapping with _target_ (module.Class) and its arguments",
+                             f"e.g. trainer.{name}: [{{_target_: lightning.pytorch.callbacks.Timer}}]")
+    return found
 
 
 def check_parallel(data: dict[str, Any], problems: Problems) -> None:
