@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from runner.errors import SubmitError
+from runner.host import local
 from runner.rundir import RunDir, read_json
 from tests.webhook_server import WebhookServer
 
@@ -88,6 +90,26 @@ def status(run: Path) -> dict[str, Any]:
     out = runner("status", str(run), "--json")
     assert out.returncode == 0, out.stderr
     return dict(json.loads(out.stdout)[0])
+
+
+def test_the_owner_lock_refuses_a_second_starter_and_is_taken_over_once_its_holder_died(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "run")
+    run.root.mkdir()
+    hold = ("import pathlib, sys; from runner.host import local; from runner.rundir import RunDir; "
+            "local.acquire(RunDir(pathlib.Path(sys.argv[1]))); print('held', flush=True); sys.stdin.read()")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(run.root)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    assert local.held(run)
+    with pytest.raises(SubmitError, match="one trainer per run directory"):
+        local.acquire(run)
+    holder.kill()  # dies holding it: the kernel drops the lock, owner.json stays
+    holder.wait()
+    assert not local.held(run)
+    owner = local.acquire(run)
+    assert owner.took_over is not None and owner.took_over["pid"] == holder.pid
+    owner.close()
+    assert "ended" in json.loads(run.local_owner.read_text())
 
 
 def test_resume_is_refused_while_any_process_of_the_run_lives_and_cancel_stops_them(tmp_path: Path) -> None:

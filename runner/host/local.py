@@ -42,6 +42,7 @@ from runner.spec.typed import read_resolved
 log = logging.getLogger(__name__)
 KILL_WAIT_S = 5.0  # after a rank failed, how long the others get to exit by themselves (Slurm's KillWait)
 CANCEL_WAIT_S = 30.0  # `runner cancel`: how long the ranks get to checkpoint and exit before they are killed
+READER_WAIT_S = 2.0  # how long a starter waits out a lock held by no live run's process (a reader's look)
 
 
 def runtime_refusal(config: object, runtime: str) -> str | None:
@@ -70,7 +71,7 @@ class Owner:
     fd: int
     took_over: dict[str, Any] | None = None  # the owner.json of a run that died without ending, taken over
 
-    def describe(self, pids: list[int], attempt: int) -> None:
+    def describe(self, pids: list[int], attempt: int | None) -> None:
         atomic_write(self.run.local_owner, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                                                        "ranks": pids, "attempt": attempt,
                                                        "started": time.time()}) + "\n")
@@ -124,23 +125,29 @@ def acquire(run: RunDir) -> Owner:
     """
     run.root.mkdir(parents=True, exist_ok=True)
     fd = os.open(run.owner_lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        owner = read_json(run.local_owner)
-        if isinstance(owner, dict) and "ended" not in owner and any(_alive(p) for p in _pids(owner)) or \
-                not _pids(owner):
-            os.close(fd)
-            raise SubmitError(f"run {run.name} is training on this machine now ({_who(owner)}): one trainer per run "
-                              f"directory. hint: `runner cancel {run.name}` first, or let it end") from None
-        fcntl.flock(fd, fcntl.LOCK_EX)  # its processes are gone: a reader's shared hold, released at once
-    except OSError as e:  # a filesystem without locks: go on, as one would without the check
-        log.warning("%s: cannot lock (%s); not checking for another trainer", run.owner_lock, e.strerror)
+    deadline = time.monotonic() + READER_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            owner = read_json(run.local_owner)
+            live = not _pids(owner) or any(_alive(p) for p in _pids(owner))
+            if live or time.monotonic() > deadline:  # else a reader's shared hold, released at once
+                os.close(fd)
+                raise SubmitError(f"run {run.name} is training on this machine now ({_who(owner)}): one trainer per "
+                                  f"run directory. hint: `runner cancel {run.name}` first, or let it end") from None
+            time.sleep(0.01)
+        except OSError as e:  # a filesystem without locks: go on, as one would without the check
+            log.warning("%s: cannot lock (%s); not checking for another trainer", run.owner_lock, e.strerror)
+            break
     previous = read_json(run.local_owner)
     stale = previous if isinstance(previous, dict) and "ended" not in previous else None
     if stale is not None:
         log.warning("run %s: taking over from a local run that died without ending (%s)", run.name, _who(stale))
-    return Owner(run, fd, stale)
+    owner = Owner(run, fd, stale)
+    owner.describe([], None)  # at once: a second starter reads who holds the lock, not the last run's record
+    return owner
 
 
 def held(run: RunDir) -> bool:
