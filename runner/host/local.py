@@ -414,7 +414,7 @@ def _record_end(run_dir: RunDir, cfg: Any, att: _Attempt, attempt: int) -> int:
     codes = [next(e.code for e in att.exits if e.rank == r) for r in range(len(att.procs))]
     crashes = {r: c for r in range(len(att.procs)) if isinstance(c := read_json(run_dir.crash_file(attempt, r)), dict)}
     failure = first_failure(att.exits, crashes, att.killed_by_us)
-    rc = failure.exit_code if failure else next((c for c in codes if c != 0), 0)
+    rc = failure.exit_code if failure else next((128 - c if c < 0 else c for c in codes if c != 0), 0)  # 137: KILL
     rec = policy.Records(events=run_dir.events(), exit_status=read_json(run_dir.exit_status),
                          finished=run_dir.finished.exists())
     event = outcome(rec, rc, att.stop)
