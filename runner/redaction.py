@@ -21,6 +21,7 @@ from urllib.parse import parse_qsl, quote, urlsplit
 REDACTED = "[webhook URL redacted]"
 # A Slack URL is a write token wherever it appears, also URL-encoded (https%3A%2F%2Fhooks.slack.com%2F...).
 SLACK_HOOK_RE = re.compile(r"(?:https?(?:://|%3A%2F%2F))?hooks\.slack(?:-gov)?\.com(?:/|%2F)[^\s\"'<>`|)\]]*", re.I)
+_SLACK_HINT = re.compile(r"hooks\.slack", re.I)  # the cheap test before the full one (no copy of a large text)
 TOKEN_MIN = 8  # a path segment or query value this long may be the token; shorter ones are words like "hooks"
 _KNOWN: set[str] = set()  # this process's secrets (every run config it read)
 _VARIANTS: list[str] = []
@@ -71,7 +72,7 @@ def redact_obj(obj: Any, secrets: Iterable[str] = ()) -> Any:
 
 def scrub(text: str) -> str:
     """What a writer of a run directory writes: every secret this process knows taken out (cheap when none)."""
-    if not _VARIANTS and "hooks.slack" not in text.lower():
+    if not _VARIANTS and not _SLACK_HINT.search(text):
         return text
     return redact(text)
 

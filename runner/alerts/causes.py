@@ -10,6 +10,7 @@ import dataclasses
 import os
 import re
 import signal
+import stat
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,8 @@ def guess_cause(log_lines: list[str], exit_code: int | None, slurm_state: str | 
 def read_tail(path: Path) -> list[str]:
     """The last lines of a log, as a terminal would show them (progress-bar \\r rewrites collapsed)."""
     try:
+        if not stat.S_ISREG(path.stat().st_mode):  # a FIFO would block the open: no tail to read
+            return []
         with path.open("rb") as fh:
             size = fh.seek(0, os.SEEK_END)
             fh.seek(max(0, size - _SCAN_BYTES))

@@ -25,7 +25,7 @@ from runner import alerts, goodput, stragglers
 from runner.errors import RunnerError
 from runner.host import nodes, status
 from runner.job import checkpoint
-from runner.rundir import RunDir, atomic_write, read_json
+from runner.rundir import MAX_LEDGER, RunDir, Unreadable, atomic_write, read_json, read_regular
 from runner.spec.typed import read_resolved
 
 log = logging.getLogger(__name__)
@@ -131,9 +131,10 @@ def _ledger(run: RunDir, missing: list[str]) -> list[dict[str, Any]]:
         return []
     events = run.events()
     try:
-        lines = sum(1 for line in run.ledger.read_text(errors="replace").splitlines() if line.strip())
-    except OSError as e:
-        missing.append(f"ledger.jsonl cannot be read ({e.strerror})")
+        text = read_regular(run.ledger, MAX_LEDGER).decode("utf-8", "replace")
+        lines = sum(1 for line in text.splitlines() if line.strip())
+    except (OSError, Unreadable) as e:
+        missing.append(f"ledger.jsonl cannot be read ({getattr(e, 'found', None) or e})")
         return []
     if lines > len(events):
         missing.append(f"ledger.jsonl: {lines - len(events)} of {lines} lines are torn or not runner's (skipped)")
@@ -276,8 +277,8 @@ def _alerts(run: RunDir) -> list[dict[str, str]]:
     out: list[dict[str, str]] = []
     sent = alerts.delivery.sent_log(run.root)
     try:
-        lines = sent.read_text(errors="replace").splitlines() if sent.is_file() else []
-    except OSError:
+        lines = read_regular(sent).decode("utf-8", "replace").splitlines() if sent.is_file() else []
+    except (OSError, Unreadable):
         lines = []
     for line in lines:
         try:
@@ -392,8 +393,8 @@ def _files(run: RunDir, missing: list[str]) -> tuple[dict[str, Any], list[dict[s
         missing.append(str(e))
         manifest = {}
     try:
-        config = run.config.read_text(errors="replace")
-    except OSError:
+        config = read_regular(run.config, 16 << 20).decode("utf-8", "replace")
+    except (OSError, Unreadable):
         config = ""
         missing.append("config.yaml is missing: the config is unknown")
     ckpts = _checkpoints(run)

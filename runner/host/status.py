@@ -110,7 +110,7 @@ def manifest_of(run: RunDir) -> dict[str, Any]:
                           "its owner and mode") from None
     try:
         manifest = json.loads(text)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         raise RunnerError(f"{run.manifest}: found invalid JSON ({e}); expected the manifest runner wrote. hint: "
                           "restore it, or move the run directory away") from None
     if not isinstance(manifest, dict):
@@ -391,20 +391,24 @@ def logs(run: RunDir, rank: int | None, follow: bool, poll_s: float = 0.2, attem
     try:
         while True:
             if f is None and path.exists():
+                if not stat.S_ISREG(path.stat().st_mode):  # a FIFO would block the open, a device never end
+                    raise RunnerError(f"{path}: found no regular file; expected a log. hint: remove it")
                 f = open(path, errors="replace")  # held open while following
-            chunk = f.read() if f is not None else ""
+            chunk = f.read(1 << 20) if f is not None else ""  # a huge log is streamed, never read whole
             if chunk:
                 sys.stdout.write(chunk)
                 sys.stdout.flush()
             if not follow:
+                while f is not None and (rest := f.read(1 << 20)):
+                    sys.stdout.write(rest)
                 return 0
             polls += 1
             done = ended(run) if not chunk and polls % check_every == 0 else False
             unknown = unknown + 1 if done is None else 0
             if done or unknown >= 5:  # Slurm has not known the job for ~10 s: it is gone
-                if f is not None:
-                    sys.stdout.write(f.read())  # what was written between the last read and the end
-                    sys.stdout.flush()
+                while f is not None and (rest := f.read(1 << 20)):  # what was written since the last read
+                    sys.stdout.write(rest)
+                sys.stdout.flush()
                 return 0
             if not chunk:
                 time.sleep(poll_s)
