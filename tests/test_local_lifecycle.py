@@ -234,3 +234,20 @@ def test_the_first_failing_rank_is_the_cause_on_the_console_in_status_and_the_al
     assert body["event"] == "failed" and body["cause"] == row["last_cause"], body
     assert "runner resume" in body["next_step"] and "cron" not in body["next_step"].replace("runner cron resubmits "
                                                                                            "Slurm runs only", "")
+
+
+def test_a_rank_that_dies_as_a_resume_starts_ends_the_attempt_with_its_cause(tmp_path: Path) -> None:
+    proc, run = submit(tmp_path, "trainer.max_steps=100000", "network.pg_timeout_s=300")
+    wait_for(run / "checkpoints" / "step-0000010" / "COMPLETE", proc)
+    owner(run, 1)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=120)
+    again = start("resume", str(run))
+    ranks = owner(run, 2)["ranks"]
+    os.killpg(ranks[0], signal.SIGKILL)  # rank 1 would wait for its verdict (or a collective) for pg_timeout_s
+    out, _ = again.communicate(timeout=150)  # well under the 300 s a peer would wait without the driver
+    assert again.returncode == 128 + signal.SIGKILL, out
+    assert "rank 0 on " in out and "killed by SIGKILL" in out, out
+    assert not any(alive(p) for p in ranks)
+    row = status(run)
+    assert row["state"] == "failed" and row["last_cause"].startswith("rank 0 on ") and "SIGKILL" in row["last_cause"]
