@@ -198,3 +198,31 @@ def test_a_slow_fsdp_rank_is_a_straggler_and_stopped_it_is_named_as_the_hang(tmp
     assert json.loads(rd.last_exit.read_text())["code"] == EXIT_HANG, out
     [event] = [e for e in rd.events() if e["event"] == "hang"]
     assert event["summary"] == hang["summary"]
+
+
+def test_a_global_data_position_goes_on_exactly_on_another_world_size(tmp_path: Path) -> None:
+    """The example loader in one global order (``data.order=global``: an epoch is one seeded order of all samples,
+    the ranks take its batches in turn) saves a global position; stopped on 2 ranks mid-epoch and resumed on 1, the
+    run takes the rest of the epoch's batches: every batch of each epoch trained once, by the 2 ranks before the
+    stop and the 1 rank after it, and the record says the position is exact."""
+    trace = tmp_path / "trace"
+    proc, run = start(tmp_path, *FSDP, SLOW, "trainer.max_steps=64", "data.order=global", f"data.trace_dir={trace}")
+    wait_for(run / "checkpoints" / "step-0000010" / "COMPLETE")
+    proc.send_signal(signal.SIGUSR2)
+    proc.communicate(timeout=180)
+    [(step, path)] = checkpoint.complete(run / "checkpoints")[:1]
+    stopped_at = json.loads((path / "manifest.json").read_text())
+    assert stopped_at["mid_epoch"] and step < 32, stopped_at  # in the first epoch: 128 batches = 32 steps of 4
+    runner("resume", str(run), "num_device=1", timeout=300)
+    assert (run / "finished").exists()
+    rd = RunDir(run)
+    assert_resumed_honestly(rd, stopped_at, to_world=1, to_accumulate=4, state="resharded", epoch_len=128,
+                            global_position=True)
+    taken = [tuple(int(x) for x in line.split()) for f in sorted(trace.glob("rank-*.txt"))
+             for line in f.read_text().splitlines()]
+    assert sorted(b for e, b in taken if e == 0) == list(range(128))  # the interrupted epoch: each batch once
+    assert sorted(b for e, b in taken if e == 1) == list(range(128))  # and the next one, whole, on 1 rank
+    log = rd.rank_log(0).read_text()
+    done = stopped_at["epoch_batches"] * 2
+    assert f"data position: {done} batches of all ranks into the epoch, {done // 2} per rank on the checkpoint's " \
+           f"world size, {done} per rank on this one" in log

@@ -54,6 +54,46 @@ def test_what_a_resume_keeps_exactly(m: dict, world: int, acc: int, sharded: boo
         assert f"{m['epoch_batches']} batches per rank into the epoch kept as a count" in r.data
 
 
+def test_a_global_data_position_moved_onto_another_world_size_is_exact() -> None:
+    """24 batches per rank on 2 ranks = 48 of all ranks: 48 per rank on 1 (the loader said it is a global position,
+    and the count was moved with it), on an accumulation boundary of the new shape."""
+    r = honesty.resumed(manifest(2, batches=24), 1, 4, 32, sharded=True, exact_resume=True, loader_resumable=True,
+                        global_position=(48, 24, 48))
+    assert r.data_exact and r.epoch_batches == 24 and r.epoch_batches_now == 48 and r.first_step_samples is None
+    assert "48 batches of all ranks into the epoch, kept as a global position (24 per rank on 2 ranks, 48 per rank " \
+           "on 1)" in r.data
+    assert r.trajectory.startswith("not bitwise")  # the same samples, summed in another order
+
+
+def progress(ready: int, total: int) -> dict[str, Any]:
+    """Lightning's batch progress as a checkpoint holds it after a batch's end (completed one behind)."""
+    return {"total": {"ready": total, "completed": total - 1, "started": total, "processed": total},
+            "current": {"ready": ready, "completed": ready - 1, "started": ready, "processed": ready},
+            "is_last_batch": False}
+
+
+def lightning_ckpt(loader: dict[str, Any], ready: int = 24) -> dict[str, Any]:
+    return {"loops": {"fit_loop": {"state_dict": {"combined_loader": [loader]},
+                                   "epoch_loop.batch_progress": progress(ready, 100 + ready)}}}
+
+
+@pytest.mark.parametrize(("loader", "world", "moved"), [
+    ({"epoch": 0, "consumed": 24, "global_batches": 48, "world_size": 2}, 1, (48, 24, 48)),
+    ({"epoch": 0, "consumed": 24, "global_batches": 48, "world_size": 2}, 4, (48, 24, 12)),
+    ({"epoch": 0, "consumed": 24, "global_batches": 48, "world_size": 2}, 2, None),  # same world: nothing to move
+    ({"epoch": 0, "consumed": 24, "global_batches": 48, "world_size": 2}, 5, None),  # 48 batches do not split in 5
+    ({"epoch": 0, "consumed": 24}, 1, None),  # a per-rank position (the shard rotation): kept as a count
+    ({"epoch": 0, "consumed": 24, "global_batches": 50, "world_size": 2}, 1, None),  # disagrees with Lightning's
+], ids=["2-to-1", "2-to-4", "same", "indivisible", "per-rank", "inconsistent"])
+def test_lightnings_count_moves_only_with_a_global_position(loader: dict, world: int, moved: tuple | None) -> None:
+    from runner.job import internals
+
+    ckpt = lightning_ckpt(loader)
+    assert internals.move_epoch_position(ckpt, world) == moved
+    now = moved[2] if moved else 24
+    assert ckpt["loops"]["fit_loop"]["epoch_loop.batch_progress"] == progress(now, 100 + now)
+
+
 def test_a_programs_resume_has_no_global_batch_of_runners() -> None:
     r = honesty.resumed(manifest(2), 2, 2, None, sharded=True, exact_resume=True, loader_resumable=True)
     assert r.global_batch is None and r.samples is None and r.first_step_samples is None
@@ -61,12 +101,13 @@ def test_a_programs_resume_has_no_global_batch_of_runners() -> None:
 
 
 def assert_resumed_honestly(rd: RunDir, ckpt: dict[str, Any], to_world: int, to_accumulate: int, state: str,
-                            epoch_len: int = 32) -> None:
+                            epoch_len: int = 32, global_position: bool = False) -> None:
     """The ``resumed`` record of a resume onto another world size says what was exact and what not, and the data
-    position it kept (the step, so the global sample count, and each rank's batches into the epoch) is where the
-    run's next checkpoint counted on from: no batch of the epoch taken again or skipped. ``epoch_len``: batches per
-    rank and epoch (the quickstart's 1024 samples / 4 shards / batch 8, one shard per rank and epoch on any shape).
-    ``ckpt``: the manifest of the checkpoint resumed from."""
+    position it kept (the step, so the global sample count, and the position in the epoch) is where the run's next
+    checkpoint counted on from: no batch of the epoch taken again or skipped. ``ckpt``: the manifest of the
+    checkpoint resumed from; ``epoch_len``: batches per rank and epoch on the new shape (the quickstart's 1024
+    samples / 4 shards / batch 8: one shard per rank and epoch on any shape); ``global_position``: the loader's
+    position is a global one (example ``order=global``), moved onto the new world size."""
     [r] = [e for e in rd.events() if e["event"] == "resumed"]
     assert (r["from_world"], r["to_world"], r["from_accumulate"], r["to_accumulate"]) == \
         (ckpt["world_size"], to_world, ckpt["accumulate"], to_accumulate) and r["reshaped"]
@@ -74,18 +115,20 @@ def assert_resumed_honestly(rd: RunDir, ckpt: dict[str, Any], to_world: int, to_
     assert (r["step"], r["epoch"], r["epoch_batches"], r["mid_epoch"]) == \
         (ckpt["step"], ckpt["epoch"], ckpt["epoch_batches"], ckpt["mid_epoch"])
     assert r["global_batch"] == 32 and r["samples"] == ckpt["step"] * 32
-    assert r["data_exact"] == (not ckpt["mid_epoch"])
-    cut = ckpt["epoch_batches"] % to_accumulate if ckpt["mid_epoch"] else 0
+    assert r["data_exact"] == (not ckpt["mid_epoch"] or global_position)
+    start = r["epoch_batches_now"]  # each new rank's count into the epoch: moved with a global position, else kept
+    assert start == (ckpt["epoch_batches"] * ckpt["world_size"] // to_world if global_position else
+                     ckpt["epoch_batches"])
+    cut = start % to_accumulate if ckpt["mid_epoch"] else 0
     assert r["first_step_samples"] == (32 // to_accumulate * (to_accumulate - cut) if cut else None)
-    # Lightning's count on the new shape goes on from the checkpoint's: a step every `to_accumulate` batches of the
-    # epoch and at its end (the first one shorter when the checkpoint fell inside an accumulation).
+    # Lightning's count on the new shape goes on from there: a step every `to_accumulate` batches of the epoch and
+    # at its end (the first one shorter when the checkpoint fell inside an accumulation).
     manifests = [json.loads((p / "manifest.json").read_text()) for _, p in checkpoint.complete(rd.checkpoints)]
     after = min((m for m in manifests if m["world_size"] == to_world), key=lambda m: m["step"])
-    step, epoch, batches = ckpt["step"], ckpt["epoch"], ckpt["epoch_batches"]
+    step, epoch, batches = ckpt["step"], ckpt["epoch"], start
     while step < after["step"]:
         if batches == epoch_len:
             epoch, batches = epoch + 1, 0
         batches += 1
         step += batches % to_accumulate == 0 or batches == epoch_len
     assert (after["epoch"], after["epoch_batches"]) == (epoch, batches), (ckpt, after)
-

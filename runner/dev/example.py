@@ -4,12 +4,18 @@ The data is generated from a fixed seed (no downloads) and split into shards tha
 ESPnet3 way: ``shard_idx = (epoch * world_size + rank) % total_shards``. The train loader is resumable
 mid-epoch (``state_dict``/``load_state_dict``), which is what makes a resumed run bitwise identical to an
 uninterrupted one.
+
+With ``order="global"`` an epoch is one seeded order of every sample, the same on any world size, cut into batches
+that the ranks take in turn (rank r takes batches r, r + world, ...): its position is a global one (``global_batches``
+taken by all ranks, with the ``world_size`` that took them), which a resume on another world size continues exactly
+(see ``runner.job.honesty``). The shard rotation cannot: its epoch is world-size shards.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -40,10 +46,12 @@ class ShardLoader:
     """
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, *, rank: int, world_size: int, total_shards: int,
-                 batch_size: int, seed: int, shuffle: bool = True):
+                 batch_size: int, seed: int, shuffle: bool = True, order: str = "shards",
+                 trace: Path | None = None):
         self.x, self.y = x, y
         self.rank, self.world_size, self.total_shards = rank, world_size, total_shards
         self.batch_size, self.seed, self.shuffle = batch_size, seed, shuffle
+        self.order, self.trace = order, trace
         self.shard_len = len(x) // total_shards
         self.sampler = _Epoch()
         self.batch_sampler = None  # Lightning inspects it; batching is done here
@@ -51,6 +59,8 @@ class ShardLoader:
         self._epoch, self._yielded = 0, 0
 
     def __len__(self) -> int:
+        if self.order == "global":
+            return len(self.x) // self.batch_size // self.world_size
         return self.shard_len // self.batch_size
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -60,6 +70,9 @@ class ShardLoader:
             start = self._resume[1]
         self._resume = None
         self._epoch, self._yielded = epoch, start
+        if self.order == "global":
+            yield from self._global(epoch, start)
+            return
         shard = shard_index(epoch, self.rank, self.world_size, self.total_shards)
         idx = torch.arange(shard * self.shard_len, (shard + 1) * self.shard_len)
         if self.shuffle:
@@ -70,21 +83,52 @@ class ShardLoader:
             sel = idx[i * self.batch_size:(i + 1) * self.batch_size]
             yield self.x[sel], self.y[sel]
 
+    def _global(self, epoch: int, start: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """``order="global"``: this rank's batches of the epoch's one order of all samples, from its ``start``-th."""
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch * 1009)
+        idx = torch.randperm(len(self.x), generator=g) if self.shuffle else torch.arange(len(self.x))
+        trace = open(self.trace / f"rank-{self.rank:05d}.txt", "a") if self.trace else None  # noqa: SIM115
+        try:
+            for i in range(start, len(self)):
+                self._yielded = i + 1
+                b = i * self.world_size + self.rank  # the epoch's global batch number
+                if trace:
+                    trace.write(f"{epoch} {b}\n")
+                    trace.flush()
+                sel = idx[b * self.batch_size:(b + 1) * self.batch_size]
+                yield self.x[sel], self.y[sel]
+        finally:
+            if trace:
+                trace.close()
+
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self._epoch, "consumed": self._yielded}
+        state = {"epoch": self._epoch, "consumed": self._yielded}
+        if self.order == "global":  # a global position, which a resume on another world size continues
+            state.update(global_batches=self._yielded * self.world_size, world_size=self.world_size)
+        return state
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        self._resume = (int(state["epoch"]), int(state["consumed"]))
+        consumed = int(state["consumed"])
+        done = int(state.get("global_batches", -1))
+        if self.order == "global" and done >= 0 and done % self.world_size == 0:
+            consumed = done // self.world_size  # as runner moves Lightning's count (internals.move_epoch_position)
+        self._resume = (int(state["epoch"]), consumed)
 
 
 class ShardedDataModule(L.LightningDataModule):
     """Synthetic regression data: y = x @ w + noise, identical on every node."""
 
     def __init__(self, num_samples: int = 1024, dim: int = 16, data_seed: int = 0,
-                 dataloader: dict[str, Any] | None = None, seed: int = 0):
+                 dataloader: dict[str, Any] | None = None, seed: int = 0, order: str = "shards",
+                 trace_dir: str | None = None):
+        """``order``: "shards" (ESPnet3's rotation) or "global" (see the module); ``trace_dir``: each rank appends
+        the epoch and global batch number of every train batch it yields to a file there (``order="global"``)."""
         super().__init__()
         self.num_samples, self.dim, self.data_seed, self.seed = num_samples, dim, data_seed, seed
         self.loader_cfg = dataloader or {"train": {}, "valid": {}}
+        if order not in ("shards", "global"):
+            raise ValueError(f"order: found {order!r}; expected 'shards' or 'global'")
+        self.order, self.trace_dir = order, trace_dir
 
     def _make(self, n: int, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
         g = torch.Generator().manual_seed(self.data_seed + offset)
@@ -101,7 +145,12 @@ class ShardedDataModule(L.LightningDataModule):
                            seed=self.seed, shuffle=shuffle)
 
     def train_dataloader(self) -> ShardLoader:
-        return self._loader("train", self.num_samples, 0, True)
+        loader = self._loader("train", self.num_samples, 0, True)
+        loader.order = self.order
+        if self.trace_dir:
+            loader.trace = Path(self.trace_dir)
+            loader.trace.mkdir(parents=True, exist_ok=True)
+        return loader
 
     def val_dataloader(self) -> ShardLoader:
         return self._loader("valid", max(self.num_samples // 4, 64), 1, False)

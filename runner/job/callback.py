@@ -233,6 +233,7 @@ def make_checkpoint(rd: RunDir, cfg: RunConfig, cfg_hash: str, flag: StopFlag, a
             self.outputs: Any = None  # what the last training step returned (rank 0): its loss goes to progress.json
             self.resume_from: Path | None = None
             self.rng: dict[str, Any] | None = None  # this rank's RNG state from the checkpoint, until restored
+            self.moved: tuple[int, int, int] | None = None  # the data position moved onto another world size
             # Here, not in on_train_start: a resume from a checkpoint at the last step (a time limit's, say)
             # reaches its end without Lightning starting to train, and the `finished` marker still needs them.
             self.t_start = time.time()
@@ -242,6 +243,17 @@ def make_checkpoint(rd: RunDir, cfg: RunConfig, cfg_hash: str, flag: StopFlag, a
             """Before ``fit``: training continues from this checkpoint."""
             self.resume_from = path
             self.base_productive = float(number(read_json(path / "manifest.json", {}), "productive_s", 0.0))
+
+        def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                               ckpt: dict[str, Any]) -> None:
+            """Before Lightning restores its loops: on another world size, a loader's global position (see
+            ``internals.move_epoch_position``) is kept as such."""
+            if self.resume_from is None:
+                return
+            self.moved = internals.move_epoch_position(ckpt, trainer.world_size)
+            if self.moved:
+                log.info("data position: %d batches of all ranks into the epoch, %d per rank on the checkpoint's "
+                         "world size, %d per rank on this one", *self.moved)
 
         def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
             flag.take_over_sigterm()
@@ -469,7 +481,8 @@ class Guarantees:
                                           report_every_s=w["straggler_report_s"],
                                           first_step_s=w["first_step_s"]) if w["enabled"] else None
         pulse = [watchdog.make_pulse(self.watchdog)] if self.watchdog else []
-        self.honesty = honesty.callback(rd, configured_batch, rank, world, cfg["checkpoint"]["exact_resume"])
+        self.honesty = honesty.callback(rd, configured_batch, rank, world, cfg["checkpoint"]["exact_resume"],
+                                        moved=lambda: self.checkpoint.moved)
         # The non-finite guard runs before the optimizer step and before the checkpoint callback; the watchdog's
         # pulse first of all, so the stall clock stops before the last checkpoint is awaited at the end.
         self.parts = [*(extra or []), *pulse, self.guard, owner.make_callback(rd), self.checkpoint,

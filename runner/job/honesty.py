@@ -13,16 +13,20 @@ resume restored exactly and what it did not. On the same shape, the weights, the
 data position are those of the checkpoint and the run continues bitwise. On another world size the weights and
 the optimizer state are still exact (DDP loads the whole model; fsdp's DCP reshards every saved element into the
 new shards, none recomputed), the trajectory is not bitwise (other sum orders, another accumulation, the RNG of
-ranks that no longer exist), and the data position kept is Lightning's: the step (so the global sample count, step
-x global batch, with the global batch kept), the epoch, and each rank's count of batches into the epoch, which
-the loader's own state says too. Which samples follow mid-epoch is the new ranks' loaders' business, so mid-epoch
-that position is a count, not a set of samples (``data_exact`` false); at an epoch boundary the next epoch starts
-whole.
+ranks that no longer exist). The data position kept is the step (so the global sample count, step x global batch,
+with the global batch kept), the epoch, and the position in the epoch: when the train loader's state is a global
+position (``global_batches`` taken by all ranks in the epoch and the ``world_size`` that took them, as runner's
+example loader with ``order="global"`` saves it), Lightning's per-rank count is moved to global_batches / new world
+size as the loader moves its own (``internals.move_epoch_position``), and the samples that follow are those the old
+shape would have taken next (``data_exact``). Any other loader keeps Lightning's per-rank count: which samples follow
+mid-epoch is then the new ranks' loaders' business, a count, not a set of samples (``data_exact`` false). At an
+epoch boundary the next epoch starts whole.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -48,7 +52,8 @@ class Resumed:
     to_accumulate: int
     global_batch: int | None  # samples per optimizer step, the same on both shapes (None: a program's own)
     samples: int | None  # the global sample count at the checkpoint: step x global batch
-    epoch_batches: int | None  # batches each rank had taken in the epoch (kept as a count on any shape)
+    epoch_batches: int | None  # batches each rank had taken in the epoch
+    epoch_batches_now: int | None  # the count each rank goes on from: the same, or moved with a global position
     mid_epoch: bool
     state: str  # weights and optimizer state: "exact", or "resharded" (exact: every element loaded, fsdp's DCP)
     trajectory: str  # "bitwise", or why not
@@ -65,8 +70,11 @@ class Resumed:
 
 
 def resumed(manifest: dict[str, Any], world: int, accumulate: int, global_batch: int | None, *, sharded: bool,
-            exact_resume: bool, loader_resumable: bool) -> Resumed:
-    """The honesty record of a resume from a checkpoint with this ``manifest`` onto ``world`` ranks (pure)."""
+            exact_resume: bool, loader_resumable: bool,
+            global_position: tuple[int, int, int] | None = None) -> Resumed:
+    """The honesty record of a resume from a checkpoint with this ``manifest`` onto ``world`` ranks (pure).
+    ``global_position``: (batches of all ranks into the epoch, per rank before, per rank now) when the loader's
+    position is a global one and was moved onto this world size (``internals.move_epoch_position``)."""
     step, epoch = int(manifest.get("step", 0)), int(manifest.get("epoch", 0))
     from_world = int(manifest.get("world_size", world))
     from_acc = manifest.get("accumulate")
@@ -93,18 +101,25 @@ def resumed(manifest: dict[str, Any], world: int, accumulate: int, global_batch:
         data = f"{kept}; the loader cannot resume mid-epoch: it replays the epoch from its start"
     elif not reshaped:
         data = f"{kept}, {batches if batches is not None else '?'} batches per rank into the epoch: the same samples"
+    elif global_position is not None:
+        done, before, now = global_position
+        data = (f"{kept}, {done} batches of all ranks into the epoch, kept as a global position ({before} per rank "
+                f"on {from_world} ranks, {now} per rank on {world}): the samples that follow are those the "
+                f"{from_world} ranks would have taken next")
     else:
         data = (f"{kept}, {batches if batches is not None else '?'} batches per rank into the epoch kept as a count: "
                 f"each of the {world} new ranks continues its own loader from that batch, so mid-epoch the samples "
                 f"that follow are the new layout's (those the {from_world} old ranks had left in the epoch are not "
                 "replayed in it)")
-        if isinstance(batches, int) and batches % accumulate and global_batch:
-            short = (accumulate - batches % accumulate) * global_batch // accumulate
-    data_exact = not mid or (loader_resumable and not reshaped)
+    count = global_position[2] if global_position and reshaped else batches  # where each rank counts on from
+    if reshaped and mid and loader_resumable and isinstance(count, int) and count % accumulate and global_batch:
+        short = (accumulate - count % accumulate) * global_batch // accumulate
+    data_exact = not mid or (loader_resumable and (not reshaped or global_position is not None))
     return Resumed(step=step, epoch=epoch, from_world=from_world, to_world=world,
                    from_accumulate=int(from_acc) if isinstance(from_acc, int) else None, to_accumulate=accumulate,
                    global_batch=global_batch, samples=step * global_batch if global_batch else None,
-                   epoch_batches=int(batches) if isinstance(batches, int) else None, mid_epoch=mid, state=state,
+                   epoch_batches=int(batches) if isinstance(batches, int) else None,
+                   epoch_batches_now=int(count) if isinstance(count, int) else None, mid_epoch=mid, state=state,
                    trajectory=trajectory, data=data, data_exact=data_exact, first_step_samples=short)
 
 
@@ -125,10 +140,12 @@ def resumable(loader: Any) -> bool:
     return callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))
 
 
-def callback(rd: RunDir, configured: int | None, rank: int, world: int, exact_resume: bool = True) -> Any:
+def callback(rd: RunDir, configured: int | None, rank: int, world: int, exact_resume: bool = True,
+             moved: Callable[[], tuple[int, int, int] | None] = lambda: None) -> Any:
     """A Lightning callback that measures and records; it changes nothing in training. ``configured``: the global
     batch the config asks for (None: a program's own, not known to runner). Before ``fit``, ``resuming(path)``
-    names the checkpoint training continues from: rank 0 records its ``Resumed`` at the start of training."""
+    names the checkpoint training continues from: rank 0 records its ``Resumed`` at the start of training.
+    ``moved``: the data position the checkpoint callback moved onto this world size, if it did."""
     import lightning as L
 
     from runner.job import internals
@@ -153,7 +170,7 @@ def callback(rd: RunDir, configured: int | None, rank: int, world: int, exact_re
             manifest = read_json(self.resume_from / "manifest.json", {}) or {}
             self.record = resumed(manifest, world, trainer.accumulate_grad_batches, configured,
                                   sharded=internals.is_sharded(trainer.strategy), exact_resume=exact_resume,
-                                  loader_resumable=self.exactness == EXACT)
+                                  loader_resumable=self.exactness == EXACT, global_position=moved())
             r = self.record
             log.log(logging.WARNING if r.reshaped else logging.INFO,
                     "resumed at step %d on %d ranks (the checkpoint's: %d): weights and optimizer state %s; "

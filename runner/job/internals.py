@@ -279,6 +279,30 @@ def sharded_snapshot(trainer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     return cast(dict[str, Any], copied), ckpt
 
 
+def move_epoch_position(ckpt: dict[str, Any], world: int) -> tuple[int, int, int] | None:
+    """A resume on another world size, before Lightning restores its loops from ``ckpt``: when the train loader's
+    saved state is a global position (``global_batches`` taken by all ranks in the epoch, and the ``world_size``
+    that took them), Lightning's per-rank count of batches into the epoch becomes global_batches / ``world``, as the
+    loader's own position does (the loader moves itself). Returns (global batches, the saved per-rank count, the new
+    one); None, changing nothing, for any other state, or when ``world`` does not divide the global batches."""
+    fit = ckpt.get("loops", {}).get("fit_loop", {})
+    states = fit.get("state_dict", {}).get("combined_loader") or []
+    progress = fit.get("epoch_loop.batch_progress")
+    if len(states) != 1 or not isinstance(states[0], dict) or not isinstance(progress, dict):
+        return None
+    done, saved_world = states[0].get("global_batches"), states[0].get("world_size")
+    if not isinstance(done, int) or not isinstance(saved_world, int) or saved_world == world or done % world:
+        return None
+    old = int(progress["current"]["ready"])
+    if old * saved_world != done:  # Lightning's count and the loader's disagree: leave both as they are
+        return None
+    new = done // world
+    for part in ("current", "total"):  # ready, started, processed, completed: each moved alike (their offsets
+        for key, value in progress[part].items():  # tell Lightning where in the batch it stopped)
+            progress[part][key] = int(value) + new - old
+    return done, old, new
+
+
 META = "meta.pt"  # Lightning's name for the non-tensor part of a distributed checkpoint (its _METADATA_FILENAME)
 
 
