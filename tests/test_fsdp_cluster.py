@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 
 from runner.dev import devcluster
+from runner.host import nodes
 from runner.job import checkpoint
+from runner.rundir import RunDir
 from tests.test_failures import (
     BASE,
     checkpoint_done,
@@ -25,6 +27,7 @@ from tests.test_failures import (
     submit,
     wait_for,
 )
+from tests.test_resume_honesty import assert_resumed_honestly
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 __all__ = ["hook"]  # the fixture, used by name
@@ -82,7 +85,8 @@ def test_fsdp_stopped_on_2x2_resumes_on_1x2_from_the_4_rank_shards(slurm_cluster
     subprocess.run(["scancel", "--batch", "--signal=USR2", job_id(run)], env=env, check=True, timeout=30)
     wait_for("the preempted job to end", lambda: status(env, run)["state"] == "preempted", 120, run)
     step, path = checkpoint.complete(run / "checkpoints")[0]
-    assert json.loads((path / "manifest.json").read_text())["world_size"] == 4
+    stopped_at = json.loads((path / "manifest.json").read_text())
+    assert stopped_at["world_size"] == 4
     out = runner(env, "resume", str(run), "num_nodes=1")
     assert "resized from 2x2 (accumulate 1) to 1x2 (accumulate 2); global batch 32 kept" in out.stdout
     wait_for("the resized run to finish", lambda: (run / "finished").exists(), 240, run)
@@ -94,6 +98,30 @@ def test_fsdp_stopped_on_2x2_resumes_on_1x2_from_the_4_rank_shards(slurm_cluster
     assert json.loads((newest / "manifest.json").read_text())["world_size"] == 2
     log = (run / "logs").rglob("rank-00000.log")
     assert any(f"resuming from {path} (step {step})" in p.read_text() for p in log)
+    assert_resumed_honestly(RunDir(run), stopped_at, to_world=2, to_accumulate=2, state="resharded")
+
+
+def test_fsdp_a_stopped_rank_is_named_and_its_node_left_out(slurm_cluster: devcluster.Cluster, hook: Any,
+                                                            tmp_path: Path) -> None:
+    """The watchdog and bad-node memory on shards, as for DDP (tests/test_resilience.py): rank 1 of a 1 x 2 fsdp
+    run is SIGSTOPped; the hang names it and its node, the node is kept out of the next job, which finishes."""
+    import os
+    import signal
+
+    env = env_for(slurm_cluster, hook)
+    run = submit(env, tmp_path, *FSDP, "num_nodes=1", "watchdog.floor_s=5")
+    wait_for("checkpoint 20", lambda: checkpoint_done(run, 20), 180, run)
+    rank1 = json.loads((run / "ranks" / "rank-00001.json").read_text())
+    os.kill(rank1["pid"], signal.SIGSTOP)
+    wait_for("the hang to be named", lambda: any(e["event"] == "exit" and e["outcome"] == "hang"
+                                                 for e in events(run)), 90, run)
+    row = status(env, run)
+    assert row["last_outcome"] == "hang" and f"rank 1 on {rank1['hostname']}" in row["last_cause"], row
+    assert list(nodes.remembered(tmp_path, 3600)) == [rank1["hostname"]]
+    wait_for("the resubmitted job to finish", lambda: (run / "finished").exists(), 240, run)
+    ranks = [json.loads(p.read_text())["hostname"] for p in sorted((run / "ranks").glob("rank-*.json"))]
+    assert rank1["hostname"] not in ranks  # the next attempt ran on the other node
+    assert json.loads((run / "ranks" / "params-rank00000.json").read_text())["world_size"] == 2
 
 
 def test_fsdp_2x2_a_kill_during_the_sharded_write_keeps_the_previous_checkpoint(
