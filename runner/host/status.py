@@ -264,8 +264,9 @@ def collect(name: str | None, root: Path) -> list[dict[str, Any]]:
 
     # A cause read from a log line may quote the webhook URL (ledgers written before redaction did): never show it,
     # whatever its source (each run's url_env, url_file or env:, learnt from its config), nor any Slack URL.
-    for run in runs:
-        _learn_secrets(run)
+    for run, r in zip(runs, rows, strict=True):
+        if r.get("last_cause") or r.get("error"):  # free text (a cause, an error) may quote it; the rest is runner's
+            _learn_secrets(run)
     url = os.environ.get(DEFAULT_URL_ENV, "").strip()
     return [alerts.redact_obj(r, [url] if url else []) for r in rows]
 
