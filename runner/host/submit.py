@@ -316,7 +316,7 @@ def resize(run: RunDir, overrides: list[str]) -> str:
         after = spec.load(staged, files=False)
     finally:
         staged.unlink(missing_ok=True)
-    manifest = json.loads(run.manifest.read_text())
+    manifest = read_json(run.manifest, {})  # {} when damaged (said in one line): the resize rewrites it
     if after.hash() != before.hash() and not data["resume"]["force"]:  # one hash rule for both, whatever wrote it
         raise SubmitError(f"resume {run.name}: the new layout changes the global batch ({before.global_batch} -> "
                           f"{after.global_batch}); expected the same. hint: set global_batch_size in the config")
