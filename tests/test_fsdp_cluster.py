@@ -101,6 +101,30 @@ def test_fsdp_stopped_on_2x2_resumes_on_1x2_from_the_4_rank_shards(slurm_cluster
     assert_resumed_honestly(RunDir(run), stopped_at, to_world=2, to_accumulate=2, state="resharded")
 
 
+def test_fsdp_a_global_data_position_goes_on_exactly_from_2x2_on_1x2(slurm_cluster: devcluster.Cluster, hook: Any,
+                                                                    tmp_path: Path) -> None:
+    """The example loader in one global order (``data.order=global``) stopped mid-epoch on 4 ranks over 2 nodes and
+    resumed on 2 ranks of 1 node: every batch of the interrupted epoch is trained once, by the 4 ranks before the
+    stop and the 2 after it (each rank's trace, written on its node into the shared run root)."""
+    env = env_for(slurm_cluster, hook)
+    trace = tmp_path / "trace"
+    run = submit(env, tmp_path, *FSDP, "slurm.requeue=false", "data.order=global", f"data.trace_dir={trace}")
+    wait_for("checkpoint 10", lambda: checkpoint_done(run, 10), 180, run)
+    subprocess.run(["scancel", "--batch", "--signal=USR2", job_id(run)], env=env, check=True, timeout=30)
+    wait_for("the preempted job to end", lambda: status(env, run)["state"] == "preempted", 120, run)
+    step, path = checkpoint.complete(run / "checkpoints")[0]
+    stopped_at = json.loads((path / "manifest.json").read_text())
+    assert stopped_at["world_size"] == 4 and stopped_at["mid_epoch"] and step < 32, stopped_at  # 128 batches, 4 a step
+    runner(env, "resume", str(run), "num_nodes=1")
+    wait_for("the resized run to finish", lambda: (run / "finished").exists(), 240, run)
+    assert_resumed_honestly(RunDir(run), stopped_at, to_world=2, to_accumulate=2, state="resharded", epoch_len=64,
+                            global_position=True)
+    taken = [tuple(int(x) for x in line.split()) for f in sorted(trace.glob("rank-*.txt"))
+             for line in f.read_text().splitlines()]
+    assert sorted(b for e, b in taken if e == 0) == list(range(128))  # each batch of the interrupted epoch once
+    assert sorted(b for e, b in taken if e == 1) == list(range(128))  # the next epoch whole, on 2 ranks
+
+
 def test_fsdp_a_stopped_rank_is_named_and_its_node_left_out(slurm_cluster: devcluster.Cluster, hook: Any,
                                                             tmp_path: Path) -> None:
     """The watchdog and bad-node memory on shards, as for DDP (tests/test_resilience.py): rank 1 of a 1 x 2 fsdp
