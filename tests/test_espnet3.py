@@ -236,3 +236,46 @@ def test_a_stopped_rank_is_named_as_the_hang(slurm_cluster: devcluster.Cluster, 
     finally:
         os.kill(victim["pid"], signal.SIGCONT) if Path(f"/proc/{victim['pid']}").exists() else None
         runner(env, "cancel", str(run), check=False)
+
+
+def squeue(env: dict[str, str], *args: str) -> list[str]:
+    out = subprocess.run(["squeue", "-h", *args], capture_output=True, text=True, env=env, timeout=30)
+    return out.stdout.split()
+
+
+@cluster
+@pytest.mark.slow
+def test_collect_stats_on_slurm_worker_jobs_one_cancelled_equals_local(slurm_cluster: devcluster.Cluster,
+                                                                       recipe: Path, tmp_path: Path) -> None:
+    """ESPnet3's own parallel: block with env: slurm: its dask-jobqueue workers are Slurm jobs on the dev cluster
+    (started from the stage's own job, with runner's environment); one is cancelled as it starts its shard, and the
+    statistics still equal those of env: local (the recipe fixture's, one worker): the shape files and frame counts
+    byte for byte, the float32 sums up to their summation order (2 shards here, 1 there)."""
+    env = cluster_env(slurm_cluster)
+    stats = recipe / "exp" / "stats_slurm"
+    out = submit(recipe, env, tmp_path / "runs", "stages=collect_stats", "runner.scheduler=slurm",
+                 "parallel.env=slurm", "parallel.n_workers=2", f"stats_dir={stats}", "exp_tag=stats_slurm",
+                 "parallel.options={cores: 1, memory: 1000MB, processes: 1, walltime: '00:20:00'}")
+    assert out.returncode == 0, out.stdout + out.stderr
+    run = one_run(tmp_path / "runs")
+    wait_for("a worker job to start a shard", lambda: bool(squeue(env, "-n", "dask-worker", "-t", "R", "-o", "%i"))
+             and bool(list(stats.glob("train/split.*/lock"))), 300, run)
+    assert len(list(stats.glob("train/split.*/done"))) < 2  # mid-way: not every shard of train is done
+    victim = squeue(env, "-n", "dask-worker", "-t", "R", "-o", "%i")[0]
+    subprocess.run(["scancel", victim], env=env, check=True, timeout=30)
+    wait_for("the stage's job to end", lambda: bool(exits(run)), 600, run)
+    [end] = exits(run)
+    assert (end["outcome"], end["exit_code"]) == ("completed", 0), end
+    state = subprocess.run(["sacct", "-n", "-X", "-j", victim, "-o", "State"], capture_output=True, text=True,
+                           env=env, timeout=30).stdout
+    assert "CANCELLED" in state, state
+    import numpy as np
+
+    local = recipe / "exp" / "stats"
+    for name in ("train/feats_shape", "train/text_shape", "valid/feats_shape"):
+        assert (stats / name).read_bytes() == (local / name).read_bytes(), name
+    for split in ("train", "valid"):
+        mine, ref = np.load(stats / split / "feats_stats.npz"), np.load(local / split / "feats_stats.npz")
+        assert sorted(mine.files) == sorted(ref.files) and int(mine["count"]) == int(ref["count"]) > 0
+        for key in ref.files:
+            np.testing.assert_allclose(mine[key], ref[key], rtol=1e-5, err_msg=f"{split} {key}")
