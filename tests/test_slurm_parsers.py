@@ -7,6 +7,7 @@ the job's state, before slurmdbd caught up: they are why runner asks the control
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -417,11 +418,13 @@ def test_status_asks_slurm_once_for_all_runs(tmp_path: Path, monkeypatch: pytest
     make_run(tmp_path, "b-running", "5", "start")
     make_run(tmp_path, "c-pending", "6")
     make_run(tmp_path, "d-done", "3", "start", "finished", "exit", finished=True)  # nothing Slurm can change
-    make_run(tmp_path, "e-local", None, "start", scheduler="local")
+    local = make_run(tmp_path, "e-local", None, "start", scheduler="local")
     broken = make_run(tmp_path, "f-broken", "4", "start")
     broken.manifest.write_text("[]")
     calls = fake_slurm(monkeypatch, {"sacct": MANY_SACCT, "squeue": MANY_SQUEUE})
-    rows = status.collect(None, tmp_path)
+    with open(local.owner_lock, "a") as lock:  # a live local run holds its owner lock (else it is a dead one)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        rows = status.collect(None, tmp_path)
     assert calls == ["sacct", "squeue"]
     assert calls.argv[0][calls.argv[0].index("-j") + 1] == "1,5,6"
     assert [(r["run"], r["state"]) for r in rows] == [
