@@ -114,14 +114,18 @@ def remember_config(cfg: Mapping[str, Any], run_dir: Path | None = None) -> None
         remember(secret_env_values(run_dir / "secret.env"))
 
 
-def secret_env_values(path: Path) -> list[str]:
-    """The values of a ``secret.env`` (``export NAME=VALUE`` lines, shell-quoted); none when there is none."""
+def secret_env_items(path: Path) -> dict[str, str]:
+    """The variables of a ``secret.env`` (``export NAME=VALUE`` lines, shell-quoted); none when there is none."""
     import shlex
 
     try:
         if not stat.S_ISREG(path.stat().st_mode) or path.stat().st_size > 1 << 20:
-            return []
+            return {}
         words = [shlex.split(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     except (OSError, ValueError):
-        return []
-    return [w[1].partition("=")[2] for w in words if len(w) == 2 and w[0] == "export"]
+        return {}
+    return dict(w[1].partition("=")[::2] for w in words if len(w) == 2 and w[0] == "export")
+
+
+def secret_env_values(path: Path) -> list[str]:
+    return list(secret_env_items(path).values())

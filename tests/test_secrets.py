@@ -183,3 +183,29 @@ def test_url_file_must_be_the_users_alone(spoil: Any, message: str, tmp_path: Pa
     with pytest.raises(AlertConfigError, match=message) as info:
         alerts.resolve_url(section)
     assert "\n" not in str(info.value) and "filetoken" not in str(info.value) and "hint:" in str(info.value)
+
+
+ENV_PROBE = """import os, sys
+open(sys.argv[1], "w").write(os.environ.get("MY_HOOK", "<unset>"))
+"""
+
+
+@pytest.mark.slow
+def test_a_local_run_gets_an_env_secret_that_no_file_of_the_run_holds(webhook: WebhookServer, tmp_path: Path) -> None:
+    """An env: value holding the webhook URL is kept out of config.yaml and job.sbatch (in secret.env, 0600); the
+    local launcher gives the ranks the real value, as the batch script's `source` does on Slurm."""
+    (tmp_path / "probe.py").write_text(ENV_PROBE)
+    conf = tmp_path / "probe.yaml"
+    conf.write_text(yaml.safe_dump({
+        "num_nodes": 1, "num_device": 1, "command": f"python probe.py {tmp_path / 'seen.txt'}",
+        "runner": {"name": "probe", "scheduler": "local", "run_root": str(tmp_path / "runs"),
+                   "container": {"runtime": "none"}, "env": {"MY_HOOK": webhook.url}}}))
+    env = {**os.environ, "RUNNER_WEBHOOK_URL": webhook.url, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-m", "runner", "submit", str(conf)], env=env, capture_output=True,
+                         text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (tmp_path / "seen.txt").read_text() == webhook.url
+    [run] = (tmp_path / "runs").iterdir()
+    assert stat.S_IMODE((run / "secret.env").stat().st_mode) == 0o600
+    for name in ("config.yaml", "job.sbatch", "manifest.json", "ledger.jsonl"):
+        assert found_in((run / name).read_text(), webhook.url) == [], name

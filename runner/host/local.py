@@ -33,9 +33,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from runner import alerts, policy
+from runner import alerts, policy, redaction
 from runner.alerts.causes import RankExit, first_failure
 from runner.errors import SubmitError
+from runner.host.render import SECRET_ENV
 from runner.rundir import ATTEMPT_ENV, RunDir, atomic_write, read_json
 from runner.spec.typed import read_resolved
 
@@ -254,6 +255,7 @@ def _start(run: RunDir, world_size: int, per_node: int, attempt: int, owner: Own
         for key in [k for k in env if k.startswith("SLURM_")]:
             del env[key]
         env.update({k: str(v) for k, v in cfg.get("env", {}).items()})
+        env.update(redaction.secret_env_items(run.root / SECRET_ENV))  # config.yaml holds these redacted
         # Own session: a Ctrl-C at the terminal reaches only the driver, which turns it into a checkpoint. The lock's
         # descriptor is inherited: the run stays locked while any rank lives, even if the driver is killed.
         procs.append(subprocess.Popen([sys.executable, "-m", "runner.job.launch", str(run.root)], env=env,
