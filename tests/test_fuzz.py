@@ -192,6 +192,22 @@ def check_rendered(cmd: str, out: str) -> None:
             SAMPLES["Dockerfile"].append(dockerfile)
 
 
+def counted_call(kind: str, argv: list[str]) -> tuple[int, str, str] | None:
+    """``call(argv)``, counted under ``kind``: its exit code, or (RUNNER_FUZZ_COLLECT=1) the traceback it raised by
+    kind and place, then None."""
+    COUNTS[f"{kind}: cases"] += 1
+    try:
+        rc, out, err = call(argv)
+    except Exception as e:
+        if not COLLECT:
+            raise
+        tb = traceback.extract_tb(e.__traceback__)[-1]
+        COUNTS[f"{kind}: traceback {type(e).__name__} at {Path(tb.filename).name}:{tb.lineno}"] += 1
+        return None
+    COUNTS[f"{kind}: exit {rc}"] += 1
+    return rc, out, err
+
+
 def fuzz_once(cmd: str, text: str, overrides: list[str], tmp: Path, t0: float) -> None:
     if time.monotonic() - t0 > BUDGET_S[cmd]:
         COUNTS[f"{cmd}: over budget, not run"] += 1
@@ -202,16 +218,10 @@ def fuzz_once(cmd: str, text: str, overrides: list[str], tmp: Path, t0: float) -
     last = {"validate": [], "submit": [f"run_root={tmp}/runs"], "build": [f"container.image_dir={tmp}/images"]}[cmd]
     # the test's own overrides last, so that run_root/image_dir stay in the test's directory
     argv = [cmd, *flags, str(conf), *overrides, *last]
-    COUNTS[f"{cmd}: cases"] += 1
-    try:
-        rc, out, err = call(argv)
-    except Exception as e:
-        if not COLLECT:
-            raise
-        tb = traceback.extract_tb(e.__traceback__)[-1]
-        COUNTS[f"{cmd}: traceback {type(e).__name__} at {Path(tb.filename).name}:{tb.lineno}"] += 1
+    answer = counted_call(cmd, argv)
+    if answer is None:
         return
-    COUNTS[f"{cmd}: exit {rc}"] += 1
+    rc, out, err = answer
     assert "Traceback" not in err + out, err
     assert rc in (0, 2), (rc, err)
     if rc == 2:
@@ -358,18 +368,13 @@ def run_fuzz_once(template: Path, root: Path, files: list[tuple[str, str]], comm
         _damage(run / name, "[]" if how == "huge" and name.endswith(".log") else how)
     argv = [a.replace("RUN", str(run)).replace("OUT", str(root / "page.html")) for a in command]
     argv += ["--root", str(root)]
-    COUNTS["run files: cases"] += 1
     try:
-        rc, out, err = call(argv)
-    except Exception as e:
-        if not COLLECT:
-            raise
-        tb = traceback.extract_tb(e.__traceback__)[-1]
-        COUNTS[f"run files: traceback {type(e).__name__} at {Path(tb.filename).name}:{tb.lineno}"] += 1
-        return
+        answer = counted_call("run files", argv)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    COUNTS[f"run files: exit {rc}"] += 1
+    if answer is None:
+        return
+    rc, out, err = answer
     assert "Traceback" not in err + out, err
     assert rc in (0, 1, 2), (rc, err)
 
