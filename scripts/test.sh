@@ -4,7 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-scripts/install-espnet3.sh  # ESPnet3's own venv (Python 3.12) for tests/test_espnet3.py; a stamp skips it once done
+# ESPnet3's own venv (Python 3.12) for tests/test_espnet3.py; a stamp skips it once done. Without a Python 3.12 its
+# tests skip with the reason on a laptop, and fail under CI=true.
+scripts/install-espnet3.sh || [ "${CI:-}" != true ]
 if [ "$(id -u)" = 0 ]; then
   scripts/install-slurm.sh
   [ -x scripts/install-podman.sh ] && scripts/install-podman.sh
