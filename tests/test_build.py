@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from runner import cli
-from runner.errors import SubmitError
+from runner.errors import ConfigError, SubmitError
 from runner.host import build, render, submit
 
 VENV_BIN = Path(sys.executable).parent
@@ -423,7 +423,8 @@ def test_submit_refuses_missing_image_unless_told(tmp_path: Path, fake_bin: Path
     assert submit.plan(cfg, [runs], allow_missing_image=True).image_problem is None
     assert submit.plan(cfg, [runs, "container.allow_missing_image=true"]).image_problem is None
     assert submit.plan(cfg, [runs, "container.runtime=none"]).image_problem is None
-    assert submit.plan(cfg, [runs, "scheduler=local"]).image_problem is None  # a local run uses no image
+    with pytest.raises(ConfigError, match="container.runtime: found apptainer with scheduler: local"):
+        submit.plan(cfg, [runs, "scheduler=local"])  # a local run starts no image: it is told to use runtime none
     with pytest.raises(SubmitError, match="not found"):
         submit.execute(submit.plan(cfg, [runs]))
 
