@@ -14,7 +14,6 @@ import re
 import signal
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -22,6 +21,8 @@ import yaml
 from runner.dev import devcluster
 from tests.ci import unavailable
 from tests.test_failures import checkpoint_done, events, job_id, runner, status, wait_for
+from tests.test_program_cluster import cluster_env, exits
+from tests.test_program_cluster import ranks as rank_info
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "espnet3-mini-an4"
@@ -51,21 +52,9 @@ def local_env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-def cluster_env(cluster: devcluster.Cluster) -> dict[str, str]:
-    return {**local_env(), **cluster.env()}
-
-
 def one_run(root: Path) -> Path:
     [run] = root.iterdir()
     return run
-
-
-def exits(run: Path) -> list[dict[str, Any]]:
-    return [e for e in events(run) if e["event"] == "exit"]
-
-
-def rank_info(run: Path) -> list[dict[str, Any]]:
-    return [json.loads(f.read_text()) for f in sorted((run / "ranks").glob("rank-*.json"))]
 
 
 @pytest.fixture(scope="module")
