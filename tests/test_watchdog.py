@@ -77,7 +77,8 @@ RANK = textwrap.dedent("""
     from runner.job.watchdog import Watchdog
     from runner.rundir import RunDir
     rd, rank, world, mode = RunDir(Path(sys.argv[1])), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-    wd = Watchdog(rd, rank, world, attempt=1, factor=10, floor_s=1.0, interval_s=0.2, report_every_s=0.5).start()
+    floor = 600.0 if mode == "patient" else 1.0  # "patient": its own clock would not fire within the test
+    wd = Watchdog(rd, rank, world, attempt=1, factor=10, floor_s=floor, interval_s=0.2, report_every_s=0.5).start()
     def barrier(): threading.Event().wait()
     def __getitem__(): time.sleep(3600)
     for step in range(10**6):
@@ -86,8 +87,8 @@ RANK = textwrap.dedent("""
         wd.before_backward()
         time.sleep(0.01)
         wd.beat(step)
-        if step == 30 and mode in ("collective", "data"):
-            barrier() if mode == "collective" else __getitem__()
+        if step == 30 and mode in ("collective", "data", "patient"):
+            __getitem__() if mode == "data" else barrier()
         if step == 80 and mode in ("run", "slow"):
             break
 """)
@@ -141,6 +142,16 @@ def test_a_rank_stuck_in_its_data_loader_is_named_against_the_waiting_ones(tmp_p
     assert [(s["rank"], s["state"]) for s in hang["suspects"]] == [(1, "in data")]
     assert "__getitem__" in hang["suspects"][0]["where"]
     assert "rank 1 on" in hang["summary"] and "2 of 3 ranks in collective" in hang["summary"]
+
+
+def test_a_rank_slow_to_notice_answers_the_first_report_instead_of_being_named(tmp_path: Path) -> None:
+    """Rank 2's own limit is 600 s: it reports when rank 0's report asks it to, so only the odd rank is named
+    (a loaded node's rank noticing late was named "not responding" beside the stuck one)."""
+    rd, codes = _finish(tmp_path, ["collective", "data", "patient"], 30)
+    assert codes == [EXIT_HANG] * 3
+    hang = json.loads((rd.root / "hang.json").read_text())
+    assert [(s["rank"], s["state"]) for s in hang["suspects"]] == [(1, "in data")]
+    assert hang["phases"] == {"collective": 2, "data": 1}
 
 
 def test_a_rank_stopped_before_its_first_heartbeat_is_named_with_its_node(tmp_path: Path) -> None:

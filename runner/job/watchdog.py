@@ -7,8 +7,10 @@ for ``max(factor x median step time, floor)`` seconds, the thread
 
 1. writes where this rank's main thread is (its Python stack, and the phase that stack means: in a collective,
    in the data loader, in backward, ...) to ``hangs/attempt-N/rank-XXXXX.json``;
-2. waits a little for the other ranks' reports, then the lowest rank that reported writes ``hang.json``: the
-   phase most ranks are in, and the ranks (with their nodes) that are elsewhere or not beating at all;
+2. asks the other ranks for their reports (``hangs/attempt-N/requested``: each watchdog thread answers it at its
+   next beat, whatever its own clock says), waits for them (longer while a rank that has not reported still beats:
+   it is alive and will answer), then the lowest rank that reported writes ``hang.json``: the phase most ranks are
+   in, and the ranks (with their nodes) that are elsewhere or not beating at all;
 3. exits the process with ``EXIT_HANG``: srun's ``--kill-on-bad-exit`` then ends the step, stopped ranks
    included, and the batch script's exit hook records cause ``hang`` with that summary.
 
@@ -137,6 +139,10 @@ class Watchdog:
     def reports(self) -> Path:
         return self.rd.root / "hangs" / f"attempt-{self.attempt}"
 
+    @property
+    def request(self) -> Path:
+        return self.reports / "requested"
+
     def start(self) -> Watchdog:
         self._advanced = time.monotonic()  # the first step's clock starts here
         self._thread.start()
@@ -194,7 +200,9 @@ class Watchdog:
                     self._report_stragglers()
             except OSError as e:  # a full or flaky shared filesystem must not stop training
                 log.warning("heartbeat not written: %s", e)
-            if not self._busy and time.monotonic() - self._advanced > self.limit():
+            # Another rank's hang report asks this one for its own, busy or not: a rank slow to notice on its
+            # own clock would otherwise be named as not responding.
+            if (not self._busy and time.monotonic() - self._advanced > self.limit()) or self.request.exists():
                 self._fire()
                 return
 
@@ -226,6 +234,7 @@ class Watchdog:
                   self.limit(), self._step, report["phase"])
         try:
             atomic_write(self.reports / f"rank-{self.rank:05d}.json", json.dumps(report, indent=1))
+            self.request.touch()
             self._conclude()
         except OSError as e:
             log.error("hang report not written: %s", e)
@@ -233,12 +242,22 @@ class Watchdog:
         self._exit(EXIT_HANG)
 
     def _conclude(self) -> None:
-        """Wait for the other ranks' reports; the lowest reporting rank writes the summary."""
-        deadline = time.monotonic() + 3 * self.interval_s
+        """Wait for the other ranks' reports; the lowest reporting rank writes the summary.
+
+        Every live rank answers the request within one beat; the wait is ``3 x interval``, longer (up to
+        ``10 x interval``) while a rank without a report still beats: a loaded node's thread may answer late, and
+        a live rank named "not responding" would send the hunt to the wrong node. A stopped rank stops beating.
+        """
+        asked = time.time()
+        start = time.monotonic()
         reports: dict[int, dict[str, Any]] = {}
-        while time.monotonic() < deadline and len(reports) < self.world:
+        while len(reports) < self.world:
             reports = {int(p.stem.split("-")[1]): rep for p in self.reports.glob("rank-*.json")
                        if isinstance(rep := read_json(p), dict)}
+            waited = time.monotonic() - start
+            if waited >= 10 * self.interval_s or (waited >= 3 * self.interval_s
+                                                  and not self._beating(set(reports), asked)):
+                break
             time.sleep(0.2)
         if not reports or min(reports) != self.rank:
             return
@@ -253,6 +272,15 @@ class Watchdog:
                                                     "restart_count": os.environ.get("SLURM_RESTART_COUNT", "0")})
                      + "\n")
         log.error("%s", summary["summary"])
+
+    def _beating(self, reported: set[int], since: float) -> bool:
+        """Whether a rank that has not reported wrote a heartbeat of this attempt within an interval of ``since``."""
+        for p in self.beats.glob("rank-*.json"):
+            b = read_json(p)
+            if isinstance(b, dict) and b.get("attempt") == self.attempt and b.get("rank") not in reported \
+                    and float(b.get("time", 0)) >= since - self.interval_s:
+                return True
+        return False
 
 
 def rank_hosts(rd: RunDir, attempt: int) -> dict[int, str]:
