@@ -340,6 +340,31 @@ class RunDir:
             attempt = (self.attempts() or [1])[-1]
         return self.attempt_logs(attempt) / f"rank-{rank:05d}.log"
 
+    # The stop signal's handshake. A rank that has not installed its handlers yet dies of the requeue signal
+    # (SIGUSR2's default action), and Slurm's timer may send it seconds after the job starts. So whoever signals the
+    # ranks writes the signal down first (``announce_signal``) and sends it only to ranks that said they are ready;
+    # a rank says so after installing its handlers, then reads what was announced (``signal_ready``). Either the
+    # signaller saw the rank ready (its handler was in place) or the rank sees the announcement.
+
+    def pending_signal(self, attempt: int) -> Path:  # the stop signal's name, once it came for this attempt
+        return self.attempt_logs(attempt) / "signal"
+
+    def ready_file(self, attempt: int, rank: int) -> Path:  # this rank's signal handlers are installed
+        return self.attempt_logs(attempt) / "ready" / f"rank-{rank:05d}"
+
+    def announce_signal(self, attempt: int, signame: str) -> None:
+        atomic_write(self.pending_signal(attempt), signame + "\n", sync_dir=False)
+
+    def signal_ready(self, attempt: int, rank: int) -> str | None:
+        """Mark this rank ready for signals (its handlers installed); the signal announced before that, if any."""
+        ready = self.ready_file(attempt, rank)
+        ready.parent.mkdir(parents=True, exist_ok=True)
+        ready.touch()
+        try:
+            return self.pending_signal(attempt).read_text().strip() or None
+        except FileNotFoundError:
+            return None
+
     def crash_file(self, attempt: int, rank: int) -> Path:
         """What one rank's training raised in one attempt (written by the launcher before it exits)."""
         return self.attempt_logs(attempt) / f"crash-{rank:05d}.json"

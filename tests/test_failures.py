@@ -148,6 +148,22 @@ def test_preemption_notice_checkpoints_requeues_and_resumes(slurm_cluster: devcl
     assert 0 < row["goodput"] < 1 and row["last_outcome"] == "completed"
 
 
+def test_a_notice_as_the_job_starts_stops_every_rank_at_its_first_step(slurm_cluster: devcluster.Cluster, hook: Any,
+                                                                        reference: list[Any], tmp_path: Path) -> None:
+    """Slurm's timer may signal seconds after the start, before the ranks have their handlers (SIGUSR2's default
+    kills): the batch script writes it down and sends it once every rank is ready; none dies of it."""
+    env = env_for(slurm_cluster, hook)
+    run = submit(env, tmp_path)
+    wait_for("the first attempt's folder", lambda: (run / "logs" / "attempt-1").is_dir(), 120, run)
+    subprocess.run(["scancel", "--batch", "--signal=USR2", job_id(run)], env=env, check=True, timeout=30)
+    wait_for("the requeued job to finish", lambda: (run / "finished").exists(), 240, run)
+    exits = [e for e in events(run) if e["event"] == "exit"]
+    assert (exits[0]["exit_code"], exits[0]["outcome"]) == (75, "preempted"), exits
+    first = sorted((run / "logs" / "attempt-1").glob("rank-*.log"))
+    assert len(first) == 4 and all("received SIGUSR2" in p.read_text() for p in first)
+    assert_recovered(run, reference, hook, ["preempted", "requeued", "completed"])
+
+
 def test_time_limit_signals_before_the_limit(slurm_cluster: devcluster.Cluster, hook: Any,
                                              reference: list[Any], tmp_path: Path) -> None:
     # A 1-minute limit and a 45 s lead: Slurm signals ~15-45 s into each attempt; training needs ~3 attempts.

@@ -108,6 +108,21 @@ def test_signal_checkpoint_then_resume_is_bitwise_identical(tmp_path: Path, refe
     assert "resuming from" in RunDir(run).rank_log(1).read_text()
 
 
+def test_a_signal_while_the_ranks_start_stops_them_at_their_first_step(tmp_path: Path) -> None:
+    """The requeue signal as the attempt begins, before the ranks have their handlers (SIGUSR2's default kills):
+    written down, read by each rank once its handlers are in place; they stop with a checkpoint, none dies."""
+    proc, run = start(tmp_path, SLOW)
+    wait_for(RunDir(run).attempt_logs(1))  # the driver claimed the attempt: its ranks are being started
+    proc.send_signal(signal.SIGUSR2)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 75, out
+    assert (RunDir(run).pending_signal(1)).read_text() == "USR2\n"
+    for rank in (0, 1):
+        assert "received SIGUSR2" in RunDir(run).rank_log(rank, 1).read_text()
+    stopped = json.loads(runner("status", str(run), "--json").stdout)[0]
+    assert stopped["state"] == "preempted"
+
+
 def test_kill_and_torn_checkpoints_are_never_used(tmp_path: Path, reference: list) -> None:
     proc, run = start(tmp_path, "checkpoint.every_n_steps=5")
     ckpts = run / "checkpoints"

@@ -199,7 +199,7 @@ def test_each_batch_attempt_claims_its_own_log_folder(tmp_path: Path) -> None:
     """A requeue or resubmission runs the script again: each run claims a new logs/attempt-N, even at once."""
     text = artifacts()["job.sbatch"]
     claim = text[text.index("# Each attempt"):text.index("# Bookkeeping only")]
-    script = f"set -uo pipefail\nRUN_DIR={tmp_path}\n{claim}\nprintenv RUNNER_ATTEMPT\n"
+    script = f"set -uo pipefail\nRUN_DIR={tmp_path}\ngot_signal=\n{claim}\nprintenv RUNNER_ATTEMPT\n"
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / "attempt-1").mkdir()  # the first attempt
     starts = [subprocess.Popen(["bash", "-c", script], stdout=subprocess.PIPE, text=True) for _ in range(4)]
@@ -209,3 +209,28 @@ def test_each_batch_attempt_claims_its_own_log_folder(tmp_path: Path) -> None:
     (tmp_path / "logs").rename(tmp_path / "elsewhere")
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=10)
     assert out.returncode == 1 and out.stderr == f"runner: cannot create {tmp_path}/logs/attempt-1\n"
+
+
+def test_the_stop_signal_waits_for_every_rank_to_be_ready(tmp_path: Path) -> None:
+    """The batch script's to_ranks: written down at once; sent to the step only when all 32 ranks (4 nodes x 8) said
+    they are ready, since a rank without its handler dies of SIGUSR2."""
+    text = artifacts()["job.sbatch"]
+    to_ranks = text[text.index("to_ranks() {"):text.index("on_signal() {")]
+    assert "-ge 32 ]" in to_ranks
+    attempt = tmp_path / "attempt-1"
+    (attempt / "ready").mkdir(parents=True)
+    got = tmp_path / "got"
+    # The step: reports the signal it gets; a plain sleep stands in for srun.
+    step = subprocess.Popen(["bash", "-c", f"trap 'echo USR2 > {got}; exit 0' USR2; while true; do sleep 0.05; done"])
+    try:
+        script = f'set -uo pipefail\nattempt_dir={attempt}\nstep_pid={step.pid}\n{to_ranks}\nto_ranks USR2\n'
+        subprocess.run(["bash", "-c", script], check=True, timeout=10)
+        assert (attempt / "signal").read_text() == "USR2\n"
+        for rank in range(31):
+            (attempt / "ready" / f"rank-{rank:05d}").touch()
+        with pytest.raises(subprocess.TimeoutExpired):  # 31 of 32 ready: nothing sent
+            step.wait(timeout=1)
+        (attempt / "ready" / "rank-00031").touch()
+        assert step.wait(timeout=10) == 0 and got.read_text() == "USR2\n"
+    finally:
+        step.kill()

@@ -37,7 +37,7 @@ from runner.errors import RunnerError
 from runner.host import nodes, notices, slurm, successor
 from runner.host.status import records
 from runner.job.checks import ONLY_ENV
-from runner.rundir import ATTEMPT_ENV, EXIT_REQUEUE, EXIT_SUPERSEDED, SUCCESSOR_ENV, RunDir, atomic_write, read_json
+from runner.rundir import ATTEMPT_ENV, EXIT_SUPERSEDED, SUCCESSOR_ENV, RunDir, atomic_write, read_json
 from runner.spec.typed import read_resolved
 
 ALERT_BUDGET_S = 15.0  # the background sender's time; what it cannot send stays queued for runner cron
@@ -156,8 +156,9 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
     rc = launcher_code(run, rc, job)
     rec = records(run)
     attempt = policy.attempt(rec.events)
-    left = _seconds_left(job) if job and rc == EXIT_REQUEUE else None  # tells a time limit from a preemption
-    event = policy.classify(rec, rc, left, limits, job)
+    # The time left tells a time limit from a preemption.
+    left = _seconds_left(job) if job and policy.stopped_by(rc, signal_name) else None
+    event = policy.classify(rec, rc, left, limits, job, signal_name)
     if event == "superseded":  # another job owns the run: its records and alerts are not this job's to write
         run.record("superseded", job_id=job, owner=rec.job_id, exit_code=rc)
         log.info("job %s was superseded by job %s: no checkpoint written, nothing else recorded", job, rec.job_id)

@@ -221,14 +221,20 @@ class _Attempt:
     """What the driver saw of one attempt: exits in the order they came, and how it was asked to stop."""
 
     procs: list[subprocess.Popen[bytes]]
+    run_dir: RunDir
+    attempt: int
     exits: list[RankExit] = field(default_factory=list)
     stop: str | None = None  # interrupted (Ctrl-C) or preempted (SIGTERM, SIGUSR2)
     killed_by_us: set[int] = field(default_factory=set)  # ranks this driver killed (not a cause)
 
     def forward(self, signum: int) -> None:
-        for p in self.procs:
-            with contextlib.suppress(OSError):
-                p.send_signal(signum)
+        """To every rank ready for it; a rank not ready yet reads it when it is (``RunDir.announce_signal``)."""
+        with contextlib.suppress(OSError):
+            self.run_dir.announce_signal(self.attempt, signal.Signals(signum).name.removeprefix("SIG"))
+        for rank, p in enumerate(self.procs):
+            if self.run_dir.ready_file(self.attempt, rank).exists():
+                with contextlib.suppress(OSError):
+                    p.send_signal(signum)
 
     def kill_rest(self, why: str) -> None:
         done = {e.rank for e in self.exits}
@@ -391,7 +397,7 @@ def run(run_dir: RunDir, world_size: int, owner: Owner, num_device: int | None =
     """
     cfg = read_resolved(run_dir.config)
     attempt = run_dir.new_attempt()
-    att = _Attempt([])
+    att = _Attempt([], run_dir, attempt)
     requeue_signal = getattr(signal, f"SIG{cfg['slurm']['signal']}")
     old = _handle_signals(att, requeue_signal)
     try:

@@ -235,7 +235,8 @@ def sbatch(cfg: Config, run_dir: Path, image: str, program_dir: str | None = Non
     ifname = cfg.data["network"]["ifname"]
     env_names = [*CONTAINER_ENV, *(IFNAME_ENV if ifname else ()), *(k for k, _ in everything)]
     return render("sbatch.sh.j2", config_name=cfg.name, config_hash=cfg.hash(), name=cfg.name,
-                  nodes=d["num_nodes"], ntasks_per_node=d["num_device"], gpus_per_node=gpus,
+                  nodes=d["num_nodes"], ntasks_per_node=d["num_device"], world_size=d["num_nodes"] * d["num_device"],
+                  gpus_per_node=gpus,
                   cpus_per_task=s["cpus_per_task"], time=s["time"], sbatch_flags=flags, requeue=s["requeue"],
                   signal=s["signal"], signal_lead_s=s["signal_lead_s"], run_dir=str(run_dir), env=env,
                   host_python=sys.executable, ifname=ifname, successor=d["resume"]["successor"],

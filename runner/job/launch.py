@@ -17,6 +17,7 @@ import io
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 import time
@@ -121,6 +122,8 @@ def train(rd: RunDir) -> int:
     setup_logging(stamped=True)  # a rank log is read later, next to other ranks' logs: every line has its time
     log.info("runner %s: rank %d/%d local %d node %d on %s, attempt %d", __version__, rank, world, local, node,
              socket.gethostname(), attempt)
+    if (pending := rd.signal_ready(attempt, rank)) is not None:  # it came before the handlers: stop all the same
+        flag.set(getattr(signal, f"SIG{pending}"))
     from runner.job import netenv, preflight, program, targets
 
     # The NCCL/gloo environment before anything else: the interface is detected once on this node (names differ
