@@ -29,7 +29,7 @@ from runner.host import build, render, submit
 from tests.ci import unavailable
 from tests.test_failures import BASE, checkpoint_done, events, final_weights, job_id, runner, status, wait_for
 
-pytestmark = [pytest.mark.slurm, pytest.mark.podman, pytest.mark.slow]
+pytestmark = pytest.mark.podman  # on the dev cluster too (slurm_cluster)
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf" / "slurm-2node-podman.yaml"

@@ -29,7 +29,7 @@ from tests.test_failures import (
 )
 from tests.test_resume_honesty import assert_resumed_honestly
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = pytest.mark.slurm
 __all__ = ["hook"]  # the fixture, used by name
 FSDP = ("trainer.strategy=fsdp",)
 

@@ -20,7 +20,7 @@ from runner.rundir import EXIT_HANG, RunDir
 from tests.test_local_run import QUICKSTART, SLOW, STEPS, assert_bitwise, runner, start, wait_for
 from tests.test_resume_honesty import assert_resumed_honestly
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.local
 FSDP = ("trainer.strategy=fsdp",)
 
 

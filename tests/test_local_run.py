@@ -21,7 +21,7 @@ from tests.test_resume_honesty import assert_resumed_honestly
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "conf" / "quickstart.yaml"
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.local
 STEPS = 40
 # For runs that get a signal: the ranks agree on stopping every ~0.1 s, so with 50 ms steps the signal lands well
 # before the last step (with 2 ms steps the run may reach its end first, and then rightly finishes instead of

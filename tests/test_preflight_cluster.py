@@ -35,7 +35,7 @@ MIN_BUSBW = 0.1  # GB/s: far below what an unlimited veth carries here, 4x above
 # An empty resolv.conf for the nodes: the namespaces cannot reach the host's DNS server, and c10d's first
 # TCPStore waits 10 s on a reverse lookup that times out. A real cluster's DNS answers (or fails) at once.
 NO_DNS = Path("/tmp/runner-preflight-no-dns.conf")
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = pytest.mark.slurm
 
 
 

@@ -20,7 +20,7 @@ import torch
 from runner.job import checkpoint
 from runner.rundir import EXIT_HANG, EXIT_NONFINITE, EXIT_PROGRAM, EXIT_REQUEUE, RunDir, read_json
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.local
 PROGRAMS = Path(__file__).resolve().parent / "programs"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 CONF = """\

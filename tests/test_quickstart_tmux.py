@@ -18,7 +18,7 @@ import pytest
 from tests.ci import need
 
 REPO = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.local
 
 
 class Terminal:
