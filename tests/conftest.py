@@ -12,9 +12,9 @@ Every test belongs to exactly one tier, a marker that says what it needs (`pytes
 
 A module says its tier with ``pytestmark = pytest.mark.<tier>``, a test that differs says its own
 (``@pytest.mark.local``); a test that says none and uses a fixture of a heavier tier (`slurm_cluster`,
-`podman_base_image`) gets that tier. tests/test_tiers.py fails when a test has no
-tier, two, or a unit test that asks for a process-starting fixture, and a unit test that starts a process anyway
-fails at teardown.
+`podman_base_image`, a fixture marked ``@fixture_tier("local")``) gets that tier. tests/test_tiers.py fails when a
+test has no tier, two, or is a unit test that asks for a process-starting fixture; a unit test that starts a process
+anyway fails at teardown.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import logging
 import os
 import subprocess
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -40,11 +40,36 @@ TIERS = {
 }
 # The old name of the local tier, still read so that a test written with it keeps one tier.
 ALIASES = {"slow": "local"}
-# Fixtures that put every test using them (directly or through another fixture) in at least this tier.
+# Fixtures that put every test using them (directly or through another fixture) in at least this tier; a test
+# module's own fixture says its tier with `@fixture_tier(...)`.
 FIXTURE_TIERS = {
     "slurm_cluster": "slurm",
     "podman_base_image": "podman",
 }
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def fixture_tier(tier: str) -> Callable[[F], F]:
+    """Under `@pytest.fixture`: the tier of every test that uses this fixture is at least `tier` (a fixture that
+    starts training processes: "local"; one that starts its own cluster: "slurm")."""
+    assert tier in TIERS, tier
+
+    def mark(fn: F) -> F:
+        fn.runner_tier = tier  # type: ignore[attr-defined]
+        return fn
+    return mark
+
+
+def _fixture_tiers(item: pytest.Item) -> dict[str, str]:
+    """The fixtures this test uses (directly or through another fixture) that put it in a tier."""
+    found = {f: FIXTURE_TIERS[f] for f in getattr(item, "fixturenames", ()) if f in FIXTURE_TIERS}
+    info = getattr(item, "_fixtureinfo", None)
+    for name, defs in (info.name2fixturedefs.items() if info is not None else ()):
+        if defs and (tier := getattr(defs[-1].func, "runner_tier", None)):
+            found[name] = tier
+    return found
+
+
 TIER_KEY = pytest.StashKey[str]()
 PROBLEMS_KEY = pytest.StashKey[list[str]]()
 COLLECTED_KEY = pytest.StashKey[list[pytest.Item]]()
@@ -82,7 +107,7 @@ def resolve_tier(item: pytest.Item) -> tuple[str | None, list[str]]:
         said_at = node
         if name not in said:
             said.append(name)
-    needed = {f: FIXTURE_TIERS[f] for f in getattr(item, "fixturenames", ()) if f in FIXTURE_TIERS}
+    needed = _fixture_tiers(item)
     heaviest = max(needed.values(), key=_rank, default=None)
     problems = []
     if len(said) > 1:

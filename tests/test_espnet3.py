@@ -20,6 +20,7 @@ import yaml
 
 from runner.dev import devcluster
 from tests.ci import unavailable
+from tests.conftest import fixture_tier
 from tests.test_failures import checkpoint_done, events, job_id, runner, status, wait_for
 from tests.test_program_cluster import cluster_env, exits
 from tests.test_program_cluster import ranks as rank_info
@@ -60,6 +61,7 @@ def one_run(root: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
+@fixture_tier("local")
 def recipe(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The recipe prepared as the README says: create_dataset, then train_tokenizer and collect_stats, each a
     one-process runner run (local)."""

@@ -21,6 +21,7 @@ import pytest
 
 from runner.dev import devcluster
 from runner.rundir import RunDir
+from tests.conftest import fixture_tier
 from tests.waiting import alerts_all_sent
 
 pytestmark = pytest.mark.slurm
@@ -97,6 +98,7 @@ def status(env: dict[str, str], run: Path) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
+@fixture_tier("local")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> list[Any]:
     """The undisturbed run (same world size, run locally): the weights every disturbed run must end with."""
     root = tmp_path_factory.mktemp("reference")

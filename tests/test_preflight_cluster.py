@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from tests.ci import need
+from tests.conftest import fixture_tier
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf" / "slurm-2node.yaml"
@@ -48,6 +49,7 @@ def in_node(cluster: Any, node: str, *argv: str) -> subprocess.CompletedProcess[
 
 
 @pytest.fixture(scope="module")
+@fixture_tier("slurm")
 def cluster() -> Iterator[Any]:
     need(os.geteuid() == 0, "the dev Slurm cluster needs root")
     need(shutil.which("iptables") is not None, "iptables is needed to block MASTER_PORT")

@@ -10,10 +10,11 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from tests.conftest import COLLECTED_KEY, FIXTURE_TIERS, PROBLEMS_KEY, TIER_KEY, TIERS, resolve_tier
+from tests.conftest import COLLECTED_KEY, FIXTURE_TIERS, PROBLEMS_KEY, TIER_KEY, TIERS, fixture_tier, resolve_tier
 
 pytestmark = pytest.mark.unit
 
@@ -32,6 +33,7 @@ class _Fake:
     def __init__(self, marks: list[list[str]], fixtures: list[str]) -> None:
         self.levels = [(object(), [getattr(pytest.mark, m).mark for m in level]) for level in marks]
         self.fixturenames = fixtures
+        self._fixtureinfo: object = None
 
     def iter_markers_with_node(self) -> list[tuple[object, pytest.Mark]]:
         return [(node, mark) for node, level in self.levels for mark in level]
@@ -58,6 +60,20 @@ def test_the_tier_rules_fail_when_broken(marks: list[list[str]], fixtures: list[
         assert problems == []
     else:
         assert len(problems) == 1 and problem in problems[0], problems
+
+
+def test_a_fixture_marked_with_its_tier_gives_it_to_the_tests_that_use_it() -> None:
+    @fixture_tier("local")
+    def trains() -> None: ...
+
+    def fake(marks: list[list[str]]) -> _Fake:
+        item = _Fake(marks, ["tmp_path", "trains"])
+        item._fixtureinfo = SimpleNamespace(name2fixturedefs={"trains": [SimpleNamespace(func=trains)]})
+        return item
+
+    assert resolve_tier(fake([[]])) == ("local", [])  # type: ignore[arg-type]
+    tier, problems = resolve_tier(fake([[], ["unit"]]))  # type: ignore[arg-type]
+    assert tier == "unit" and problems == ["is in the unit tier but uses trains (local)"]
 
 
 def test_a_test_carries_its_one_tier_itself(request: pytest.FixtureRequest) -> None:
