@@ -1,15 +1,142 @@
-"""Shared fixtures: real services (Slurm cluster, webhook server, podman) are pytest plugins in tests/."""
+"""Shared fixtures and the test tiers.
 
+Real services (Slurm cluster, webhook server, podman) are pytest plugins in tests/.
+
+Every test belongs to exactly one tier, a marker that says what it needs (`pytest -m unit`, `scripts/test.sh --unit`):
+
+- ``unit``: in-process only, starts no process; the whole tier runs in under a minute on 2 cores.
+- ``local``: starts local processes (training ranks, the CLI, linters, tmux).
+- ``browser``: opens a page in headless Chromium.
+- ``slurm``: needs the local dev Slurm cluster (root).
+- ``podman``: needs podman and its local base image (root); some of these use the dev cluster as well.
+
+A module says its tier with ``pytestmark = pytest.mark.<tier>``, a test that differs says its own
+(``@pytest.mark.local``); a test that says none and uses a fixture of a heavier tier (`slurm_cluster`,
+`podman_base_image`, a fixture marked ``@fixture_tier("local")``) gets that tier. tests/test_tiers.py fails when a
+test has no tier, two, or is a unit test that asks for a process-starting fixture; a unit test that starts a process
+anyway fails at teardown.
+"""
+
+from __future__ import annotations
+
+import _posixsubprocess
 import logging
-from collections.abc import Iterator
+import os
+import subprocess
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import pytest
 
 pytest_plugins = ["tests.webhook_server", "tests.slurm_fixture", "tests.podman_fixture"]
 
+# Lightest first: a test that needs several things is in the tier of the heaviest.
+TIERS = {
+    "unit": "in-process only, starts no process; under a minute on 2 cores (scripts/test.sh --unit)",
+    "local": "starts local processes: training ranks, the CLI, linters, tmux",
+    "browser": "opens a page in headless Chromium (scripts/install-chromium.sh, root)",
+    "slurm": "needs the local dev Slurm cluster (root + scripts/install-slurm.sh)",
+    "podman": "needs podman and its local base image (root + scripts/install-podman.sh); some use the dev cluster too",
+}
+# The old name of the local tier, still read so that a test written with it keeps one tier.
+ALIASES = {"slow": "local"}
+# Fixtures that put every test using them (directly or through another fixture) in at least this tier; a test
+# module's own fixture says its tier with `@fixture_tier(...)`.
+FIXTURE_TIERS = {
+    "slurm_cluster": "slurm",
+    "podman_base_image": "podman",
+}
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def fixture_tier(tier: str) -> Callable[[F], F]:
+    """Under `@pytest.fixture`: the tier of every test that uses this fixture is at least `tier` (a fixture that
+    starts training processes: "local"; one that starts its own cluster: "slurm")."""
+    assert tier in TIERS, tier
+
+    def mark(fn: F) -> F:
+        fn.runner_tier = tier  # type: ignore[attr-defined]
+        return fn
+    return mark
+
+
+def _fixture_tiers(item: pytest.Item) -> dict[str, str]:
+    """The fixtures this test uses (directly or through another fixture) that put it in a tier."""
+    found = {f: FIXTURE_TIERS[f] for f in getattr(item, "fixturenames", ()) if f in FIXTURE_TIERS}
+    info = getattr(item, "_fixtureinfo", None)
+    for name, defs in (info.name2fixturedefs.items() if info is not None else ()):
+        if defs and (tier := getattr(defs[-1].func, "runner_tier", None)):
+            found[name] = tier
+    return found
+
+
+TIER_KEY = pytest.StashKey[str]()
+PROBLEMS_KEY = pytest.StashKey[list[str]]()
+COLLECTED_KEY = pytest.StashKey[list[pytest.Item]]()
+
 
 def pytest_addoption(parser):  # type: ignore[no-untyped-def]
     parser.addoption("--update-golden", action="store_true", help="rewrite tests/golden/* from the templates")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, needs in TIERS.items():
+        config.addinivalue_line("markers", f"{name}: tier: {needs}")
+    config.addinivalue_line("markers", "slow: the old name of the `local` tier")
+
+
+def _rank(tier: str) -> int:
+    return list(TIERS).index(tier)
+
+
+def _tier_name(mark: pytest.Mark) -> str | None:
+    return ALIASES.get(mark.name, mark.name) if mark.name in TIERS or mark.name in ALIASES else None
+
+
+def resolve_tier(item: pytest.Item) -> tuple[str | None, list[str]]:
+    """The tier of a test and what is wrong with it. The closest tier marker wins (a test's own over its class's
+    over its module's); one place naming two tiers, no tier at all, or a fixture of a heavier tier is wrong."""
+    said: list[str] = []
+    said_at = None
+    for node, mark in item.iter_markers_with_node():
+        name = _tier_name(mark)
+        if name is None:
+            continue
+        if said and node is not said_at:
+            break
+        said_at = node
+        if name not in said:
+            said.append(name)
+    needed = _fixture_tiers(item)
+    heaviest = max(needed.values(), key=_rank, default=None)
+    problems = []
+    if len(said) > 1:
+        problems.append(f"carries {len(said)} tiers in one place ({', '.join(sorted(said))}); a test has exactly one")
+    tier = (said[0] if len(said) == 1 else None) if said else heaviest
+    if tier is None and not said:
+        problems.append("has no tier: add `pytestmark = pytest.mark.<tier>` to its module (tests/conftest.py)")
+    elif tier is not None and heaviest is not None and _rank(heaviest) > _rank(tier):
+        uses = ", ".join(f"{f} ({t})" for f, t in needed.items() if _rank(t) > _rank(tier))
+        problems.append(f"is in the {tier} tier but uses {uses}")
+    return tier, problems
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the tiers are checked over everything collected
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    carried = {}
+    for item in items:
+        tier, problems = resolve_tier(item)
+        item.stash[TIER_KEY] = tier or ""
+        item.stash[PROBLEMS_KEY] = problems
+        carried[item] = [tier] if tier else sorted({n for m in item.iter_markers() if (n := _tier_name(m))})
+    # Each test then carries its tier itself, and its class and module none: `-m unit` must not select a test of a
+    # unit module that says `@pytest.mark.local` (a test with two keeps both, for test_tiers to report).
+    for item in items:
+        for node in item.listchain():
+            node.own_markers[:] = [m for m in node.own_markers if _tier_name(m) is None]
+        for name in carried[item]:
+            item.add_marker(name)
+    config.stash[COLLECTED_KEY] = list(items)
 
 
 @pytest.fixture(autouse=True)
@@ -20,3 +147,38 @@ def _fresh_runner_logger() -> Iterator[None]:
     saved = (logger.handlers[:], logger.level, logger.propagate)
     yield
     logger.handlers[:], logger.level, logger.propagate = saved
+
+
+# Every way Python starts a process ends in one of these: subprocess.Popen calls its own name for
+# _posixsubprocess.fork_exec (or os.posix_spawn), multiprocessing's spawn and forkserver call fork_exec, its fork
+# context os.fork.
+_STARTERS: list[tuple[Any, str]] = [(subprocess, "_fork_exec"), (_posixsubprocess, "fork_exec"), (os, "fork"),
+                                    (os, "system"), (os, "posix_spawn"), (os, "posix_spawnp")]
+
+
+@pytest.fixture(autouse=True)
+def _unit_starts_no_process(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A unit test that starts a process fails: it belongs in the local tier (the unit tier stays fast)."""
+    if request.node.stash.get(TIER_KEY, "") != "unit":
+        yield
+        return
+    started: list[str] = []
+
+    def recording(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
+        def starter(*args: Any, **kwargs: Any) -> Any:
+            argv = args[0] if name in ("_fork_exec", "fork_exec", "system") and args else args[1:2]
+            started.append(f"{name.lstrip('_')}({argv!r:.120})")
+            return real(*args, **kwargs)
+        return starter
+
+    saved = [(owner, name, getattr(owner, name)) for owner, name in _STARTERS if hasattr(owner, name)]
+    for owner, name, real in saved:
+        setattr(owner, name, recording(name, real))
+    try:
+        yield
+    finally:
+        for owner, name, real in saved:
+            setattr(owner, name, real)
+    if started:
+        pytest.fail(f"a unit test started {len(started)} process(es), first {started[0]}: mark it "
+                    "`@pytest.mark.local` (or its module `pytestmark = pytest.mark.local`)", pytrace=False)

@@ -24,13 +24,6 @@ REPO = Path(__file__).resolve().parents[1]
 INSTALL_SCRIPT = REPO / "scripts" / "install-slurm.sh"
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "slurm: needs the local dev Slurm cluster (root + scripts/install-slurm.sh)")
-
-
-
-
 def _install() -> None:
     """Run the idempotent installer (0.1 s when everything is there)."""
     if os.geteuid() != 0:

@@ -15,6 +15,8 @@ from runner.job.callback import STOP, SUPERSEDED, Agreement, StopFlag
 from runner.rundir import RunDir
 from tests.gloo_ranks import on_two_ranks
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize(("job", "owners", "expected"), [
     # read at steps 0, 5, 10 (every 5 steps), False in between; the file names job 7 until step 6, then job 9
@@ -56,6 +58,7 @@ def _agree(rank: int, case: str) -> tuple[int | None, str | None]:
         agreement.finish()
 
 
+@pytest.mark.local
 @pytest.mark.parametrize(("case", "verdict"), [
     ("signal", STOP),  # rank 0 alone is signalled at step 4
     ("superseded", SUPERSEDED),  # rank 1 alone reads another job's id from step 7 on

@@ -22,6 +22,8 @@ from runner.errors import ConfigError
 from runner.rundir import RunDir
 from runner.spec import EVENTS
 
+pytestmark = pytest.mark.unit
+
 if TYPE_CHECKING:
     from tests.webhook_server import WebhookServer
 
@@ -664,6 +666,7 @@ def test_validation_reports_every_problem_of_the_alerts_section(tmp_path):
     assert any("alerts.kind: found 'teams'; expected one of slack, json" in p for p in problems)
 
 
+@pytest.mark.local
 def test_import_is_light():
     code = "import sys, runner.alerts; bad = {'requests', 'torch', 'lightning'} & set(sys.modules); assert not bad, bad"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)

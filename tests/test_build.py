@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tarfile
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,8 @@ import pytest
 from runner import cli
 from runner.errors import ConfigError, SubmitError
 from runner.host import build, render, submit
+
+pytestmark = pytest.mark.local
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -355,16 +358,20 @@ def test_hung_step_is_stopped(tmp_path: Path) -> None:
     assert log.read_text().endswith("runner: stopped after 0.5 s\n")
 
 
+@pytest.mark.unit
 def test_progress_shows_live_output_on_a_terminal(tmp_path: Path) -> None:
     class Tty:
         def __init__(self) -> None:
             self.text = ""
+            self.live = threading.Event()  # the live line was drawn: "\r" and the step's latest output
 
         def isatty(self) -> bool:
             return True
 
         def write(self, s: str) -> None:
             self.text += s
+            if s.startswith("\r") and "STEP 3/9" in s:
+                self.live.set()
 
         def flush(self) -> None:
             pass
@@ -373,7 +380,7 @@ def test_progress_shows_live_output_on_a_terminal(tmp_path: Path) -> None:
     progress = build.Progress(2, out)  # type: ignore[arg-type]
     progress.start(1, build.Step("image", "build the image", ["x"]), tmp_path / "image.log")
     progress.line("STEP 3/9: RUN pip install\n")
-    time.sleep(0.7)
+    assert out.live.wait(30), out.text  # drawn every 0.5 s
     progress.finish(True)
     assert "[1/2] image: build the image" in out.text and "STEP 3/9: RUN pip install" in out.text
     assert "\r" in out.text and "done in 0." in out.text

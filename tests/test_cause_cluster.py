@@ -16,7 +16,7 @@ import pytest
 from runner.dev import devcluster
 from tests.test_failures import checkpoint_done, env_for, hook, status, submit, wait_for
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = pytest.mark.slurm
 __all__ = ["hook"]  # the fixture, shared with tests/test_failures.py
 
 

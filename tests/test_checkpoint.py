@@ -6,7 +6,11 @@ import hashlib
 import json
 from pathlib import Path
 
+import pytest
+
 from runner.job import checkpoint
+
+pytestmark = pytest.mark.unit
 
 
 def make(root: Path, files: dict[str, bytes], step: int = 10) -> Path:

@@ -14,6 +14,8 @@ import pytest
 
 from runner import cli, proc
 
+pytestmark = pytest.mark.local
+
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "conf" / "quickstart.yaml"
 PROBE = """

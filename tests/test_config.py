@@ -12,6 +12,8 @@ import yaml
 from runner import spec
 from runner.errors import ConfigError
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = yaml.safe_load((REPO / "conf" / "quickstart.yaml").read_text())
 
@@ -102,6 +104,7 @@ def test_overrides_and_missing_file(tmp_path: Path) -> None:
         spec.load(REPO / "conf" / "quickstart.yaml", ["trainer.max_steps"])
 
 
+@pytest.mark.local
 def test_cli_prints_one_line_per_problem_without_traceback(tmp_path: Path) -> None:
     path = write(tmp_path, QUICKSTART)
     out = subprocess.run([sys.executable, "-m", "runner", "validate", str(path), "trainer.devices=3",

@@ -27,9 +27,10 @@ from runner import spec
 from runner.dev import devcluster
 from runner.host import build, render, submit
 from tests.ci import unavailable
+from tests.conftest import fixture_tier
 from tests.test_failures import BASE, checkpoint_done, events, final_weights, job_id, runner, status, wait_for
 
-pytestmark = [pytest.mark.slurm, pytest.mark.podman, pytest.mark.slow]
+pytestmark = pytest.mark.podman  # on the dev cluster too (slurm_cluster)
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf" / "slurm-2node-podman.yaml"
@@ -98,6 +99,7 @@ def _prune(images: Path, keep: str, stem: str = CONF.stem) -> None:
 
 
 @pytest.fixture(scope="module")
+@fixture_tier("local")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> list[Any]:
     """The same config with runtime none, run on this machine: the weights every containerized run must end with."""
     root = tmp_path_factory.mktemp("reference")

@@ -17,6 +17,8 @@ import pytest
 from runner.dev import devcluster
 from runner.errors import ClusterError
 
+pytestmark = pytest.mark.unit
+
 
 def _sh(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
@@ -238,6 +240,7 @@ def test_slurm_conf_has_fast_settings(tmp_path: Path) -> None:
     assert f"NodeName=n1 Name=gpu File={tmp_path}/nodes/n1/dev/nvidia1" in gres
 
 
+@pytest.mark.local
 def test_node_states_need_an_answer_from_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """sinfo refusing means "not ready yet" (up() keeps waiting); no sinfo at all is an error at once."""
     cluster = devcluster.Cluster(root=tmp_path, conf=tmp_path / "slurm.conf", nodes=["n1"],
@@ -253,6 +256,7 @@ def test_node_states_need_an_answer_from_slurm(tmp_path: Path, monkeypatch: pyte
     assert devcluster._sinfo_states(cluster) == {"n1": "idle", "n2": "down*"}
 
 
+@pytest.mark.slurm
 @pytest.mark.own_session  # it takes the machine's one cluster down: scripts/test.sh runs it in a session of its own
 def test_down_removes_everything_under_its_state_directory() -> None:
     """What the README promises: after `runner dev-cluster down` nothing is left under the state directory."""

@@ -20,9 +20,12 @@ import yaml
 
 from runner.dev import devcluster
 from tests.ci import unavailable
+from tests.conftest import fixture_tier
 from tests.test_failures import checkpoint_done, events, job_id, runner, status, wait_for
 from tests.test_program_cluster import cluster_env, exits
 from tests.test_program_cluster import ranks as rank_info
+
+pytestmark = pytest.mark.local
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "espnet3-mini-an4"
@@ -58,6 +61,7 @@ def one_run(root: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
+@fixture_tier("local")
 def recipe(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The recipe prepared as the README says: create_dataset, then train_tokenizer and collect_stats, each a
     one-process runner run (local)."""
@@ -114,7 +118,7 @@ def test_runner_validates_espnet3s_template_config(tmp_path: Path, overrides: li
 # -- every stage, locally ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.local
 def test_the_stages_run_as_runner_runs_and_espnet3s_outputs_are_where_espnet3_puts_them(recipe: Path,
                                                                                       tmp_path: Path) -> None:
     for n in ("0", "1"):
@@ -142,7 +146,6 @@ cluster = pytest.mark.slurm
 
 
 @cluster
-@pytest.mark.slow
 def test_train_stage_on_two_nodes_of_two_ranks(slurm_cluster: devcluster.Cluster, recipe: Path,
                                                tmp_path: Path) -> None:
     env = cluster_env(slurm_cluster)
@@ -162,7 +165,6 @@ def test_train_stage_on_two_nodes_of_two_ranks(slurm_cluster: devcluster.Cluster
 
 
 @cluster
-@pytest.mark.slow
 def test_a_preemption_notice_requeues_and_espnet3s_global_step_continues(slurm_cluster: devcluster.Cluster,
                                                                          recipe: Path, tmp_path: Path) -> None:
     env = cluster_env(slurm_cluster)
@@ -187,7 +189,6 @@ def test_a_preemption_notice_requeues_and_espnet3s_global_step_continues(slurm_c
 
 
 @cluster
-@pytest.mark.slow
 def test_a_killed_rank_is_resubmitted_by_cron_and_finishes(slurm_cluster: devcluster.Cluster, recipe: Path,
                                                            tmp_path: Path) -> None:
     env = cluster_env(slurm_cluster)
@@ -206,7 +207,6 @@ def test_a_killed_rank_is_resubmitted_by_cron_and_finishes(slurm_cluster: devclu
 
 
 @cluster
-@pytest.mark.slow
 def test_a_stopped_rank_is_named_as_the_hang(slurm_cluster: devcluster.Cluster, recipe: Path, tmp_path: Path) -> None:
     env = cluster_env(slurm_cluster)
     out = submit(recipe, env, tmp_path / "runs", *TRAIN, "exp_tag=cluster_hang", "runner.watchdog.floor_s=5",
@@ -233,7 +233,6 @@ def squeue(env: dict[str, str], *args: str) -> list[str]:
 
 
 @cluster
-@pytest.mark.slow
 def test_collect_stats_on_slurm_worker_jobs_one_cancelled_equals_local(slurm_cluster: devcluster.Cluster,
                                                                        recipe: Path, tmp_path: Path) -> None:
     """ESPnet3's own parallel: block with env: slurm: its dask-jobqueue workers are Slurm jobs on the dev cluster

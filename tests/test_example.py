@@ -16,7 +16,7 @@ from runner.dev.example import ShardedDataModule, TinyRegressor
 REPO = Path(__file__).resolve().parents[1]
 
 # Lightning 2.6 itself trips a FutureWarning of torch's pytree when it trains in-process.
-pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec:FutureWarning")
+pytestmark = [pytest.mark.unit, pytest.mark.filterwarnings("ignore:.*LeafSpec:FutureWarning")]
 
 
 class Losses(L.Callback):

@@ -12,6 +12,8 @@ from runner import policy
 from runner.policy import Limits
 from runner.rundir import RunDir
 
+pytestmark = pytest.mark.unit
+
 BOOM = {"type": "RuntimeError", "frame": "model.py:40 in training_step", "step": 120, "message": "boom"}
 
 

@@ -21,8 +21,10 @@ import pytest
 
 from runner.dev import devcluster
 from runner.rundir import RunDir
+from tests.conftest import fixture_tier
+from tests.waiting import alerts_all_sent
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = pytest.mark.slurm
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf" / "slurm-2node.yaml"
@@ -62,6 +64,10 @@ def submit(env: dict[str, str], root: Path, *overrides: str) -> Path:
     return run
 
 
+# Slurm states a job does not leave (sacct's, as `runner status --json` shows them in slurm_state).
+FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+
+
 def wait_for(what: str, pred: Any, timeout: float, run: Path | None = None) -> None:
     deadline = time.monotonic() + timeout
     while not pred():
@@ -92,6 +98,7 @@ def status(env: dict[str, str], run: Path) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
+@fixture_tier("local")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> list[Any]:
     """The undisturbed run (same world size, run locally): the weights every disturbed run must end with."""
     root = tmp_path_factory.mktemp("reference")
@@ -239,7 +246,8 @@ def test_user_cancel_is_final_and_quiet(slurm_cluster: devcluster.Cluster, hook:
     runner(env, "cancel", str(run))
     for _ in range(2):
         runner(env, "cron", "--root", str(tmp_path))
-    time.sleep(2)
+    # Slurm has ended the job, so its exit hook is done too: whatever either would do wrong has been done.
+    wait_for("Slurm to end the job", lambda: status(env, run).get("slurm_state") in FINAL, 60, run)
     assert status(env, run)["state"] == "cancelled"
     assert "resubmitted" not in [e["event"] for e in events(run)]
     assert [r["event"] for r in hook.received] == []  # the user knows: no alert storm
@@ -253,12 +261,13 @@ def test_gives_up_after_max_restarts(slurm_cluster: devcluster.Cluster, hook: An
     os.kill(pid, signal.SIGKILL)
     wait_for("the job to fail", lambda: status(env, run)["state"] == "failed", 60, run)
     wait_for("the exit hook", lambda: status(env, run)["last_outcome"] == "failed", 30, run)
-    assert "Killed" in (status(env, run)["last_cause"] or "") or status(env, run)["last_cause"]
+    cause = status(env, run)["last_cause"] or ""
+    assert "rank 1" in cause and "killed" in cause, cause  # "rank 1 on n1: killed (srun: Killed)"
     out = runner(env, "cron", "--root", str(tmp_path)).stdout
     assert "give_up" in out
     runner(env, "cron", "--root", str(tmp_path))
     assert [e["event"] for e in events(run)].count("gave_up") == 1
     assert "resubmitted" not in [e["event"] for e in events(run)]
     assert [a["event"] for a in hook.wait_for(2, timeout=30)] == ["failed", "gave_up"]
-    time.sleep(1)
+    wait_for("every queued alert to be sent", lambda: alerts_all_sent(run), 30, run)
     assert len(hook.received) == 2

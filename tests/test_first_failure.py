@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import signal
 
+import pytest
+
 from runner.alerts.causes import RankExit, first_failure, srun_exits
+
+pytestmark = pytest.mark.unit
 
 ECHO = {"type": "DistBackendError", "message": "[../gloo/transport/tcp/pair.cc:534] Connection closed by peer",
         "frame": "torch/autograd/graph.py:829 in _engine_run_backward", "step": 12}

@@ -15,6 +15,8 @@ import yaml
 from runner import policy
 from tests.ci import need
 
+pytestmark = pytest.mark.local
+
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "conf" / "quickstart.yaml"
 SLURM_CONF = REPO / "conf" / "slurm-2node.yaml"
@@ -101,6 +103,7 @@ NEXT_STEPS = [
 ]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("scheduler", "workload", "outcome", "says", "never"), NEXT_STEPS)
 def test_each_next_line_says_what_happens_next(scheduler: str, workload: str, outcome: str, says: str,
                                                never: str | None) -> None:
@@ -129,7 +132,7 @@ def test_a_trainer_object_argument_of_the_wrong_shape_is_one_line(tmp_path: Path
     assert out.returncode == 2 and "trainer.callbacks.0._target_" in one_line_error(out)
 
 
-@pytest.mark.slow
+@pytest.mark.local
 def test_lightning_trainer_objects_pass_to_the_trainer(tmp_path: Path) -> None:
     out = runner("submit", str(QUICKSTART), f"run_root={tmp_path}", "trainer.max_steps=20",
                  "trainer.callbacks=[{_target_: lightning.pytorch.callbacks.Timer, duration: '00:01:00:00'}]",
@@ -141,7 +144,7 @@ def test_lightning_trainer_objects_pass_to_the_trainer(tmp_path: Path) -> None:
     assert "train_loss" in metrics.read_text()
 
 
-@pytest.mark.slow
+@pytest.mark.local
 def test_a_target_module_beside_the_config_is_found_from_any_directory(tmp_path: Path) -> None:
     project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
     project.mkdir()

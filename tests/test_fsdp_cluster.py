@@ -14,6 +14,7 @@ from runner.dev import devcluster
 from runner.host import nodes
 from runner.job import checkpoint
 from runner.rundir import RunDir
+from tests.conftest import fixture_tier
 from tests.test_failures import (
     BASE,
     checkpoint_done,
@@ -29,12 +30,13 @@ from tests.test_failures import (
 )
 from tests.test_resume_honesty import assert_resumed_honestly
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = pytest.mark.slurm
 __all__ = ["hook"]  # the fixture, used by name
 FSDP = ("trainer.strategy=fsdp",)
 
 
 @pytest.fixture(scope="module")
+@fixture_tier("local")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> list[Any]:
     """The undisturbed fsdp run, 4 processes on this machine (NODE_RANK 0 and 1): every rank's final shards."""
     import os

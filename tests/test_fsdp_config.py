@@ -14,6 +14,8 @@ from runner import spec
 from runner.errors import ConfigError
 from tests.test_config import QUICKSTART, write
 
+pytestmark = pytest.mark.unit
+
 FSDP = ["trainer.strategy=fsdp"]
 
 
@@ -40,6 +42,7 @@ def test_class_names_are_accepted(tmp_path: Path, blocks: str) -> None:
     assert cfg.data["fsdp"]["blocks"] == yaml.safe_load(blocks)
 
 
+@pytest.mark.local
 def test_validate_exits_2_with_one_line_and_no_traceback(tmp_path: Path) -> None:
     path = write(tmp_path, QUICKSTART)
     out = subprocess.run([sys.executable, "-m", "runner", "validate", str(path), *FSDP, "fsdp.blocks=[Block, 3]"],

@@ -17,10 +17,11 @@ import torch
 
 from runner.job import checkpoint
 from runner.rundir import EXIT_HANG, RunDir
+from tests.conftest import fixture_tier
 from tests.test_local_run import QUICKSTART, SLOW, STEPS, assert_bitwise, runner, start, wait_for
 from tests.test_resume_honesty import assert_resumed_honestly
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.local
 FSDP = ("trainer.strategy=fsdp",)
 
 
@@ -31,6 +32,7 @@ def final(run: Path) -> list[dict[str, torch.Tensor]]:
 
 
 @pytest.fixture(scope="module")
+@fixture_tier("local")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, torch.Tensor]]]:
     """An uninterrupted fsdp run: its checkpoints' layout, and the shards every interrupted run must end with."""
     root = tmp_path_factory.mktemp("fsdp-reference")

@@ -34,6 +34,8 @@ from hypothesis import strategies as st
 from runner import cli
 from runner.spec.schema import CONTROL, SCHEMA
 
+pytestmark = pytest.mark.local
+
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = yaml.safe_load((REPO / "conf" / "quickstart.yaml").read_text())
 SCALE = float(os.environ.get("RUNNER_FUZZ_EXAMPLES", "1"))
@@ -379,6 +381,7 @@ def run_fuzz_once(template: Path, root: Path, files: list[tuple[str, str]], comm
     assert rc in (0, 1, 2), (rc, err)
 
 
+@pytest.mark.unit
 def test_fuzz_run_directories_never_a_traceback_or_a_hang(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every run file a command reads (manifests, config, job_id, ledger, progress, checkpoint and chunk files, crash
     records, queues), as wrong-shape JSON, bytes that are not UTF-8, deep nesting, a FIFO, a folder, a 3 GiB sparse

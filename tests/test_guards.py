@@ -17,7 +17,7 @@ from runner.rundir import RunDir  # noqa: E402
 from tests.gloo_ranks import on_two_ranks  # noqa: E402
 
 # Lightning 2.6 itself trips a FutureWarning of torch's pytree when it trains in-process.
-pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec:FutureWarning")
+pytestmark = [pytest.mark.unit, pytest.mark.filterwarnings("ignore:.*LeafSpec:FutureWarning")]
 
 
 def _fit(tmp_path: Path, action: str, faults: dict, max_skips: int = 10) -> tuple[object, TinyRegressor, RunDir]:
@@ -188,6 +188,7 @@ def _fsdp2_verdicts(rank: int, case: str) -> tuple[bool, list[int]]:
     return bad, [i for i, p in enumerate(params) if any(p is q for q in guard.plan[1])]
 
 
+@pytest.mark.local
 @pytest.mark.parametrize(("case", "expected"), [
     ("nan in rank 1's shard", {0: (True, [0, 1]), 1: (True, [0, 1])}),  # rank 0's shard is finite: it learns
     ("finite", {0: (False, [0, 1]), 1: (False, [0, 1])}),                 # of the NaN from the one all-reduce
@@ -196,6 +197,7 @@ def test_fsdp2_ranks_check_their_local_shards_and_share_one_verdict(case: str, e
     assert on_two_ranks(_fsdp2_verdicts, case) == expected
 
 
+@pytest.mark.local
 @pytest.mark.parametrize(("case", "expected"), [
     # FSDP's ranks hold different shards: one all-reduce of the verdicts makes a NaN in one shard every rank's
     # decision (else that rank alone would stop, and the others wait in their next collective).
@@ -228,6 +230,7 @@ def _ddp_reads(rank: int, case: str) -> tuple[bool, bool, list[int]]:
     return clean, guard._bad(trainer, optimizer, torch.device("cpu")), [t.numel() for t in guard.views[1] or []]
 
 
+@pytest.mark.local
 @pytest.mark.parametrize(("case", "read"), [
     ("bucket views", [32 + 1 + 16 * 32 + 32]),  # runner's DDP: the one bucket, whole (the layout DDP gives)
     ("copies", []),  # Lightning's default DDP: the gradients themselves

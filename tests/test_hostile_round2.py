@@ -19,6 +19,8 @@ from runner import cli
 from runner.errors import InputError
 from runner.host import status, submit
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "conf" / "quickstart.yaml"
 
@@ -59,6 +61,7 @@ def test_a_run_name_resolves_to_its_newest_run_never_to_a_longer_name(tmp_path: 
     assert status.find_run("quickstart-20261124-100000", tmp_path).name == "quickstart-20261124-100000"
 
 
+@pytest.mark.local
 def test_an_ambiguous_prefix_is_an_error_listing_the_candidates(tmp_path: Path) -> None:
     fake_run(tmp_path, "quickstart-big-20261124-235959")
     fake_run(tmp_path, "quickstart-20261124-100000")
@@ -71,6 +74,7 @@ def test_an_ambiguous_prefix_is_an_error_listing_the_candidates(tmp_path: Path) 
     one_error(out, "found runs of 2 names", "hint:")
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("name", ["**", "[", "a/../b", "*", "?"])
 def test_glob_characters_in_a_run_name_are_a_one_line_error(tmp_path: Path, name: str) -> None:
     (tmp_path / "runs").mkdir()
@@ -78,6 +82,7 @@ def test_glob_characters_in_a_run_name_are_a_one_line_error(tmp_path: Path, name
     one_error(runner("logs", name, cwd=tmp_path), "found no run directory")
 
 
+@pytest.mark.local
 def test_an_absolute_path_that_is_not_a_run_is_a_one_line_error(tmp_path: Path) -> None:
     (tmp_path / "runs").mkdir()
     fake_run(tmp_path / "runs", "x-20261124-100000")
@@ -85,6 +90,7 @@ def test_an_absolute_path_that_is_not_a_run_is_a_one_line_error(tmp_path: Path) 
         one_error(runner(cmd, str(tmp_path / "elsewhere"), cwd=tmp_path), "found no run directory")
 
 
+@pytest.mark.local
 def test_three_submits_of_one_config_in_one_second_all_get_their_own_run_directory(tmp_path: Path) -> None:
     overrides = [f"run_root={tmp_path / 'runs'}"]
     plans = [submit.plan(QUICKSTART, overrides) for _ in range(3)]  # planned in the same second: one name
@@ -98,6 +104,7 @@ def test_three_submits_of_one_config_in_one_second_all_get_their_own_run_directo
     assert status.find_run("quickstart", tmp_path / "runs").root == newest
 
 
+@pytest.mark.local
 def test_status_lists_the_runs_beside_an_entry_it_cannot_stat(tmp_path: Path) -> None:
     fake_run(tmp_path, "good-20261124-100000")
     (tmp_path / "loop").symlink_to(tmp_path / "loop")  # ELOOP on every stat
@@ -175,6 +182,7 @@ def test_env_keeps_the_harmless_python_switches(tmp_path: Path) -> None:
     assert [p for p in problems_of("env.PYTHONHASHSEED=abc", tmp_path=tmp_path) if "PYTHONHASHSEED" in p]
 
 
+@pytest.mark.local
 def test_a_host_side_hook_that_cannot_start_is_said_and_recorded(tmp_path: Path) -> None:
     """The batch script's hook function with a Python that cannot run: the script goes on, says so on stderr and
     leaves a ledger line that runner cron alerts (no `|| true` hiding it)."""
@@ -249,6 +257,7 @@ def test_a_plain_config_of_60000_keys_is_refused_for_its_size_not_for_aliases(tm
     assert "found more than 100000 keys and values" in line and "aliases" not in line
 
 
+@pytest.mark.local
 def test_a_fifo_as_the_config_or_the_url_file_is_refused_without_opening_it(tmp_path: Path) -> None:
     fifo = tmp_path / "conf.yaml"
     os.mkfifo(fifo)
@@ -344,6 +353,7 @@ def recorded_slurm(monkeypatch: pytest.MonkeyPatch, failed_jobs: int) -> None:
     monkeypatch.setattr(proc, "run", slurm)
 
 
+@pytest.mark.local
 def test_cron_decides_every_run_before_it_sends_and_sends_without_the_lock_within_one_budget(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Slurm's answers are recorded sacct/sbatch output (tests/fixtures/slurm); the webhook is a real socket that
@@ -395,6 +405,7 @@ def test_the_sender_stops_at_its_budget_and_leaves_the_rest_queued(tmp_path: Pat
         del os.environ["RUNNER_TEST_HOOK"]
 
 
+@pytest.mark.local
 def test_cron_alerts_a_hook_that_could_not_run_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                    webhook: Any) -> None:
     from runner.host import cron
@@ -429,6 +440,7 @@ def leaked(root: Path, url: str = SECRET_URL, skip: tuple[str, ...] = ()) -> dic
     return out
 
 
+@pytest.mark.local
 def test_a_url_passed_through_env_lands_only_in_a_private_file_and_still_reaches_the_job(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.delenv("MY_HOOK", raising=False)
@@ -472,6 +484,7 @@ handler.close()
 """
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("source", ["url_env", "url_file", "env"])
 def test_every_writer_of_a_run_directory_redacts_the_url_from_every_source(tmp_path: Path, source: str) -> None:
     """The ledger, a crash record, a parallel chunk and a driver log, written by a process that read the run's config
@@ -507,7 +520,7 @@ def test_every_writer_of_a_run_directory_redacts_the_url_from_every_source(tmp_p
 
 # --- valid JSON of the wrong shape, and special files, in a run directory ---------------------------------------
 
-@pytest.mark.slow
+@pytest.mark.local
 def test_a_wrong_shape_checkpoint_manifest_and_progress_are_skipped_and_the_older_checkpoint_resumes(
         tmp_path: Path) -> None:
     """A real local run (2 ranks) stopped after its step-20 checkpoint: that checkpoint's manifest.json is `null` and
@@ -536,6 +549,7 @@ def test_a_wrong_shape_checkpoint_manifest_and_progress_are_skipped_and_the_olde
     assert "step-0000020: written by config None" in log0 or "step-0000020/manifest.json" in log0
 
 
+@pytest.mark.local
 def test_special_files_in_a_run_never_hang_cron_or_status(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """FIFOs as a run's ledger, job_id and manifest: runner status and runner cron answer (a hang would end in the
     subprocess timeout), show that run as unreadable or skip it, and list the others."""
@@ -569,6 +583,7 @@ def test_a_ledger_with_bytes_that_are_not_utf8_is_read(tmp_path: Path) -> None:
     assert [e["event"] for e in run.events()] == ["start", "exit", "finished"]
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("text", ["null", "[]", "7", '"x"', "[1, 2]", '{"trainer": 5}', "{{{", "\xff"])
 def test_a_damaged_run_config_is_one_line_for_resume_and_cancel(tmp_path: Path, text: str) -> None:
     (run,) = failed_slurm_runs(tmp_path / "runs", 1)
@@ -577,6 +592,7 @@ def test_a_damaged_run_config_is_one_line_for_resume_and_cancel(tmp_path: Path, 
     one_error(out, "config.yaml")
 
 
+@pytest.mark.local
 def test_a_run_the_user_cannot_write_is_one_line_for_cancel_and_resume(tmp_path: Path) -> None:
     """Run as root here, so permissions cannot stop a write: a read-only filesystem can (a bind mount of the run's
     own folder, made read-only). Without mount rights the test says so and skips."""
@@ -594,7 +610,7 @@ def test_a_run_the_user_cannot_write_is_one_line_for_cancel_and_resume(tmp_path:
         subprocess.run(["umount", str(run)], check=False)
 
 
-@pytest.mark.slow
+@pytest.mark.local
 def test_a_damaged_parallel_chunk_is_recomputed_and_the_result_equals_a_clean_run(tmp_path: Path) -> None:
     conf = REPO / "conf" / "parallel-stats.yaml"
     args = [str(conf), f"run_root={tmp_path}", "parallel.items=400", "parallel.provider.num_samples=400",
@@ -621,6 +637,7 @@ def test_a_damaged_parallel_chunk_is_recomputed_and_the_result_equals_a_clean_ru
     assert [i for i, _ in Store(RunDir(run)).items()] == list(range(400))
 
 
+@pytest.mark.local
 def test_a_full_disk_is_named_as_such_whatever_words_the_writer_used(tmp_path: Path) -> None:
     """torch.save on a full file system raises its own "enforce fail ... unexpected pos"; the run directory's writer
     says "no space left on device" (a small tmpfs is the full disk; without mount rights the test skips)."""

@@ -12,7 +12,7 @@ L = pytest.importorskip("lightning")
 from runner.dev.example import ShardedDataModule, TinyRegressor  # noqa: E402
 from runner.job.callback import combine  # noqa: E402
 
-pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec:FutureWarning")
+pytestmark = [pytest.mark.unit, pytest.mark.filterwarnings("ignore:.*LeafSpec:FutureWarning")]
 
 
 def _parts(calls: list[tuple[str, str, int]]) -> list[Any]:

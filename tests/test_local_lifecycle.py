@@ -25,7 +25,7 @@ from tests.webhook_server import WebhookServer
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "conf" / "quickstart.yaml"
 SLOW = "model.step_time_s=0.05"  # training lasts long enough to act on it; no number depends on it
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.local
 
 
 def env(webhook: WebhookServer | None = None) -> dict[str, str]:

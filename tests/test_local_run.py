@@ -17,11 +17,12 @@ import torch
 
 from runner.job import checkpoint
 from runner.rundir import RunDir
+from tests.conftest import fixture_tier
 from tests.test_resume_honesty import assert_resumed_honestly
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "conf" / "quickstart.yaml"
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.local
 STEPS = 40
 # For runs that get a signal: the ranks agree on stopping every ~0.1 s, so with 50 ms steps the signal lands well
 # before the last step (with 2 ms steps the run may reach its end first, and then rightly finishes instead of
@@ -74,6 +75,7 @@ def assert_bitwise(a: list[dict[str, torch.Tensor]], b: list[dict[str, torch.Ten
 
 
 @pytest.fixture(scope="module")
+@fixture_tier("local")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, torch.Tensor]]:
     """An uninterrupted run: the weights every interrupted run must end with, bit for bit."""
     root = tmp_path_factory.mktemp("reference")

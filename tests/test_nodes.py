@@ -12,6 +12,8 @@ from runner import cli
 from runner.host import nodes
 from runner.spec.schema import SCHEMA
 
+pytestmark = pytest.mark.unit
+
 H = 3600.0
 
 
@@ -66,6 +68,7 @@ def test_an_unreadable_memory_is_one_line(tmp_path: Path, capsys: pytest.Capture
     assert "unreadable" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.local
 def test_a_submission_under_the_root_leaves_the_remembered_nodes_out(tmp_path: Path,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
     conf = Path(__file__).resolve().parents[1] / "conf" / "slurm-2node.yaml"

@@ -23,6 +23,8 @@ from runner.rundir import RunDir
 from runner.spec import load
 from tests.webhook_server import WebhookServer
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf" / "parallel-stats.yaml"
 
@@ -70,7 +72,7 @@ def wait_for_chunks(run: RunDir, n: int, proc: subprocess.Popen[str], timeout: f
 # -- local ------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.local
 def test_local_example_equals_a_plain_loop_and_a_rerun_does_nothing(tmp_path: Path, webhook: WebhookServer) -> None:
     from runner.dev import stats
 
@@ -92,7 +94,7 @@ def test_local_example_equals_a_plain_loop_and_a_rerun_does_nothing(tmp_path: Pa
     assert "done: 10000 items" in runner("logs", str(run.root)).stdout
 
 
-@pytest.mark.slow
+@pytest.mark.local
 def test_cancel_or_kill_midway_then_rerun_does_every_item_exactly_once(tmp_path: Path) -> None:
     slow = [f"run_root={tmp_path}", "parallel.items=2000", "parallel.provider.num_samples=2000",
             "parallel.provider.sleep_s=0.004", "parallel.chunk_size=50"]
@@ -121,7 +123,7 @@ def test_cancel_or_kill_midway_then_rerun_does_every_item_exactly_once(tmp_path:
     assert status(run)["state"] == "completed"
 
 
-@pytest.mark.slow
+@pytest.mark.local
 def test_failed_items_are_retried_then_listed_with_their_error(tmp_path: Path, webhook: WebhookServer) -> None:
     bad = [f"run_root={tmp_path}", "parallel.items=400", "parallel.provider.num_samples=400",
            "parallel.provider.fail=[3,377]", "parallel.provider.flaky=[5,10,399]", "parallel.retries=1"]
@@ -142,6 +144,7 @@ def test_failed_items_are_retried_then_listed_with_their_error(tmp_path: Path, w
     assert [e for e in run.events() if e["event"] == "start"][-1]["items_left"] == 2
 
 
+@pytest.mark.local
 def test_one_driver_per_run(tmp_path: Path) -> None:
     p = driver.plan(CONF, [f"run_root={tmp_path}"])
     store = Store(p.run)
@@ -220,6 +223,7 @@ def test_parallel_config_errors_name_their_key(tmp_path: Path, overrides: list[s
     assert all("\n" not in p for p in found)
 
 
+@pytest.mark.local
 def test_a_parallel_block_next_to_trainer_validates() -> None:
     cfg = load(REPO / "conf" / "quickstart.yaml", ["parallel.env=local_gpu", "parallel.n_workers=4"])
     assert cfg.data["parallel"]["n_workers"] == 4
@@ -231,6 +235,7 @@ def test_a_parallel_block_next_to_trainer_validates() -> None:
     assert len(out.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.local
 def test_validate_and_dry_run_never_import_dask(tmp_path: Path) -> None:
     code = ("import sys; from runner import cli; "
             "cli.main(['validate', 'conf/quickstart.yaml', 'parallel.env=slurm']); "
@@ -281,6 +286,7 @@ def test_slurm_worker_jobs_one_cancelled_midway_every_item_once(slurm_cluster: A
     assert again.returncode == 0 and "nothing to do" in again.stdout
 
 
+@pytest.mark.local
 def test_local_gpu_workers_each_see_their_own_gpu(tmp_path: Path) -> None:
     """Real Dask workers with env local_gpu: each one's CUDA_VISIBLE_DEVICES holds one of the visible GPUs
     (this machine has none; the pinning is the variable, which is what CUDA reads)."""
@@ -300,6 +306,7 @@ def test_local_gpu_workers_each_see_their_own_gpu(tmp_path: Path) -> None:
     assert len(seen) == 200 and set(seen) == {"3", "7"}
 
 
+@pytest.mark.local
 def test_a_terminal_gets_a_progress_bar(tmp_path: Path) -> None:
     import pty
 

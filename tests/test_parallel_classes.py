@@ -22,6 +22,8 @@ from runner.rundir import RunDir
 from tests.ci import unavailable
 from tests.test_parallel import wait_for_chunks
 
+pytestmark = pytest.mark.local
+
 REPO = Path(__file__).resolve().parents[1]
 ESPNET3_PYTHON = REPO / ".venv-espnet3" / "bin" / "python"
 ITEMS = 10000
@@ -52,7 +54,7 @@ def plain_loop() -> object:
     return stats.reduce(values)
 
 
-@pytest.mark.slow
+@pytest.mark.local
 def test_provider_and_runner_classes_equal_a_plain_loop_every_item_once_after_a_kill(tmp_path: Path) -> None:
     conf = config(tmp_path, chunk_size=100)
     conf_slow = ["parallel.provider.config.sleep_s=0.0005"]
@@ -119,7 +121,7 @@ class FeatsRunner(BaseRunner):
 '''
 
 
-@pytest.mark.slow
+@pytest.mark.local
 def test_subclasses_of_espnet3s_own_provider_and_runner(tmp_path: Path) -> None:
     if not ESPNET3_PYTHON.exists():
         unavailable("ESPnet3's venv is missing: run scripts/install-espnet3.sh")

@@ -18,6 +18,8 @@ from runner import policy
 from runner.host import slurm
 from runner.policy import JobInfo, Limits, Records
 
+pytestmark = pytest.mark.unit
+
 FIXTURES = Path(__file__).parent / "fixtures" / "slurm"
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
 T0 = 1_790_000_000.0  # the submission; every ledger time below is relative to it

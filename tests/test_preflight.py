@@ -23,6 +23,8 @@ from runner.job import checks, ifname, netenv, preflight
 from runner.job.checks import FAIL, PASS, WARN
 from runner.rundir import RunDir
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "conf" / "quickstart.yaml"
 SAMPLES = Path(__file__).parent / "fixtures" / "preflight"
@@ -247,7 +249,7 @@ def test_probe_reaches_a_listener_that_starts_late() -> None:
     srv = socket.socket()
 
     def listen_later() -> None:
-        time.sleep(0.5)
+        time.sleep(0.5)  # the late start is what this test is about, not a wait for something
         srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         srv.bind(("127.0.0.1", port))
         srv.listen()
@@ -318,6 +320,7 @@ def test_user_values_win_and_are_reported(tmp_path: Path) -> None:
     assert ne.ifname == "eth0"  # gloo's name is the one the preflight checks
 
 
+@pytest.mark.local
 def test_apply_and_record(tmp_path: Path) -> None:
     ne = netenv.plan(cfg(), tmp_path / "logs", {"MASTER_ADDR": "127.0.0.1"}, ifname.detect_ifname("127.0.0.1"))
     assert ne.ifname == "lo"
@@ -397,7 +400,7 @@ def runner_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 1
                           timeout=timeout)
 
 
-@pytest.mark.slow
+@pytest.mark.local
 def test_runner_preflight_locally_passes_and_prints_the_table(tmp_path: Path) -> None:
     t = time.monotonic()
     out = runner_cli("preflight", str(QUICKSTART), f"run_root={tmp_path}")
@@ -413,7 +416,7 @@ def test_runner_preflight_locally_passes_and_prints_the_table(tmp_path: Path) ->
     assert env["vars"]["GLOO_SOCKET_IFNAME"]["value"] == "lo"
 
 
-@pytest.mark.slow
+@pytest.mark.local
 def test_training_stops_before_the_first_step_on_a_wrong_interface(tmp_path: Path, webhook) -> None:  # type: ignore[no-untyped-def]
     t = time.monotonic()
     out = runner_cli("submit", str(QUICKSTART), f"run_root={tmp_path}", "network.ifname=eth9", "alerts.kind=json",

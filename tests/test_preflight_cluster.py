@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from tests.ci import need
+from tests.conftest import fixture_tier
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf" / "slurm-2node.yaml"
@@ -35,7 +36,7 @@ MIN_BUSBW = 0.1  # GB/s: far below what an unlimited veth carries here, 4x above
 # An empty resolv.conf for the nodes: the namespaces cannot reach the host's DNS server, and c10d's first
 # TCPStore waits 10 s on a reverse lookup that times out. A real cluster's DNS answers (or fails) at once.
 NO_DNS = Path("/tmp/runner-preflight-no-dns.conf")
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = pytest.mark.slurm
 
 
 
@@ -48,6 +49,7 @@ def in_node(cluster: Any, node: str, *argv: str) -> subprocess.CompletedProcess[
 
 
 @pytest.fixture(scope="module")
+@fixture_tier("slurm")
 def cluster() -> Iterator[Any]:
     need(os.geteuid() == 0, "the dev Slurm cluster needs root")
     need(shutil.which("iptables") is not None, "iptables is needed to block MASTER_PORT")

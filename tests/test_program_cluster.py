@@ -29,7 +29,7 @@ from tests import test_containers
 from tests.ci import unavailable
 from tests.test_failures import checkpoint_done, events, final_weights, job_id, runner, status, wait_for
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = pytest.mark.slurm
 
 REPO = Path(__file__).resolve().parents[1]
 PROGRAM = REPO / "tests" / "programs" / "lightning_train.py"

@@ -19,6 +19,8 @@ from runner.errors import ConfigError
 from runner.host import submit
 from runner.rundir import RunDir
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parents[1]
 # The seed's multi-node example (ESPnet3's guide), with the command that runs it.
 SEED = """\
@@ -97,6 +99,7 @@ def problems(path: Path, overrides: list[str] | None = None) -> list[str]:
     return err.value.problems
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("extra", ["", BLOCK], ids=["as written", "with a runner: block"])
 def test_seed_example_with_a_command_validates_with_world_size_16(tmp_path: Path, extra: str) -> None:
     out = cli(tmp_path, "validate", str(write(tmp_path, SEED + extra)))
@@ -110,6 +113,7 @@ def test_seed_example_with_a_command_validates_with_world_size_16(tmp_path: Path
     assert resolved["program"]["stats_dir"] == "exp/stats"
 
 
+@pytest.mark.local
 @pytest.mark.parametrize(("override", "key", "needle"), [
     ("dataloader.train.dist_world_size=8", "dataloader.train.dist_world_size", "found 8; expected 16 (= num_nodes x "
                                                                                  "num_device)"),
@@ -140,6 +144,7 @@ def test_runner_block_keeps_espnet3_scheduler_and_seed_for_the_program(tmp_path:
     assert (cfg.data["program"]["scheduler"]["step_size"], cfg.data["program"]["seed"]) == (5, 8)
 
 
+@pytest.mark.local
 def test_program_yaml_is_the_file_as_written_without_the_runner_block(tmp_path: Path) -> None:
     extra = BLOCK.replace("run_root: runs", f"run_root: {tmp_path / 'runs'}")
     path = write(tmp_path, SEED + extra + "trainer_logger_name: ${self_name:}\n")
@@ -164,11 +169,13 @@ def test_program_yaml_is_the_file_as_written_without_the_runner_block(tmp_path: 
     assert not list(plan.run.root.glob(".*.tmp-*"))  # written atomically, no temp file left
 
 
+@pytest.mark.local
 def test_own_mode_writes_no_program_yaml(tmp_path: Path) -> None:
     plan = submit.plan(REPO / "conf" / "quickstart.yaml", [f"run_root={tmp_path / 'runs'}"])
     assert set(plan.files) == {"config.yaml", "manifest.json", "job.sbatch"}
 
 
+@pytest.mark.local
 def test_dry_run_of_a_program_prints_its_command_and_config_and_writes_nothing(tmp_path: Path) -> None:
     path = write(tmp_path, SEED + BLOCK)
     out = cli(tmp_path, "submit", "--dry-run", str(path))

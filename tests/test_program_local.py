@@ -19,8 +19,9 @@ import torch
 
 from runner.job import checkpoint
 from runner.rundir import EXIT_HANG, EXIT_NONFINITE, EXIT_PROGRAM, EXIT_REQUEUE, RunDir, read_json
+from tests.conftest import fixture_tier
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.local
 PROGRAMS = Path(__file__).resolve().parent / "programs"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 CONF = """\
@@ -80,6 +81,7 @@ def train_starts(run: RunDir, attempt: int) -> int:
 
 
 @pytest.fixture(scope="module")
+@fixture_tier("local")
 def undisturbed(tmp_path_factory: pytest.TempPathFactory) -> RunDir:
     code, out, run = submit(tmp_path_factory.mktemp("undisturbed"), SLOW)
     assert code == 0, out

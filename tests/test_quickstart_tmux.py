@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 from tests.ci import need
+from tests.conftest import fixture_tier
 
 REPO = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.local
 
 
 class Terminal:
@@ -54,6 +55,7 @@ class Terminal:
 
 
 @pytest.fixture
+@fixture_tier("local")
 def terminal(tmp_path: Path) -> Iterator[Terminal]:
     need(shutil.which("tmux") is not None, "tmux is not installed (scripts/install-tmux.sh installs it)")
     t = Terminal(tmp_path / "tmux.sock")

@@ -19,6 +19,8 @@ from runner.errors import ConfigError
 from runner.host import render
 from runner.rundir import EXIT_SUPERSEDED, RunDir
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).parent / "golden"
 VENV_BIN = Path(sys.executable).parent
@@ -69,12 +71,14 @@ CONFIGS = [
 ]
 
 
+@pytest.mark.local
 @pytest.mark.parametrize(("path", "overrides"), CONFIGS)
 def test_shellcheck_on_sbatch(path: Path, overrides: list[str], tmp_path: Path) -> None:
     lint("shellcheck", "-s", "bash", text=artifacts(overrides, path)["job.sbatch"], tmp_path=tmp_path,
          name="job.sbatch")
 
 
+@pytest.mark.local
 @pytest.mark.parametrize(("path", "overrides"), CONFIGS)
 def test_hadolint_on_dockerfile(path: Path, overrides: list[str], tmp_path: Path) -> None:
     # -c explicitly: hadolint would otherwise pick up a .hadolint.yaml from the working directory.
@@ -117,6 +121,7 @@ def test_runtimes_differ_only_in_exec_prefix() -> None:
 HOSTILE = st.text(alphabet=st.sampled_from(list("ab $()`'\"\\;&|<>*?!{}[]#~\n\t=%")), min_size=0, max_size=40)
 
 
+@pytest.mark.local
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(values=st.lists(HOSTILE, min_size=1, max_size=4))
 def test_hostile_env_values_stay_literal(values: list[str], tmp_path: Path) -> None:
@@ -163,6 +168,7 @@ def test_no_template_logic_reads_undefined_values() -> None:
                     assert "|q" in expr.replace(" ", "") or expr.strip() in validated, line
 
 
+@pytest.mark.local
 @pytest.mark.parametrize(("owner", "trains"), [("14", False), ("13", True), ("", True), (None, True)])
 def test_a_superseded_job_steps_aside(owner: str | None, trains: bool, tmp_path: Path) -> None:
     """Slurm may requeue a job that `runner cron` already resubmitted: the older job id must not train."""
@@ -177,6 +183,7 @@ def test_a_superseded_job_steps_aside(owner: str | None, trains: bool, tmp_path:
     assert ("superseded by job 14" in out.stderr) == (not trains)
 
 
+@pytest.mark.local
 @pytest.mark.parametrize(("follows", "claim_rc", "trains"), [("12", 0, True), ("12", 1, False), ("", 1, True)])
 def test_a_successor_claims_the_run_or_steps_aside(follows: str, claim_rc: int, trains: bool, tmp_path: Path) -> None:
     """resume.successor: only a successor (RUNNER_SUCCESSOR_OF set) asks the claim hook, and steps aside on a no."""
@@ -195,6 +202,7 @@ def test_a_successor_claims_the_run_or_steps_aside(follows: str, claim_rc: int, 
     assert asked == (f"-m runner.host.jobhook claim {tmp_path}" if follows else None)
 
 
+@pytest.mark.local
 def test_each_batch_attempt_claims_its_own_log_folder(tmp_path: Path) -> None:
     """A requeue or resubmission runs the script again: each run claims a new logs/attempt-N, even at once."""
     text = artifacts()["job.sbatch"]

@@ -28,6 +28,8 @@ from runner.rundir import RunDir
 from tests import report_runs
 from tests.ci import need
 
+pytestmark = pytest.mark.local
+
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = Path(os.environ.get("RUNNER_TEST_ARTIFACTS", REPO / "test-artifacts"))
 URL = re.compile(r"https?://", re.I)
@@ -171,6 +173,7 @@ def test_hostile_text_is_escaped_and_webhook_urls_never_shown(tmp_path: Path, mo
     self_contained(text)
 
 
+@pytest.mark.unit
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "runs").mkdir()
     code, out, err = run_cli(capsys, "report", "nosuchrun", "--root", str(tmp_path / "runs"))
@@ -238,6 +241,7 @@ def _ev(t: float, event: str, **fields: Any) -> dict[str, Any]:
     return {"time": t, "event": event, **fields}
 
 
+@pytest.mark.unit
 def test_goodput_losses_partition_wall_time() -> None:
     """Submitted at 0, queued 10 s, preflight 5 s, startup 5 s more, trained 100 s (preempted, 0 lost), requeued at
     121 and waited 19 s; second attempt lost 10 steps of 1 s, hung (20 s stall + 10 s to exit), resubmitted by a
@@ -267,6 +271,7 @@ def test_goodput_losses_partition_wall_time() -> None:
     assert sum(g.losses.values()) + 200 == pytest.approx(400)
 
 
+@pytest.mark.unit
 def test_a_running_run_counts_its_unsaved_training_apart() -> None:
     """Still training at 100 s with its newest checkpoint keeping 60 s: the 20 s since are no checkpoint stall."""
     runs = goodput.attempts([_ev(0, "submitted"), _ev(5, "preflight", status="pass", duration_s=5.0),
@@ -276,6 +281,7 @@ def test_a_running_run_counts_its_unsaved_training_apart() -> None:
     assert g.losses["preflight"] == 5 and g.losses["startup"] == 15
 
 
+@pytest.mark.unit
 def test_local_exit_codes_read_as_outcomes() -> None:
     runs = goodput.attempts([_ev(0, "submitted"), _ev(1, "train_start", step=0, lost_steps=0, attempt=1),
                              _ev(5, "exit", exit_code=75), _ev(6, "resubmitted", scheduler="local"),
@@ -367,6 +373,7 @@ def open_in_chromium(page: Path, tmp_path: Path, shot_name: str) -> tuple[str, P
     return dom, shot, [r.split(b"\r\n")[0] for r in recorder.seen if not CHROMIUM_OWN.match(r)]
 
 
+@pytest.mark.browser
 def test_fault_run_page_in_headless_chromium(tmp_path: Path, webhook: Any, capsys: pytest.CaptureFixture[str]) -> None:
     """A run with a preemption, a killed rank, a hang and a skipped NaN (synthesized from runner's own writers):
     Chromium renders every attempt with its cause, the lost steps and status's goodput, fetching nothing."""

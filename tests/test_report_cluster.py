@@ -22,7 +22,7 @@ from tests.ci import need
 from tests.test_failures import checkpoint_done, env_for, events, hook, job_id, runner, status, submit, wait_for
 from tests.test_report import Page, open_in_chromium, self_contained
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = pytest.mark.slurm
 __all__ = ["hook"]  # the webhook fixture, shared with test_failures
 
 

@@ -22,7 +22,7 @@ from runner.dev import devcluster
 from runner.host import nodes
 from tests.test_failures import checkpoint_done, env_for, events, hook, runner, submit, wait_for
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = pytest.mark.slurm
 __all__ = ["hook"]  # the webhook fixture, shared with test_failures
 
 

@@ -12,6 +12,8 @@ import pytest
 from runner.job import checkpoint, honesty
 from runner.rundir import RunDir
 
+pytestmark = pytest.mark.unit
+
 
 def manifest(world: int, step: int = 13, batches: int | None = 10, acc: int | None = 2, mid: bool = True) -> dict:
     m: dict[str, Any] = {"step": step, "epoch": 0, "world_size": world, "mid_epoch": mid}

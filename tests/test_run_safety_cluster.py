@@ -23,8 +23,9 @@ from runner.dev import devcluster
 from runner.rundir import EXIT_SUPERSEDED, RunDir
 from tests import test_failures
 from tests.ci import need
+from tests.waiting import alerts_all_sent
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = pytest.mark.slurm
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -177,7 +178,7 @@ def test_a_failed_requeue_is_recorded_and_alerted_as_such(slurm_cluster: devclus
     assert "requeue_failed" in names and "requeued" not in names, names
     [alert] = hook.wait_for(1, timeout=30)
     assert alert["event"] == "preempted" and "scontrol requeue failed" in alert["next_step"]
-    time.sleep(1)
+    wait_for("every queued alert to be sent", lambda: alerts_all_sent(run), 30, run)
     assert [a["event"] for a in hook.received] == ["preempted"]  # no "requeued" alert for a requeue that failed
 
 

@@ -11,10 +11,13 @@ import pytest
 
 from runner.rundir import locked
 
+pytestmark = pytest.mark.unit
+
 HOLD = "import sys,time; from pathlib import Path; from runner.rundir import locked\n" \
        "with locked(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(30)"
 
 
+@pytest.mark.local
 def test_a_second_process_is_refused_while_the_first_holds_it_and_gets_it_once_the_holder_dies(
         tmp_path: Path) -> None:
     lock = tmp_path / "sub" / ".lock"

@@ -20,6 +20,8 @@ from runner.job import container
 from runner.rundir import RunDir, read_json
 from tests.test_render import GOLDEN, GOLDEN_CONF, RUN_DIR, lint
 
+pytestmark = pytest.mark.unit
+
 IMAGES = {"apptainer": "/shared/images/ngc-4x8gpu-GOLDEN.sif", "podman": "localhost/runner-ngc-4x8gpu:GOLDEN",
           "pyxis": "/shared/images/ngc-4x8gpu-GOLDEN.sqsh", "none": "none"}
 
@@ -45,6 +47,7 @@ def test_golden_sbatch(runtime: str, request: pytest.FixtureRequest) -> None:
     check_golden(f"job-{runtime}.sbatch", sbatch(runtime), request)
 
 
+@pytest.mark.local
 @pytest.mark.parametrize("runtime", ["podman", "pyxis"])
 def test_shellcheck(runtime: str, tmp_path: Path) -> None:
     lint("shellcheck", "-s", "bash", text=sbatch(runtime, "container.binds=['/data/a+b', '/x@y%z']"),
@@ -90,6 +93,7 @@ def wheelhouse(d: Path) -> Path:
     return d
 
 
+@pytest.mark.local
 def test_golden_offline_dockerfile(tmp_path: Path, request: pytest.FixtureRequest) -> None:
     cfg = spec.load(GOLDEN_CONF, [f"container.wheelhouse={wheelhouse(tmp_path / 'wh')}"])
     text = render.dockerfile(cfg, "GOLDEN")
@@ -99,6 +103,7 @@ def test_golden_offline_dockerfile(tmp_path: Path, request: pytest.FixtureReques
     lint("hadolint", "-c", str(conf), text=text, tmp_path=tmp_path, name="Dockerfile")
 
 
+@pytest.mark.local
 def test_the_wheelhouse_enters_the_spec_hash_and_the_build_context(tmp_path: Path) -> None:
     wh = wheelhouse(tmp_path / "wh")
     cfg = spec.load(GOLDEN_CONF, [f"container.wheelhouse={wh}", f"container.image_dir={tmp_path / 'img'}"])
@@ -129,6 +134,7 @@ def test_image_reference_per_runtime(tmp_path: Path) -> None:
     assert image("none") == "none"
 
 
+@pytest.mark.local
 def test_pyxis_build_prints_enroot_import_where_enroot_is_missing(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # no enroot, no builder
@@ -175,6 +181,7 @@ def test_in_container_only_with_the_images_python(tmp_path: Path, monkeypatch: p
         "runtime": "podman", "image": "x", "in_container": True, "image_spec_hash": "abc"}
 
 
+@pytest.mark.local
 def test_build_from_run_uses_the_runs_config_and_refuses_another_spec(tmp_path: Path) -> None:
     from runner.host import submit
 

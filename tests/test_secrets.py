@@ -24,6 +24,8 @@ from runner.alerts import AlertConfigError
 from runner.host import submit
 from tests.ci import need
 
+pytestmark = pytest.mark.unit
+
 if TYPE_CHECKING:
     from tests.webhook_server import WebhookServer
 
@@ -72,6 +74,7 @@ def make_run(root: Path, url: str) -> Path:
     return run
 
 
+@pytest.mark.local
 def test_exit_hook_writes_no_secret_and_says_what_cron_will_do(webhook: WebhookServer, tmp_path: Path) -> None:
     run = make_run(tmp_path, webhook.url)
     (tmp_path / "slurm.conf").write_text("")  # no cluster here: Slurm's commands fail at once (a missing file: 60 s)
@@ -114,6 +117,7 @@ def git(repo: Path, *args: str) -> None:
     subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, timeout=30)
 
 
+@pytest.mark.local
 def test_manifest_keeps_the_diff_out(webhook: WebhookServer, tmp_path: Path,
                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """A dirty checkout with a token in `.env`: the manifest names the file and the diff's hash; the diff is in a
@@ -190,7 +194,7 @@ open(sys.argv[1], "w").write(os.environ.get("MY_HOOK", "<unset>"))
 """
 
 
-@pytest.mark.slow
+@pytest.mark.local
 def test_a_local_run_gets_an_env_secret_that_no_file_of_the_run_holds(webhook: WebhookServer, tmp_path: Path) -> None:
     """An env: value holding the webhook URL is kept out of config.yaml and job.sbatch (in secret.env, 0600); the
     local launcher gives the ranks the real value, as the batch script's `source` does on Slurm."""

@@ -22,6 +22,8 @@ from runner.host import slurm, status
 from runner.job import ifname
 from runner.rundir import RunDir
 
+pytestmark = pytest.mark.unit
+
 FIXTURES = Path(__file__).parent / "fixtures" / "slurm"
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
 
@@ -486,6 +488,7 @@ def test_detect_uses_the_owner_of_a_local_address(monkeypatch: pytest.MonkeyPatc
     # What the launcher does with the detected name (user patterns kept, the config wins): test_preflight.py
 
 
+@pytest.mark.local
 def test_detect_on_this_machine() -> None:
     assert ifname.detect_ifname("127.0.0.1") == "lo"
     assert ifname.detect_ifname("no-such-host.invalid") is None

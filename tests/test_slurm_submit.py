@@ -20,6 +20,8 @@ import pytest
 from runner import spec
 from runner.host import render, submit
 
+pytestmark = pytest.mark.local
+
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf" / "slurm-2node.yaml"
 STEPS = 60
@@ -122,6 +124,7 @@ def test_rendezvous_shell_part_runs(tmp_path: Path) -> None:
     assert out.returncode != 0 and "cannot read the first node" in out.stderr
 
 
+@pytest.mark.unit
 def test_config_is_valid_and_world_size_4() -> None:
     cfg = spec.load(CONF)
     assert cfg.world_size == 4 and cfg.data["scheduler"] == "slurm" and cfg.data["container"]["runtime"] == "none"

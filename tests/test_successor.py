@@ -32,7 +32,7 @@ from tests.test_failures import (
     wait_for,
 )
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = pytest.mark.slurm
 __all__ = ["hook", "reference"]  # fixtures shared with test_failures
 
 SUCCESSOR = ["resume.successor=true"]

@@ -10,6 +10,8 @@ import pytest
 
 from runner.spec import dump, load, schema, typed
 
+pytestmark = pytest.mark.unit
+
 # Values that validation derives, so the typed view is narrower than what a user may write (or, for batch_size,
 # wider: None in program mode, where the batch is the program's own).
 DERIVED = {("trainer", "accumulate_grad_batches"): (int,), ("name",): (str,), ("command",): (list, type(None)),

@@ -19,6 +19,8 @@ import yaml
 from runner.job import honesty, targets
 from runner.rundir import EXIT_PREFLIGHT, RunDir
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "conf" / "quickstart.yaml"
 
@@ -46,7 +48,7 @@ def test_target_import_problem_is_one_line() -> None:
     assert "has no class or function 'Nope'" in (targets.problem("runner.dev.example.Nope") or "")
 
 
-@pytest.mark.slow
+@pytest.mark.local
 def test_target_missing_in_the_image_stops_before_training(tmp_path: Path) -> None:
     out, run = submit(tmp_path, "data._target_=only_in_image_pkg.Data", "trainer.max_steps=3")
     assert out.returncode == EXIT_PREFLIGHT, out.stdout + out.stderr
@@ -56,7 +58,7 @@ def test_target_missing_in_the_image_stops_before_training(tmp_path: Path) -> No
     assert not list((run / "checkpoints").glob("step-*"))
 
 
-@pytest.mark.slow
+@pytest.mark.local
 def test_boring_model_global_batch_and_exactness_are_told(tmp_path: Path) -> None:
     conf = tmp_path / "boring.yaml"
     data = yaml.safe_load(QUICKSTART.read_text())
@@ -78,7 +80,7 @@ def test_boring_model_global_batch_and_exactness_are_told(tmp_path: Path) -> Non
     assert "global batch measured at the first step: 4" in rank0 and "epoch boundaries" in rank0
 
 
-@pytest.mark.slow
+@pytest.mark.local
 def test_runner_data_module_is_exact_and_measured_as_configured(tmp_path: Path) -> None:
     out, run = submit(tmp_path, "trainer.max_steps=3")
     assert out.returncode == 0, out.stdout + out.stderr

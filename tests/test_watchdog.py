@@ -16,7 +16,10 @@ import pytest
 
 from runner import stragglers
 from runner.job.watchdog import phase, rank_hosts, summarize
-from runner.rundir import EXIT_HANG, RunDir
+from runner.rundir import EXIT_HANG, RunDir, read_json
+from tests.waiting import until
+
+pytestmark = pytest.mark.unit
 
 SITE = "/usr/lib/python3/dist-packages"
 STACKS = [  # (frames outermost first, phase): shapes read from real py-spy / faulthandler dumps of stuck ranks
@@ -105,10 +108,15 @@ def _ranks(tmp_path: Path, modes: list[str]) -> tuple[RunDir, list[subprocess.Po
     return rd, procs
 
 
+@pytest.mark.local
 def test_a_stopped_rank_is_named_and_the_others_exit_with_the_hang_code(tmp_path: Path) -> None:
     rd, procs = _ranks(tmp_path, ["collective", "run", "collective"])
     try:
-        time.sleep(0.9)  # every rank has beaten; rank 1 is stopped mid-run, as with SIGSTOP on a node
+        # Every rank has beaten (its heartbeat file shows a step); then rank 1 is stopped mid-run, as with SIGSTOP
+        # on a node.
+        until("a heartbeat with a step from every rank",
+              lambda: all(isinstance(b := read_json(rd.root / "heartbeats" / f"rank-{r:05d}.json"), dict)
+                          and b.get("step", -1) >= 1 for r in range(3)), 30)
         procs[1].send_signal(signal.SIGSTOP)
         t0 = time.monotonic()
         codes = [procs[0].wait(timeout=30), procs[2].wait(timeout=30)]
@@ -135,6 +143,7 @@ def _finish(tmp_path: Path, modes: list[str], timeout: float) -> tuple[RunDir, l
             p.kill()
 
 
+@pytest.mark.local
 def test_a_rank_stuck_in_its_data_loader_is_named_against_the_waiting_ones(tmp_path: Path) -> None:
     rd, codes = _finish(tmp_path, ["collective", "data", "collective"], 30)
     assert codes == [EXIT_HANG] * 3
@@ -191,6 +200,7 @@ def test_stragglers_against_the_median(beats: list, slow: list) -> None:
         assert f"{slow[0][1]}" in stragglers.table(rows).splitlines()[1]
 
 
+@pytest.mark.local
 def test_a_slow_rank_is_reported_once_by_rank_0(tmp_path: Path) -> None:
     rd, codes = _finish(tmp_path, ["run", "run", "slow"], 60)
     assert codes == [0, 0, 0]

@@ -1,0 +1,29 @@
+"""Waiting on something a test can see (a file, a record, a process state) instead of sleeping a guessed time."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def until(what: str, pred: Callable[[], T], timeout: float, every: float = 0.05) -> T:
+    """pred()'s first truthy value, polled every `every` seconds; an AssertionError naming `what` after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not (got := pred()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(every)
+    return got
+
+
+def alerts_all_sent(run: Path) -> bool:
+    """RUN/alerts/queue/ holds no alert: an entry leaves it only once delivered (runner.alerts.delivery), so every
+    alert queued so far has reached the webhook and no sender is still on its way with one."""
+    from runner.alerts.delivery import queue_dir
+
+    q = queue_dir(run)
+    return not q.is_dir() or not any(p.suffix == ".json" and not p.name.startswith(".") for p in q.iterdir())
