@@ -219,6 +219,7 @@ def test_each_batch_attempt_claims_its_own_log_folder(tmp_path: Path) -> None:
     assert out.returncode == 1 and out.stderr == f"runner: cannot create {tmp_path}/logs/attempt-1\n"
 
 
+@pytest.mark.local
 def test_the_stop_signal_waits_for_every_rank_to_be_ready(tmp_path: Path) -> None:
     """The batch script's to_ranks: written down at once; sent to the step only when all 32 ranks (4 nodes x 8) said
     they are ready, since a rank without its handler dies of SIGUSR2."""

@@ -153,6 +153,7 @@ def test_a_rank_stuck_in_its_data_loader_is_named_against_the_waiting_ones(tmp_p
     assert "rank 1 on" in hang["summary"] and "2 of 3 ranks in collective" in hang["summary"]
 
 
+@pytest.mark.local
 def test_a_rank_slow_to_notice_answers_the_first_report_instead_of_being_named(tmp_path: Path) -> None:
     """Rank 2's own limit is 600 s: it reports when rank 0's report asks it to, so only the odd rank is named
     (a loaded node's rank noticing late was named "not responding" beside the stuck one)."""
