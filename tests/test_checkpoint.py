@@ -6,7 +6,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from runner.job import checkpoint
+from runner import checkpoint
 
 
 def make(root: Path, files: dict[str, bytes], step: int = 10) -> Path:

@@ -69,7 +69,7 @@ SAVE_TIMEOUT_S = 3600
 def image_code_files(cfg: Config) -> dict[str, bytes]:
     """The files copied into the image (relative name -> content), for the spec hash and the build context.
 
-    Not the code the preflight compares between nodes (``runner.job.checks.code_to_compare``).
+    Not the code the preflight compares between nodes (``runner.checks.code_to_compare``).
     """
     import runner
     from runner.spec.validate import escapes

@@ -36,7 +36,6 @@ from runner.alerts import causes
 from runner.errors import RunnerError
 from runner.host import nodes, notices, slurm, successor
 from runner.host.status import records
-from runner.job.checks import ONLY_ENV
 from runner.rundir import ATTEMPT_ENV, EXIT_REQUEUE, EXIT_SUPERSEDED, SUCCESSOR_ENV, RunDir, atomic_write, read_json
 from runner.spec.typed import read_resolved
 
@@ -164,7 +163,7 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
         return 0
     crash, bad, own_cause, failed_rank = _failure(run, event, rec, job)
     this_exit = {"event": "exit", "outcome": event, "crash": crash, "time": time.time()}
-    probe_only = str(cfg["env"].get(ONLY_ENV)) == "1"  # `runner preflight`: a report, never a resubmission
+    probe_only = cfg["preflight"].get("only") is True  # `runner preflight`: a report, never a resubmission
     heir = _successor(run, job)
     decision = policy.after_exit(event, attempt, job, limits, [*rec.events, this_exit], () if probe_only else bad,
                                  heir)

@@ -21,10 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runner import alerts, goodput, stragglers
+from runner import alerts, checkpoint, goodput, stragglers
 from runner.errors import RunnerError
 from runner.host import nodes, status
-from runner.job import checkpoint
 from runner.rundir import MAX_LEDGER, RunDir, Unreadable, atomic_write, read_json, read_regular
 from runner.spec.typed import read_resolved
 

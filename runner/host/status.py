@@ -18,10 +18,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from runner import goodput, policy, stragglers
+from runner import checkpoint, goodput, policy, stragglers
 from runner import log as runner_log
 from runner.errors import InputError, RunnerError
-from runner.job import checkpoint
 from runner.rundir import RunDir, read_json
 
 log = logging.getLogger(__name__)

@@ -30,8 +30,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
-from runner import __version__
-from runner.job import checkpoint, guards, honesty, internals, owner, watchdog
+from runner import __version__, checkpoint
+from runner.job import guards, honesty, internals, owner, watchdog
 from runner.rundir import (
     ATTEMPT_ENV,
     EXIT_NONFINITE,

@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 # Checked innermost frame first, so a collective inside backward is a collective.
 PHASES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("collective", ("distributed_c10d.py:", "torch/distributed/", "reduce_boolean_decision", ":barrier")),
-    ("checkpoint", ("torch/serialization.py:", "save_checkpoint", "runner/job/checkpoint.py:")),
+    ("checkpoint", ("torch/serialization.py:", "save_checkpoint", "runner/checkpoint.py:")),
     ("data", ("torch/utils/data/", ":__getitem__", ":__iter__", ":__next__", "_next_data")),
     ("backward", ("torch/autograd/", ":backward")),
     ("optimizer", ("torch/optim/", "optimizer_step")),
