@@ -50,7 +50,7 @@ def runtime_refusal(config: object, runtime: str) -> str | None:
     """Why a local run of this config cannot start, or None: a runtime that runs the ranks in an image, here where the
     ranks start with this machine's Python outside any image (each rank would stop at once, exit 77: not in the run's
     image). Inside a runner image (its spec file is there) a local run is in the image already."""
-    from runner.job.container import SPEC
+    from runner.image import SPEC
 
     if runtime == "none" or SPEC.is_file():
         return None

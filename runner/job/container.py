@@ -11,13 +11,12 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from pathlib import Path
 from typing import Any
 
+from runner.image import PYTHON_PREFIX as PYTHON_PREFIX
+from runner.image import SPEC as SPEC
 from runner.rundir import RunDir, atomic_write, read_json
 
-SPEC = Path("/etc/runner-spec.json")
-PYTHON_PREFIX = Path("/etc/runner-python-prefix")
 log = logging.getLogger(__name__)
 
 
