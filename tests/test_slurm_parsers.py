@@ -189,6 +189,33 @@ def test_sbatch_parsable_refuses_non_ids(stdout: str) -> None:
         slurm.parse_sbatch(stdout)
 
 
+@pytest.mark.parametrize("text, seconds", [
+    ("1-02:03:04\n", 93784), ("2-00:00:00", 172800), ("12:34:56", 45296), ("0:00:30", 30), ("59:59", 3599),
+    ("1:05", 65), ("7", 7), ("UNLIMITED", None), ("NOT_SET", None), ("INVALID", None), ("", None), ("  \n", None),
+    ("x-1:00", None), ("1:xx", None)])
+def test_time_left(text: str, seconds: float | None) -> None:
+    """squeue's %L as the exit hook reads it: a time limit near tells a timeout from a preemption."""
+    assert slurm.parse_time_left(text) == seconds
+
+
+def test_time_left_and_requeue_ask_slurm_through_one_door(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = fake_slurm(monkeypatch, {"squeue": "1-00:00:10\n", "scontrol": ""})
+    assert slurm.time_left("12") == 86410
+    assert slurm.requeue("12") is None
+    assert calls.argv == [["squeue", "-h", "-j", "12", "-o", "%L"], ["scontrol", "requeue", "12"]]
+    fake_slurm(monkeypatch, {})  # every command refused: its last line is the complaint
+    assert slurm.time_left("12") is None
+    assert slurm.requeue("12") == "slurm_load_jobs error: Invalid job id specified"
+
+
+def test_the_dry_run_prints_the_argv_that_is_run() -> None:
+    """`runner submit --dry-run` and the submission build the sbatch line with one function."""
+    assert slurm.sbatch_argv("/r/job.sbatch") == ["sbatch", "--parsable", "/r/job.sbatch"]
+    assert slurm.sbatch_argv("/r/job.sbatch", ["--exclude=n1"], after="7") == [
+        "sbatch", "--parsable", "--exclude=n1", "--dependency=afternotok:7", "--kill-on-invalid-dep=yes",
+        "/r/job.sbatch"]
+
+
 # Which source wins (commands replaced by the recordings)
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from runner import log as runner_log
-from runner import policy, proc
+from runner import policy
 from runner.alerts import causes
 from runner.errors import RunnerError
 from runner.host import nodes, notices, slurm, successor
@@ -40,29 +40,7 @@ from runner.rundir import ATTEMPT_ENV, EXIT_REQUEUE, EXIT_SUPERSEDED, SUCCESSOR_
 from runner.spec.typed import read_resolved
 
 ALERT_BUDGET_S = 15.0  # the background sender's time; what it cannot send stays queued for runner cron
-REQUEUE_TIMEOUT_S = 10.0  # scontrol answers in well under a second; a hung controller must not eat the grace time
 log = logging.getLogger(__name__)
-
-
-def parse_time_left(text: str) -> float | None:
-    """squeue's ``%L`` (``[D-]HH:MM:SS``, ``MM:SS``) in seconds; None for UNLIMITED and the like."""
-    text = text.strip()
-    if not text or text in ("UNLIMITED", "NOT_SET", "INVALID"):
-        return None
-    days, _, clock = text.rpartition("-")
-    try:
-        parts = [int(p) for p in clock.split(":")]
-        whole_days = int(days or 0)
-    except ValueError:
-        return None
-    while len(parts) < 3:
-        parts.insert(0, 0)
-    return (whole_days * 24 + parts[0]) * 3600 + parts[1] * 60 + parts[2]
-
-
-def _seconds_left(job: str) -> float | None:
-    out = proc.run(["squeue", "-h", "-j", job, "-o", "%L"], timeout=10, check=False)
-    return parse_time_left(out.stdout) if out.returncode == 0 else None
 
 
 def launcher_code(run: RunDir, rc: int, job: str | None) -> int:
@@ -155,7 +133,7 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
     rc = launcher_code(run, rc, job)
     rec = records(run)
     attempt = policy.attempt(rec.events)
-    left = _seconds_left(job) if job and rc == EXIT_REQUEUE else None  # tells a time limit from a preemption
+    left = slurm.time_left(job) if job and rc == EXIT_REQUEUE else None  # tells a time limit from a preemption
     event = policy.classify(rec, rc, left, limits, job)
     if event == "superseded":  # another job owns the run: its records and alerts are not this job's to write
         run.record("superseded", job_id=job, owner=rec.job_id, exit_code=rc)
@@ -178,12 +156,12 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
     if bad:
         nodes.record(run.root.parent, bad, "preflight" if event == "preflight_failed" else event, run.name,
                      own_cause or "")
-    requeued = None
+    requeued, refusal = None, None
     if decision.action == "requeue" and job:
         # Slurm ends the job (SIGTERM, then SIGKILL after KillWait) once it accepts the requeue: finish the records.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        out = proc.run(["scontrol", "requeue", job], timeout=REQUEUE_TIMEOUT_S, check=False)
-        requeued = out.returncode == 0
+        refusal = slurm.requeue(job)
+        requeued = refusal is None
     step = policy.next_step(event, decision, attempt, limits, requeued, [*rec.events, this_exit])
     common = {"job_id": job or "", "attempt": attempt, "nodes": os.environ.get("SLURM_JOB_NODELIST", ""),
               "exit_code": rc, "next_step": step}
@@ -208,8 +186,8 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
     elif requeued:
         run.record("requeued", job_id=job, reason=event, attempt=attempt + 1)
     elif requeued is False:
-        run.record("requeue_failed", job_id=job, reason=event, error=alerts.redact(proc.last_line(out), secrets))
-        log.warning("scontrol requeue %s: %s; runner cron will resubmit the run", job, proc.last_line(out))
+        run.record("requeue_failed", job_id=job, reason=event, error=alerts.redact(refusal or "", secrets))
+        log.warning("scontrol requeue %s: %s; runner cron will resubmit the run", job, refusal)
     elif decision.action == "give_up":
         run.record("gave_up", job_id=job, reason=decision.reason)
     elif decision.action == "stop":

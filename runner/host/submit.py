@@ -23,7 +23,7 @@ import yaml
 
 from runner import __version__, alerts, spec
 from runner.errors import ConfigError, SubmitError
-from runner.host import build, nodes, render
+from runner.host import build, nodes, render, slurm
 from runner.host.provenance import git_provenance
 from runner.rundir import RunDir, atomic_write, read_json
 from runner.spec.typed import RunConfig, read_resolved
@@ -138,7 +138,7 @@ def plan(path: Path, overrides: list[str], allow_missing_image: bool = False) ->
     extra: list[str] = []
     if cfg.data["scheduler"] == "slurm":
         extra = nodes.exclude_args(rd_path.parent, cfg.data["resume"]["exclude_nodes_s"])
-        argv = ["sbatch", "--parsable", *extra, str(RunDir(rd_path).script)]
+        argv = slurm.sbatch_argv(str(RunDir(rd_path).script), extra)  # what nodes.submit runs first
     else:
         argv = [sys.executable, "-m", "runner.job.launch", str(rd_path)]
     notes = [f"global batch:  {cfg.global_batch} = {cfg.local_batch} x {cfg.world_size} ranks x "
@@ -240,8 +240,6 @@ def submit_slurm(p: Plan) -> int:
 def refused(e: SubmitError, hint: str) -> SubmitError:
     """sbatch's refusal in one line: a controller that cannot be reached is named as such (the config is not to
     blame), anything else with ``hint``."""
-    from runner.host import slurm
-
     text = str(e)
     if not slurm.unreachable(text):
         return SubmitError(f"sbatch refused the job: {text}. hint: {hint}")
