@@ -113,7 +113,7 @@ def _remember_failed_node(run: RunDir, job: policy.JobInfo | None) -> None:
 
 def _is_slurm_run(path: Path) -> bool:
     """A Slurm run directory; raises (one line, logged by the caller) when its manifest cannot be read."""
-    if not (path / "manifest.json").is_file():
+    if not RunDir(path).manifest.is_file():
         return False
     return manifest_of(RunDir(path)).get("scheduler") == "slurm"
 

@@ -76,7 +76,7 @@ def _batch_output(run: RunDir, job: str | None, rec: policy.Records) -> list[str
     found = start.get("out_offset")
     offset = found if isinstance(found, int) else 0
     try:
-        with open(run.logs / f"slurm-{job}.out", "rb") as f:
+        with open(run.batch_log(job), "rb") as f:
             size = f.seek(0, os.SEEK_END)
             f.seek(max(offset, size - 256 * 1024))
             return f.read().decode("utf-8", "replace").splitlines()
@@ -102,7 +102,7 @@ def _failure(run: RunDir, event: str, rec: policy.Records, job: str | None = Non
     number = os.environ.get(ATTEMPT_ENV, "")
     attempt = int(number) if number.isdigit() else (run.attempts() or [0])[-1]
     crash = run.first_crash(attempt) if event == "failed" else None
-    report = read_json(run.root / "hang.json") if event == "hang" else read_json(run.preflight)
+    report = read_json(run.hang) if event == "hang" else read_json(run.preflight)
     bad = nodes.named_by(event, report, attempt)
     cause, rank = None, None
     first, crashes = first_failure(run, attempt, _batch_output(run, job, rec)) if event == "failed" else (None, {})
@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.what == "start":
         job = os.environ.get("SLURM_JOB_ID")
         try:  # where this attempt's part of the batch output begins (the exit hook reads srun's words from there)
-            offset = (run.logs / f"slurm-{job}.out").stat().st_size if job else 0
+            offset = run.batch_log(job).stat().st_size if job else 0
         except OSError:
             offset = 0
         run.record("start", job_id=job, nodes=os.environ.get("SLURM_JOB_NODELIST"),

@@ -36,7 +36,6 @@ from typing import Any
 from runner import alerts, policy, redaction
 from runner.alerts.causes import RankExit, first_failure
 from runner.errors import SubmitError
-from runner.host.render import SECRET_ENV
 from runner.rundir import ATTEMPT_ENV, RunDir, atomic_write, read_json
 from runner.spec.typed import read_resolved
 
@@ -255,7 +254,7 @@ def _start(run: RunDir, world_size: int, per_node: int, attempt: int, owner: Own
         for key in [k for k in env if k.startswith("SLURM_")]:
             del env[key]
         env.update({k: str(v) for k, v in cfg.get("env", {}).items()})
-        env.update(redaction.secret_env_items(run.root / SECRET_ENV))  # config.yaml holds these redacted
+        env.update(redaction.secret_env_items(run.secret_env))  # config.yaml holds these redacted
         # Own session: a Ctrl-C at the terminal reaches only the driver, which turns it into a checkpoint. The lock's
         # descriptor is inherited: the run stays locked while any rank lives, even if the driver is killed.
         procs.append(subprocess.Popen([sys.executable, "-m", "runner.job.launch", str(run.root)], env=env,
@@ -320,7 +319,7 @@ class Progress:
         return "  ".join(parts)
 
     def __call__(self) -> None:
-        p = read_json(self.run.root / "progress.json")
+        p = read_json(self.run.progress)
         if not isinstance(p, dict) or p.get("attempt") != self.attempt or not isinstance(p.get("step"), int) or \
                 not isinstance(p.get("time"), (int, float)):
             return
@@ -421,7 +420,7 @@ def _record_end(run_dir: RunDir, cfg: Any, att: _Attempt, attempt: int) -> int:
                          finished=run_dir.finished.exists())
     event = outcome(rec, rc, att.stop)
     cause = failure.cause if failure and event in ("failed", "hang") else None
-    if event == "hang" and isinstance(hang := read_json(run_dir.root / "hang.json"), dict) and \
+    if event == "hang" and isinstance(hang := read_json(run_dir.hang), dict) and \
             hang.get("attempt") == attempt:
         cause = str(hang.get("summary") or cause)
     secrets = alerts.secrets_of(cfg["alerts"])

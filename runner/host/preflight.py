@@ -48,5 +48,5 @@ def cli(path: Path, overrides: list[str], wait_s: float = 600) -> int:
         time.sleep(0.2)
     report = read_json(rd.preflight)
     print(table(report), end="")
-    print(f"report: {rd.root / 'preflight.json'}")
+    print(f"report: {rd.preflight}")
     return EXIT_PREFLIGHT if report["status"] == FAIL else 0

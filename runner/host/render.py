@@ -18,7 +18,7 @@ from typing import Any
 
 import jinja2
 
-from runner import __version__
+from runner import __version__, rundir
 from runner.errors import BuildError
 from runner.rundir import ATTEMPT_ENV
 from runner.spec import Config
@@ -205,7 +205,7 @@ CONTAINER_ENV = ("MASTER_ADDR", "MASTER_PORT", "RUNNER_PREFLIGHT_PORT", "OMP_NUM
 IFNAME_ENV = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")  # passed only when network.ifname sets them
 
 
-SECRET_ENV = "secret.env"  # RUN/secret.env: export lines of the env: values that are secrets, mode 0600
+SECRET_ENV = rundir.SECRET_ENV  # RUN/secret.env: export lines of the env: values that are secrets, mode 0600
 
 
 def secret_env(env: dict[str, object]) -> dict[str, str]:

@@ -41,7 +41,7 @@ def _run_name(entry: str) -> tuple[str, tuple[str, int]]:
 
 def _is_run(path: Path) -> bool:
     try:
-        return stat.S_ISREG((path / "config.yaml").stat().st_mode)
+        return stat.S_ISREG(RunDir(path).config.stat().st_mode)
     except (OSError, ValueError):  # missing, unreadable, a name the OS refuses: not a run here
         return False
 
@@ -199,7 +199,7 @@ def accounting(run: RunDir, events: Sequence[Mapping[str, Any]], manifest: Mappi
     done = done if isinstance(done, dict) else {}
     kept, kept_step = done.get("productive_s"), done.get("step")
     if kept is None and last is not None:
-        kept, kept_step = (read_json(last[1] / "manifest.json", {}) or {}).get("productive_s"), last[0]
+        kept, kept_step = checkpoint.manifest_of(last[1]).get("productive_s"), last[0]
     end = done.get("time") or time.time()
     runs = goodput.attempts(events)
     stalls = {a.log_attempt: _hang_stall(run, a.log_attempt) for a in runs if a.hang and a.log_attempt}
@@ -208,14 +208,14 @@ def accounting(run: RunDir, events: Sequence[Mapping[str, Any]], manifest: Mappi
 
 def _hang_stall(run: RunDir, attempt: int) -> float:
     """How long the steps of a hung attempt had stopped when its watchdog fired (the ranks' hang reports)."""
-    reports = [read_json(p) for p in (run.root / "hangs" / f"attempt-{attempt}").glob("rank-*.json")]
+    reports = [read_json(p) for p in run.hang_reports(attempt).glob("rank-*.json")]
     return max((float(r["stalled_s"]) for r in reports if isinstance(r, dict)
                 and isinstance(r.get("stalled_s"), (int, float))), default=0.0)
 
 
 def _looks_like_run(path: Path) -> bool:
     try:
-        return stat.S_ISREG((path / "config.yaml").stat().st_mode)
+        return stat.S_ISREG(RunDir(path).config.stat().st_mode)
     except FileNotFoundError:
         return False
     except (OSError, ValueError):  # cannot look inside: show it, with what is wrong
@@ -328,10 +328,10 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def ranks(run: RunDir) -> str:
     """``runner status RUN --ranks``: the slowest ranks and their nodes against the median, and the last hang."""
-    beats = [b for p in sorted((run.root / "heartbeats").glob("rank-*.json")) if isinstance(b := read_json(p), dict)]
+    beats = [b for p in sorted(run.heartbeats.glob("rank-*.json")) if isinstance(b := read_json(p), dict)]
     newest = max((b.get("attempt", 0) for b in beats), default=0)
     out = [stragglers.table(stragglers.compare([b for b in beats if b.get("attempt", 0) == newest]))]
-    hang = read_json(run.root / "hang.json")
+    hang = read_json(run.hang)
     if isinstance(hang, dict) and hang.get("summary"):
         out.append(f"last hang (attempt {hang.get('attempt')}, step {hang.get('step')}): {hang['summary']}")
     return "\n".join(out)
@@ -370,7 +370,7 @@ def log_path(run: RunDir, rank: int | None, attempt: int | None = None) -> Path:
         return run.rank_log(rank, attempt)
     job = run.job_id()
     if job:
-        return run.logs / f"slurm-{job}.out"
+        return run.batch_log(job)
     outs = sorted(run.logs.glob("slurm-*.out"), key=lambda p: p.stat().st_mtime)
     return outs[-1] if outs else run.logs / "slurm-JOB.out"
 

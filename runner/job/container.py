@@ -56,5 +56,5 @@ def stale_image(manifest: dict[str, Any], force: bool, report: RunDir | None = N
     log.error("%s", why)
     if report is not None:
         atomic_write(report.preflight, json.dumps({"status": "fail", "summary": f"stale image: {what}"}) + "\n")
-        atomic_write(report.root / "preflight.txt", why + "\n")
+        atomic_write(report.preflight_table, why + "\n")
     return True

@@ -119,7 +119,7 @@ def _is_local_address(host: str, ifaces: Mapping[str, Mapping[str, Any]]) -> boo
 
 def rank_file(rd: RunDir, rank: int) -> Path:
     """Where a rank that could not reach rank 0 leaves its own result (the run directory is shared)."""
-    return rd.logs / "preflight" / f"rank-{rank:05d}.json"
+    return rd.preflight_rank(rank)
 
 
 # ---------------------------------------------------------------------------------------------- inside the job
@@ -422,7 +422,7 @@ def _finish(job: _Job, checks: list[Check], extra: dict[str, Any], store: Any = 
               "thresholds": {k: job.pf[k] for k in ("min_busbw_gbps", "fail_below_median", "warn_below_median",
                                                     "probe_mib", "probe_budget_s", "timeout_s", "min_free_gb")},
               **extra}
-    atomic_write(job.rd.root / "preflight.txt", table(report))
+    atomic_write(job.rd.preflight_table, table(report))
     print(table(report), end="", flush=True)
     job.rd.record("preflight", status=status, duration_s=round(report["duration_s"], 2), summary=text)
     if status == FAIL and "SLURM_JOB_ID" not in os.environ:  # under Slurm the batch script's exit hook alerts
