@@ -15,13 +15,14 @@ import logging
 import shlex
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from runner import log as runner_log
 from runner import policy, proc
-from runner.host.status import job_ids, manifest_of, records
+from runner.host import observe
+from runner.host.observe import manifest_of
 from runner.rundir import RunDir, locked
 from runner.spec.typed import RunConfig, read_resolved
 
@@ -32,14 +33,12 @@ def decide(run: RunDir, cfg: RunConfig, jobs: Mapping[str, policy.JobInfo] | Non
            now: float | None = None, asked: bool = True) -> policy.Decision:
     """Cron's decision for one run; ``jobs`` is Slurm's answer for many runs at once (asked here when not given),
     ``asked`` False when Slurm could not be asked (then a job the ledger shows alive is never resubmitted)."""
-    rec = records(run)
-    if jobs is None and policy.settled(rec) is None:
-        from runner.host import slurm
+    return _decision(observe.observe(run, observe.unsettled, jobs, asked), cfg, now)
 
-        answer = slurm.ask_many(job_ids(rec))
-        jobs, asked = answer or {}, answer is not None
-    job, heir = (jobs or {}).get(rec.job_id or ""), (jobs or {}).get(rec.successor or "")
-    return policy.next_action(rec, job, policy.Limits.of(cfg), time.time() if now is None else now, asked, heir)
+
+def _decision(seen: observe.Observation, cfg: RunConfig, now: float | None = None) -> policy.Decision:
+    return policy.next_action(seen.records, seen.job, policy.Limits.of(cfg), time.time() if now is None else now,
+                              seen.asked, seen.heir)
 
 
 def _alerts_queued(run: RunDir) -> bool:
@@ -60,40 +59,41 @@ def handle(run: RunDir, jobs: Mapping[str, policy.JobInfo] | None = None, asked:
     from runner import alerts
     from runner.host import notices, submit
 
-    settled = policy.settled(records(run))
+    seen = observe.look(run, observe.unsettled)  # the ledger, read once
+    settled = policy.settled(seen.records)
     if settled is not None:
         return settled  # nothing to decide: not even the config is read
-    cfg = read_resolved(run.config)
-    notices.queue_stragglers(run, cfg, records(run).job_id)  # a straggler of the running job, recorded in its ledger
-    _alert_hook_failures(run, cfg)
-    d = decide(run, cfg, jobs, asked=asked)
+    cfg = seen.config
+    notices.queue_stragglers(run, cfg, seen.records.job_id)  # a straggler of the running job, recorded in its ledger
+    _alert_hook_failures(run, cfg, seen.records.events, seen.attempt)
+    seen = observe.answer(seen, jobs, asked)
+    d = _decision(seen, cfg)
     if d.action == "resubmit" and fresh is False:
         return d
     if d.action == "resubmit" and jobs is not None and fresh is None:
-        d = decide(run, cfg)
+        d = decide(run, cfg)  # a fresh look: the ledger and Slurm again, right before acting
     if d.action == "resubmit":
-        _remember_failed_node(run, (jobs or {}).get(records(run).job_id or ""))
+        _remember_failed_node(run, (jobs or {}).get(seen.records.job_id or ""))
         submit.resubmit(run, cfg, d.reason)
     elif d.action == "give_up":
         run.record("gave_up", reason=d.reason)
-        alerts.notify(run.root, cfg["alerts"], "gave_up", attempt=policy.attempt(run.events()),
+        alerts.notify(run.root, cfg["alerts"], "gave_up", attempt=seen.attempt,
                       next_step=f"no further submissions: {d.reason}")
     return d
 
 
-def _alert_hook_failures(run: RunDir, cfg: RunConfig) -> None:
+def _alert_hook_failures(run: RunDir, cfg: RunConfig, events: Sequence[Mapping[str, Any]], attempt: int) -> None:
     """A host-side hook the batch script could not run (its ``hook_failed`` ledger line): alerted once, since the
     hook that would have alerted is the one that failed; what happens next is decided from Slurm's record."""
     from runner import alerts
 
-    events = run.events()
     told = {e.get("of") for e in events if e["event"] == "hook_failure_alerted"}
     for e in events:
         if e["event"] != "hook_failed" or e["time"] in told:
             continue
         run.record("hook_failure_alerted", of=e["time"])
         alerts.notify(run.root, cfg["alerts"], "failed", job_id=str(e.get("job_id") or ""),
-                      attempt=policy.attempt(events),
+                      attempt=attempt,
                       cause=f"the batch script's host-side {str(e.get('hook'))[:20]} hook could not run (exit "
                             f"{e.get('exit_code')}): no exit record, requeue or alert came from the job itself",
                       next_step=f"see `runner logs {run.name} --batch`; runner cron decides from Slurm's record")
@@ -137,11 +137,11 @@ def _job_ids(runs: list[RunDir]) -> list[str]:
     ids = []
     for run in runs:
         try:
-            rec = records(run)
+            rec = observe.records(run)
         except Exception:  # handle() reports it
             continue
         if rec.job_id and policy.settled(rec) is None:
-            ids += job_ids(rec)
+            ids += observe.job_ids(rec)
     return ids
 
 

@@ -34,8 +34,7 @@ from runner import log as runner_log
 from runner import policy
 from runner.alerts import causes
 from runner.errors import RunnerError
-from runner.host import nodes, notices, slurm, successor
-from runner.host.status import records
+from runner.host import nodes, notices, observe, slurm, successor
 from runner.rundir import ATTEMPT_ENV, EXIT_REQUEUE, EXIT_SUPERSEDED, SUCCESSOR_ENV, RunDir, atomic_write, read_json
 from runner.spec.typed import read_resolved
 
@@ -127,11 +126,12 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
     from runner import alerts
     from runner.alerts import background
 
-    cfg = read_resolved(run.config)
-    limits = policy.Limits.of(cfg)
     job = os.environ.get("SLURM_JOB_ID")
+    seen = observe.look(run, _has_successor, job=job)  # Slurm is asked about the successor once it matters
+    cfg = seen.config
+    limits = policy.Limits.of(cfg)
     rc = launcher_code(run, rc, job)
-    rec = records(run)
+    rec = seen.records
     attempt = policy.attempt(rec.events)
     left = slurm.time_left(job) if job and rc == EXIT_REQUEUE else None  # tells a time limit from a preemption
     event = policy.classify(rec, rc, left, limits, job)
@@ -142,7 +142,7 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
     crash, bad, own_cause, failed_rank = _failure(run, event, rec, job)
     this_exit = {"event": "exit", "outcome": event, "crash": crash, "time": time.time()}
     probe_only = cfg["preflight"].get("only") is True  # `runner preflight`: a report, never a resubmission
-    heir = _successor(run, job)
+    heir = _successor(observe.answer(seen, using=slurm.squeue_many))
     decision = policy.after_exit(event, attempt, job, limits, [*rec.events, this_exit], () if probe_only else bad,
                                  heir)
     if heir and decision.action != "hand_over":  # before this job ends: afterwards Slurm would start it
@@ -209,20 +209,22 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
     return 0
 
 
-def _successor(run: RunDir, job: str | None) -> str | None:
-    """The successor queued behind this job, if Slurm still holds it (else the run recovers as without one)."""
-    heir = successor.following(run, job)
-    if heir is None:
-        return None
-    info = slurm.squeue(heir)
-    return heir if info is not None and not info.terminal else None
+def _has_successor(rec: policy.Records, manifest: Mapping[str, Any]) -> bool:
+    return rec.successor is not None
+
+
+def _successor(seen: observe.Observation) -> str | None:
+    """The successor queued behind this job, if Slurm still holds it (else the run recovers as without one): the
+    controller's live view (``squeue``), which knows a job in the queue at once."""
+    info = seen.heir
+    return seen.records.successor if info is not None and not info.terminal else None
 
 
 def claim(run: RunDir) -> int:
     """A successor job, before its ranks start: take the run over (0) or step aside (``EXIT_SUPERSEDED``)."""
     job, after = os.environ.get("SLURM_JOB_ID", ""), os.environ.get(SUCCESSOR_ENV, "")
     cfg = read_resolved(run.config)
-    rec = records(run)
+    rec = observe.records(run)
     decision = policy.take_over(rec, job, after, policy.Limits.of(cfg))
     if decision.action != "train":
         log.info("successor job %s steps aside: %s", job, decision.reason)

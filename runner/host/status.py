@@ -21,6 +21,8 @@ from typing import Any, Literal
 from runner import checkpoint, goodput, policy, stragglers
 from runner import log as runner_log
 from runner.errors import InputError, RunnerError
+from runner.host import observe
+from runner.host.observe import manifest_of as manifest_of
 from runner.rundir import RunDir, read_json
 
 log = logging.getLogger(__name__)
@@ -81,60 +83,15 @@ def find_run(name: str, root: Path) -> RunDir:
     return RunDir((root / max(group, key=lambda e: (_run_name(e)[1], e))).resolve())
 
 
-def records(run: RunDir) -> policy.Records:
-    """The run directory's facts, as ``runner.policy`` takes them."""
-    from runner.host import successor
-
-    job = run.job_id()
-    return policy.Records(events=run.events(), exit_status=read_json(run.exit_status), finished=run.finished.exists(),
-                          job_id=job, successor=successor.following(run, job))
-
-
-def job_ids(rec: policy.Records) -> list[str]:
-    """The jobs whose Slurm state matters to a run: its job, and the successor queued behind it."""
-    return [j for j in (rec.job_id, rec.successor) if j]
-
-
-def manifest_of(run: RunDir) -> dict[str, Any]:
-    """The run's manifest; {} when there is none yet. Raises a one-line RunnerError when it is not a JSON object
-    (a torn or hand-edited file): the caller shows that run as broken, never as another kind of run."""
-    from runner.rundir import read_regular
-
-    try:
-        text = read_regular(run.manifest)  # a FIFO or a device is refused from its stat, never opened
-    except FileNotFoundError:
-        return {}
-    except OSError as e:
-        raise RunnerError(f"{run.manifest}: cannot read it ({e.strerror}); expected a readable file. hint: check "
-                          "its owner and mode") from None
-    try:
-        manifest = json.loads(text)
-    except (ValueError, RecursionError) as e:
-        raise RunnerError(f"{run.manifest}: found invalid JSON ({e}); expected the manifest runner wrote. hint: "
-                          "restore it, or move the run directory away") from None
-    if not isinstance(manifest, dict):
-        raise RunnerError(f"{run.manifest}: found a JSON {type(manifest).__name__}; expected a JSON object")
-    return manifest
-
-
-
-def _asks_slurm(manifest: Mapping[str, Any], rec: policy.Records) -> bool:
-    return manifest.get("scheduler") == "slurm" and policy.asks_slurm(rec)
-
-
 def row(run: RunDir, jobs: Mapping[str, policy.JobInfo] | None = None,
         last: tuple[int, Path] | None | Literal["find"] = "find") -> dict[str, Any]:
     """One run's status; ``jobs`` is Slurm's answer for many runs at once (asked here when not given), ``last`` the
     newest complete checkpoint where the caller found it already (``runner report`` reads every manifest)."""
-    manifest = manifest_of(run)
-    rec = records(run)
-    info = heir = None
-    if _asks_slurm(manifest, rec) and rec.job_id:
-        if jobs is None:
-            from runner.host import slurm
+    return _row(observe.observe(run, observe.shown, jobs, strict=True), last)
 
-            jobs = slurm.query_many(job_ids(rec))
-        info, heir = jobs.get(rec.job_id), jobs.get(rec.successor or "")
+
+def _row(seen: observe.Observation, last: tuple[int, Path] | None | Literal["find"] = "find") -> dict[str, Any]:
+    run, manifest, rec, info, heir = seen.run, seen.manifest, seen.records, seen.job, seen.heir
     cfg_hash = manifest.get("config_hash")
     if last == "find":
         last = checkpoint.latest(run.checkpoints, cfg_hash) if run.checkpoints.is_dir() else None
@@ -178,7 +135,7 @@ def broken_row(run: RunDir, problem: str) -> dict[str, Any]:
             "productive_s": None, "losses_s": {}, "error": problem}
 
 
-def history(run: RunDir, events: Sequence[Mapping[str, Any]], manifest: dict[str, Any],
+def history(run: RunDir, events: Sequence[Mapping[str, Any]], manifest: Mapping[str, Any],
             last: tuple[int, Path] | None) -> dict[str, Any]:
     """What the failures cost: the last outcome and its cause, steps lost per restart, and goodput with its losses.
 
@@ -239,23 +196,19 @@ def collect(name: str | None, root: Path) -> list[dict[str, Any]]:
         runs = [find_run(name, root)]
     else:
         runs = [RunDir(Path(os.path.abspath(p))) for p in _entries(root) if _looks_like_run(p)]
-    ids = []
+    looks: list[observe.Observation | Exception] = []
     for run in runs:
         try:
-            manifest, rec = manifest_of(run), records(run)
-        except Exception:  # row() says what is wrong below
-            continue
-        if rec.job_id and _asks_slurm(manifest, rec):
-            ids += job_ids(rec)
-    jobs: dict[str, policy.JobInfo] = {}
-    if ids:
-        from runner.host import slurm
-
-        jobs = slurm.query_many(ids)
+            looks.append(observe.look(run, observe.shown, strict=True))
+        except Exception as e:  # its row says what is wrong below
+            looks.append(e)
+    jobs = observe.ask(o for o in looks if isinstance(o, observe.Observation)) or {}  # slurm.query_many's reading
     rows = []
-    for run in runs:
+    for run, seen in zip(runs, looks, strict=True):
         try:
-            rows.append(row(run, jobs))
+            if isinstance(seen, Exception):
+                raise seen
+            rows.append(_row(seen.answered(jobs)))
         except Exception as e:  # one unreadable run must not hide the others
             log.debug("%s: cannot read", run.root, exc_info=True)
             rows.append(broken_row(run, runner_log.one_line(e)))

@@ -340,25 +340,17 @@ def resume(run: RunDir, overrides: list[str] | None = None, force: bool = False)
     if not run.config.is_file():
         raise SubmitError(f"{run.root}: found no config.yaml; expected a run directory. hint: see `runner status`")
     from runner import policy
-    from runner.host.status import records
+    from runner.host import observe
 
-    rec = records(run)
-    job, heir, asked = None, None, True
-    if rec.job_id and not rec.finished and (read_json(run.manifest, {}) or {}).get("scheduler") == "slurm":
-        from runner.host import slurm
-        from runner.host.status import job_ids
-
-        answer = slurm.ask_many(job_ids(rec))
-        job, asked = (answer or {}).get(rec.job_id), answer is not None
-        heir = (answer or {}).get(rec.successor or "")
-    decision = policy.resume_action(rec, job, asked, force, heir)
+    seen = observe.observe(run, observe.resumable)
+    decision = policy.resume_action(seen.records, seen.job, seen.asked, force, seen.heir)
     if decision.action == "refuse":
         raise SubmitError(f"resume {run.name}: {decision.reason}")
     if decision.action == "skip":
         print(f"run {run.root} {decision.reason}")
         return 0
     owner = None
-    if read_resolved(run.config)["scheduler"] != "slurm":  # one trainer per run directory: refused while one lives
+    if seen.config["scheduler"] != "slurm":  # one trainer per run directory: refused while one lives
         from runner.host import local
 
         owner = local.acquire(run)
