@@ -49,17 +49,18 @@ def _alerts_queued(run: RunDir) -> bool:
 
 
 def handle(run: RunDir, jobs: Mapping[str, policy.JobInfo] | None = None, asked: bool = True,
-           fresh: bool | None = None) -> policy.Decision:
+           fresh: bool | None = None, seen: observe.Observation | None = None) -> policy.Decision:
     """Decide for one run and act; its alerts are queued (``run_once`` sends every run's after its pass, under one
     time budget and without the root's lock).
 
     A resubmission acts on a fresh answer from Slurm (the one asked for all runs may be minutes old by now):
     ``fresh=None`` asks again for this run; ``fresh=False`` returns the resubmit decision without acting (the caller
-    asks once for all of them and calls again with ``fresh=True`` and that answer)."""
+    asks once for all of them and calls again with ``fresh=True`` and that answer). ``seen``: the caller's look at
+    the run, the one ``jobs`` answers (read here when not given)."""
     from runner import alerts
     from runner.host import notices, submit
 
-    seen = observe.look(run, observe.unsettled)  # the ledger, read once
+    seen = seen or observe.look(run, observe.unsettled)  # the ledger, read once
     settled = policy.settled(seen.records)
     if settled is not None:
         return settled  # nothing to decide: not even the config is read
@@ -132,17 +133,15 @@ def runs_under(root: Path) -> list[RunDir]:
     return runs
 
 
-def _job_ids(runs: list[RunDir]) -> list[str]:
-    """The jobs whose Slurm state matters to a decision (runs settled by their own records need none)."""
-    ids = []
+def _looks(runs: list[RunDir]) -> dict[RunDir, observe.Observation]:
+    """One look at each run (``observe.look``); a run that cannot be read is left out (``handle`` reports it)."""
+    looks = {}
     for run in runs:
         try:
-            rec = observe.records(run)
+            looks[run] = observe.look(run, observe.unsettled)
         except Exception:  # handle() reports it
             continue
-        if rec.job_id and policy.settled(rec) is None:
-            ids += observe.job_ids(rec)
-    return ids
+    return looks
 
 
 SEND_BUDGET_S = 20.0  # one cron pass spends at most this long sending alerts, however many runs have some queued
@@ -174,10 +173,11 @@ def send_alerts(root: Path, runs: list[RunDir], budget_s: float = SEND_BUDGET_S)
             log.info("alerts: %d sent, %d left queued for the next pass", sent, left)
 
 
-def _act(run: RunDir, jobs: Mapping[str, policy.JobInfo], asked: bool, fresh: bool) -> str | None:
+def _act(run: RunDir, jobs: Mapping[str, policy.JobInfo], asked: bool, fresh: bool,
+         seen: observe.Observation | None = None) -> str | None:
     """``handle`` one run, its line printed when it acted; one broken run never stops the others."""
     try:
-        d = handle(run, jobs, asked=asked, fresh=fresh)
+        d = handle(run, jobs, asked=asked, fresh=fresh, seen=seen)
     except Exception as e:
         log.error("%s: %s", run.name, runner_log.one_line(e))
         return None
@@ -188,7 +188,6 @@ def _act(run: RunDir, jobs: Mapping[str, policy.JobInfo], asked: bool, fresh: bo
 
 def run_once(roots: list[Path], report: bool = False) -> int:
     from runner import alerts
-    from runner.host import slurm
 
     for root in roots:
         root.mkdir(parents=True, exist_ok=True)
@@ -197,15 +196,16 @@ def run_once(roots: list[Path], report: bool = False) -> int:
                 log.info("another instance is working on %s; leaving it to that one", root)
                 continue
             runs = runs_under(root)
-            ids = _job_ids(runs)
-            answer = slurm.ask_many(ids) if ids else {}
+            looks = _looks(runs)
+            answer = observe.ask(looks.values())  # once for every run whose decision depends on Slurm
             if answer is None:
                 log.warning("Slurm cannot be asked (sacct, squeue and scontrol failed or timed out): no run whose "
                             "job may be alive is resubmitted; trying again next time")
             with alerts.deferred():  # every decision first, no webhook in the way; the alerts after the lock
-                due = [run for run in runs if _act(run, answer or {}, answer is not None, False) == "resubmit"]
+                due = [run for run in runs
+                       if _act(run, answer or {}, answer is not None, False, looks.get(run)) == "resubmit"]
                 if due:  # one fresh answer for every run about to be resubmitted (minutes may have passed)
-                    fresh = slurm.ask_many(_job_ids(due))
+                    fresh = observe.ask(_looks(due).values())
                     for run in due:
                         _act(run, fresh or {}, fresh is not None, True)
         send_alerts(root, runs)
