@@ -1,8 +1,8 @@
 """Read the state of runs: the run directory's own records first, the scheduler second.
 
-What a run's state is follows from those facts by ``runner.policy``; this module only reads them. Slurm is
-asked once for all the runs listed (``slurm.query_many``), and a run whose files cannot be read becomes one
-row that says what is wrong, never an error that hides the other runs.
+What a run's state is follows from those facts by ``runner.policy``; this module only shows them. Each run is
+looked at once (``runner.host.observe``), Slurm is asked once for all the runs listed, and a run whose files cannot
+be read becomes one row that says what is wrong, never an error that hides the other runs.
 """
 
 from __future__ import annotations
