@@ -363,6 +363,10 @@ class RunDir:
         return self.root / "alerts"
 
     @property
+    def git_diff(self) -> Path:  # the submitting checkout's uncommitted changes, mode 0600 (they may hold a token)
+        return self.root / "git.diff"
+
+    @property
     def secret_env(self) -> Path:  # export lines of the env: values that are secrets, mode 0600
         return self.root / SECRET_ENV
 
@@ -475,7 +479,7 @@ class RunDir:
 
 
 MAX_LEDGER = 256 << 20  # a ledger of years of events stays far below
-SECRET_ENV = "secret.env"  # RunDir.secret_env: a private file of the plan (runner.host.submit), sourced by the script
+SECRET_ENV = "secret.env"  # RunDir.secret_env: a private file of the plan, sourced by the batch script
 REPORT_PAGE = "report.html"  # RunDir.report_page; the run root's index links to RUN/report.html
 
 # Each attempt (a submission, requeue or resubmission) logs into its own folder: logs/attempt-N/rank-XXXXX.log.

@@ -18,7 +18,7 @@ from typing import Any
 
 import jinja2
 
-from runner import __version__, rundir
+from runner import __version__
 from runner.errors import BuildError
 from runner.rundir import ATTEMPT_ENV
 from runner.spec import Config
@@ -203,9 +203,6 @@ def exec_prefix(cfg: Config, image: str, binds: list[str], env_names: list[str],
 CONTAINER_ENV = ("MASTER_ADDR", "MASTER_PORT", "RUNNER_PREFLIGHT_PORT", "OMP_NUM_THREADS", "RUNNER_RUN_DIR",
                  ATTEMPT_ENV)
 IFNAME_ENV = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")  # passed only when network.ifname sets them
-
-
-SECRET_ENV = rundir.SECRET_ENV  # RUN/secret.env: export lines of the env: values that are secrets, mode 0600
 
 
 def secret_env(env: dict[str, object]) -> dict[str, str]:

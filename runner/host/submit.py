@@ -130,11 +130,11 @@ def plan(path: Path, overrides: list[str], allow_missing_image: bool = False) ->
         "global_batch": cfg.global_batch, "accumulate_grad_batches": cfg.accumulate, "git": git,
         "created": time.time(), "host": socket.gethostname(), "data_module": data_module(cfg),
         "cwd": os.getcwd()}, secrets)  # where a program (command:) runs, as sbatch runs a job where it was submitted
-    files = {"config.yaml": spec.dump(cfg.data),
-             "manifest.json": json.dumps(manifest, indent=2) + "\n",
-             "job.sbatch": render.sbatch(cfg, rd_path, image, os.getcwd())}
+    files = {run.config.name: spec.dump(cfg.data),  # named relative to the run directory, by RunDir
+             run.manifest.name: json.dumps(manifest, indent=2) + "\n",
+             run.script.name: render.sbatch(cfg, rd_path, image, os.getcwd())}
     if cfg.document is not None:  # program mode: the program's config, ${program_config} in the command
-        files[f"program/{cfg.path.name}"] = spec.dump(cfg.document)  # RunDir.program_config
+        files[str(run.program_config(cfg.path.name).relative_to(run.root))] = spec.dump(cfg.document)
     extra: list[str] = []
     if cfg.data["scheduler"] == "slurm":
         extra = nodes.exclude_args(rd_path.parent, cfg.data["resume"]["exclude_nodes_s"])
@@ -156,9 +156,9 @@ def plan(path: Path, overrides: list[str], allow_missing_image: bool = False) ->
     if image_problem:
         notes.append(f"image check:   {image_problem} (runner submit refuses without --allow-missing-image)")
     notes += [f"note:          {n}" for n in cfg.notes]
-    private = {"git.diff": alerts.redact(diff, secrets)} if diff else {}
+    private = {run.git_diff.name: alerts.redact(diff, secrets)} if diff else {}
     if hidden := render.secret_env_file(cfg.data["env"]):
-        private[render.SECRET_ENV] = hidden  # what the script sources: the one place an env: secret is written
+        private[run.secret_env.name] = hidden  # what the script sources: the one place an env: secret is written
     files = {name: alerts.redact(text) for name, text in files.items()}  # --dry-run prints them
     return Plan(RunDir(rd_path), files, argv, cfg.data["scheduler"], cfg.world_size, notes, image_problem,
                 private=private, warnings=cfg.notes, source=(path, list(overrides), allow_missing_image))
