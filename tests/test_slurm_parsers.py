@@ -208,12 +208,21 @@ def test_time_left_and_requeue_ask_slurm_through_one_door(monkeypatch: pytest.Mo
     assert slurm.requeue("12") == "slurm_load_jobs error: Invalid job id specified"
 
 
-def test_the_dry_run_prints_the_argv_that_is_run() -> None:
-    """`runner submit --dry-run` and the submission build the sbatch line with one function."""
-    assert slurm.sbatch_argv("/r/job.sbatch") == ["sbatch", "--parsable", "/r/job.sbatch"]
+def test_the_dry_run_prints_the_argv_that_is_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`runner submit --dry-run` shows the plan's argv; the submission runs that very argv (one function builds
+    both, bad nodes left out alike)."""
+    from runner.host import nodes, submit
+
     assert slurm.sbatch_argv("/r/job.sbatch", ["--exclude=n1"], after="7") == [
         "sbatch", "--parsable", "--exclude=n1", "--dependency=afternotok:7", "--kill-on-invalid-dep=yes",
         "/r/job.sbatch"]
+    nodes.record(tmp_path, ["n2", "n1"], "hang", "earlier")
+    p = submit.plan(Path(__file__).parents[1] / "conf" / "slurm-2node.yaml", [f"run_root={tmp_path}"])
+    assert p.argv == ["sbatch", "--parsable", "--exclude=n1,n2", str(p.run.script)]
+    assert f"command:       {' '.join(p.argv)}" in str(p)
+    calls = fake_slurm(monkeypatch, {"sbatch": "41\n"})
+    assert submit.execute(p) == 0
+    assert calls.argv == [p.argv] and p.run.job_id() == "41"
 
 
 # Which source wins (commands replaced by the recordings)
