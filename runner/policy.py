@@ -29,7 +29,6 @@ train), and the successor itself ``take_over``s the run only from the job it fol
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -199,25 +198,20 @@ def superseded(rec: Records, rc: int, job_id: str | None) -> bool:
     return rc == EXIT_SUPERSEDED or bool(job_id and rec.job_id and rec.job_id != job_id)
 
 
-def stopped_by(rc: int, signal_name: str) -> bool:
-    """Whether the step ended by the stop signal the batch script got (``signal_name``, "none" without one): the
-    launcher's own exit after its checkpoint (75), or a rank killed by that very signal (128 + N, as a shell reports
-    it), which happens when a program's process had no handler for it yet. TERM is not a stop signal here: a rank
-    that dies of it was cancelled or preempted without the requeue signal's notice."""
-    if rc == EXIT_REQUEUE:
-        return True
-    if signal_name in ("none", "TERM"):
-        return False
-    number = getattr(signal, f"SIG{signal_name}", None)
-    return number is not None and rc == 128 + int(number)
+def stopped_by(rc: int, got: int | None) -> bool:
+    """Whether the step ended by the stop signal the batch script got (``got``: its number; None without one, or
+    for TERM, which is no stop signal here): the launcher's own exit after its checkpoint (75), or a rank killed by
+    that very signal (128 + N, as a shell reports it), which happens when a program's process had no handler for
+    it yet."""
+    return rc == EXIT_REQUEUE or (got is not None and rc == 128 + got)
 
 
 def classify(rec: Records, rc: int, seconds_left: float | None, limits: Limits, job_id: str | None = None,
-             signal_name: str = "none") -> str:
+             got: int | None = None) -> str:
     """What the step's end means: superseded, completed, cancelled, preflight_failed, timeout, preempted or failed.
 
     ``rc`` is the launcher's exit code; ``seconds_left`` the job's time left as Slurm reports it (None when
-    unknown); ``job_id`` the job that ended; ``signal_name`` the signal the batch script got (``stopped_by``). The
+    unknown); ``job_id`` the job that ended; ``got`` the stop signal the batch script got (``stopped_by``). The
     launcher exits 75 after checkpointing on the requeue signal, which comes both ``signal_lead_s`` before the time
     limit and on a preemption notice: the time left tells them apart.
     A superseded job's end says nothing about the run (its owner is another job), so it is decided first.
@@ -234,7 +228,7 @@ def classify(rec: Records, rc: int, seconds_left: float | None, limits: Limits, 
         return "hang"
     if rc == EXIT_NONFINITE:
         return "nan"
-    if stopped_by(rc, signal_name):
+    if stopped_by(rc, got):
         near_limit = seconds_left is not None and seconds_left <= limits.signal_lead_s + NEAR_LIMIT_S
         return "timeout" if near_limit else "preempted"
     return "failed"

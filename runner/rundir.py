@@ -27,13 +27,14 @@ log = logging.getLogger(__name__)
 
 
 def atomic_write(path: Path, data: str | bytes | Callable[[IO[bytes]], None], mode: int = 0o666,
-                 sync_dir: bool = True, scrub: bool = True) -> None:
+                 sync_dir: bool = True, scrub: bool = True, durable: bool = True) -> None:
     """Write a file so that readers see the old content or the new one, never a torn write.
 
     ``data`` may be a function that writes into the open file (a large object streamed, never held twice).
     ``mode`` (before the umask) holds from the first byte: 0o600 keeps a private file private all along.
     ``sync_dir=False`` leaves the directory's fsync to whoever moves the directory next (another process may
-    rename it as soon as the file appears: a checkpoint's staging directory).
+    rename it as soon as the file appears: a checkpoint's staging directory). ``durable=False`` skips every fsync:
+    an advisory record rewritten every few seconds (``progress.json``), whole after a crash or missing, never torn.
     Text (a str, or bytes that are UTF-8 under 16 MiB) leaves without the webhook URLs this process knows
     (``runner.redaction``); ``scrub=False`` only for a private file (mode 0600) that must hold one.
     """
@@ -58,9 +59,10 @@ def atomic_write(path: Path, data: str | bytes | Callable[[IO[bytes]], None], mo
             else:
                 f.write(data.encode() if isinstance(data, str) else data)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
-        if sync_dir:
+        if sync_dir and durable:
             fsync_dir(path.parent)
     except Exception as e:
         why = unwritable(path, e)  # before the half-written file goes: a full disk is still full
@@ -315,6 +317,75 @@ class RunDir:
     def preflight(self) -> Path:
         return self.root / "preflight.json"
 
+    @property
+    def preflight_table(self) -> Path:  # preflight.json as the plain-text table (``runner.checks.table``)
+        return self.root / "preflight.txt"
+
+    def preflight_rank(self, rank: int) -> Path:
+        """What one rank measured in the preflight (its node's checks), gathered by rank 0."""
+        return self.logs / "preflight" / f"rank-{rank:05d}.json"
+
+    @property
+    def progress(self) -> Path:  # the last step reached (rank 0, every few seconds; advisory)
+        return self.root / "progress.json"
+
+    @property
+    def ranks(self) -> Path:  # the launcher's record of each rank (host, pid, attempt), written before training
+        return self.root / "ranks"
+
+    def rank_record(self, rank: int) -> Path:
+        return self.ranks / f"rank-{rank:05d}.json"
+
+    def rank_params(self, rank: int) -> Path:  # fsdp: the parameter elements one rank holds
+        return self.ranks / f"params-rank{rank:05d}.json"
+
+    @property
+    def heartbeats(self) -> Path:  # one file per rank, rewritten while it trains (runner.job.watchdog)
+        return self.root / "heartbeats"
+
+    def heartbeat(self, rank: int) -> Path:
+        return self.heartbeats / f"rank-{rank:05d}.json"
+
+    @property
+    def hang(self) -> Path:  # the last hang's summary: who stopped where (rank 0's watchdog)
+        return self.root / "hang.json"
+
+    def hang_reports(self, attempt: int) -> Path:
+        """Each rank's own report of a hang in ``attempt`` (``rank-XXXXX.json``), summed up in ``hang``."""
+        return self.root / "hangs" / f"{ATTEMPT_PREFIX}{attempt}"
+
+    @property
+    def stragglers(self) -> Path:  # rank 0's latest comparison of the ranks' step times
+        return self.root / "stragglers.json"
+
+    @property
+    def alerts(self) -> Path:  # the alerts' queue, what was sent and what the webhook refused (runner.alerts)
+        return self.root / "alerts"
+
+    @property
+    def git_diff(self) -> Path:  # the submitting checkout's uncommitted changes, mode 0600 (they may hold a token)
+        return self.root / "git.diff"
+
+    @property
+    def secret_env(self) -> Path:  # export lines of the env: values that are secrets, mode 0600
+        return self.root / SECRET_ENV
+
+    @property
+    def python(self) -> Path:  # program mode: a folder on the ranks' sys.path (runner's callback entry point)
+        return self.root / "python"
+
+    @property
+    def parallel(self) -> Path:  # `runner parallel`: the chunks, results and driver (runner.parallel.store)
+        return self.root / "parallel"
+
+    @property
+    def report_page(self) -> Path:  # `runner report`'s page of the run
+        return self.root / REPORT_PAGE
+
+    def batch_log(self, job: str) -> Path:
+        """Slurm's output of one job's batch script (every attempt of the job appends: --open-mode=append)."""
+        return self.logs / f"slurm-{job}.out"
+
     def attempts(self) -> list[int]:
         """Attempt numbers that have a log folder (``logs/attempt-N``), oldest first."""
         found = [int(p.name.removeprefix(ATTEMPT_PREFIX)) for p in self.logs.glob(f"{ATTEMPT_PREFIX}*")
@@ -324,12 +395,16 @@ class RunDir:
     def attempt_logs(self, attempt: int) -> Path:
         return self.logs / f"{ATTEMPT_PREFIX}{attempt}"
 
-    def new_attempt(self) -> int:
-        """Claim the next attempt number by creating its log folder (mkdir is atomic: two starters never share)."""
+    def new_attempt(self, make_logs: bool = True) -> int:
+        """Claim the next attempt number by creating its log folder (mkdir is atomic: two starters never share).
+
+        The one place an attempt is claimed: a local run and ``runner parallel`` call it, the batch script through
+        ``python -m runner.rundir attempt`` (``make_logs=False``: Slurm writes the job's output into ``logs/``, so a
+        missing one means the run directory is gone or moved, and is never made again)."""
         n = (self.attempts() or [0])[-1] + 1
         while True:
             try:
-                self.attempt_logs(n).mkdir(parents=True)
+                self.attempt_logs(n).mkdir(parents=make_logs)
                 return n
             except FileExistsError:
                 n += 1
@@ -429,6 +504,8 @@ class RunDir:
 
 
 MAX_LEDGER = 256 << 20  # a ledger of years of events stays far below
+SECRET_ENV = "secret.env"  # RunDir.secret_env: a private file of the plan, sourced by the batch script
+REPORT_PAGE = "report.html"  # RunDir.report_page; the run root's index links to RUN/report.html
 
 # Each attempt (a submission, requeue or resubmission) logs into its own folder: logs/attempt-N/rank-XXXXX.log.
 # Whoever starts the ranks of an attempt (the batch script, or `runner submit` locally) claims N and exports it.
@@ -446,3 +523,24 @@ EXIT_SUPERSEDED = 78  # another job owns the run now (its job_id): this one stop
 EXIT_NONFINITE = 80  # the non-finite guard stopped training (a NaN/inf loss or gradient) before a checkpoint of it
 EXIT_HANG = 79  # the hang watchdog stopped a job whose steps stopped advancing (hang.json says who, where)
 EXIT_PROGRAM = 81  # program mode: the command cannot start, trains nothing, or trains another world size
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m runner.rundir attempt RUN_DIR``: the batch script claims its attempt (``RunDir.new_attempt``) and
+    reads the number from stdout; exit 1, with the folder named, when it cannot be created."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2 or args[0] != "attempt":
+        print("usage: python -m runner.rundir attempt RUN_DIR", file=sys.stderr)
+        return 2
+    try:
+        print(RunDir(Path(args[1])).new_attempt(make_logs=False))
+    except OSError as e:
+        print(f"runner: cannot create {e.filename}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -22,9 +22,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from runner import alerts
+from runner import alerts, checkpoint, checks
 from runner.host import jobhook, nodes, submit
-from runner.job import checkpoint, checks, watchdog
+from runner.job import watchdog
 from runner.rundir import RunDir, atomic_write
 from runner.spec.typed import read_resolved
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.job import checkpoint
+from runner import checkpoint
 
 pytestmark = pytest.mark.unit
 

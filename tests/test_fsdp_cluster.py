@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from runner import checkpoint
 from runner.dev import devcluster
 from runner.host import nodes
-from runner.job import checkpoint
 from runner.rundir import RunDir
 from tests.conftest import fixture_tier
 from tests.test_failures import (

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from runner.job import checkpoint
+from runner import checkpoint
 from runner.rundir import EXIT_HANG, RunDir
 from tests.conftest import fixture_tier
 from tests.test_local_run import QUICKSTART, SLOW, STEPS, assert_bitwise, runner, start, wait_for

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from runner.job import checkpoint
+from runner import checkpoint
 from runner.rundir import RunDir
 from tests.conftest import fixture_tier
 from tests.test_resume_honesty import assert_resumed_honestly

@@ -9,6 +9,7 @@ Pure functions only: no cluster, no files, no clock.
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -178,21 +179,20 @@ def test_classify(records: Records, rc: int, seconds_left: float | None, limits:
 # A rank killed by the stop signal itself (128 + N) before its handler was in place: a time limit or a preemption
 # as if it had checkpointed (it resumes from the newest checkpoint), never a failure counted against restarts.
 STOPPED_BY = [
-    pytest.param(140, "USR2", 100.0, "timeout", id="killed by USR2 near the limit -> timeout"),
-    pytest.param(140, "USR2", None, "preempted", id="killed by USR2, time left unknown -> preempted"),
-    pytest.param(138, "USR1", 100.0, "timeout", id="another configured signal"),
-    pytest.param(140, "none", 100.0, "failed", id="140 without the batch script getting a signal -> failed"),
-    pytest.param(140, "USR1", 100.0, "failed", id="killed by a signal other than the one received -> failed"),
-    pytest.param(143, "TERM", 100.0, "failed", id="killed by TERM: no stop signal -> failed"),
-    pytest.param(1, "USR2", 100.0, "failed", id="exit 1 after the signal -> failed"),
-    pytest.param(75, "none", 100.0, "timeout", id="75 is the launcher's own stop, signal or not"),
+    pytest.param(140, signal.SIGUSR2, 100.0, "timeout", id="killed by USR2 near the limit -> timeout"),
+    pytest.param(140, signal.SIGUSR2, None, "preempted", id="killed by USR2, time left unknown -> preempted"),
+    pytest.param(138, signal.SIGUSR1, 100.0, "timeout", id="another configured signal"),
+    pytest.param(140, None, 100.0, "failed", id="140 without the batch script getting a signal -> failed"),
+    pytest.param(140, signal.SIGUSR1, 100.0, "failed", id="killed by a signal other than the one received -> failed"),
+    pytest.param(1, signal.SIGUSR2, 100.0, "failed", id="exit 1 after the signal -> failed"),
+    pytest.param(75, None, 100.0, "timeout", id="75 is the launcher's own stop, signal or not"),
 ]
 
 
-@pytest.mark.parametrize("rc, signal_name, seconds_left, outcome", STOPPED_BY)
-def test_a_rank_killed_by_the_stop_signal_is_not_a_failure(rc: int, signal_name: str, seconds_left: float | None,
+@pytest.mark.parametrize("rc, got, seconds_left, outcome", STOPPED_BY)
+def test_a_rank_killed_by_the_stop_signal_is_not_a_failure(rc: int, got: int | None, seconds_left: float | None,
                                                            outcome: str) -> None:
-    assert policy.classify(rec(TRAINING), rc, seconds_left, LEAD, signal_name=signal_name) == outcome
+    assert policy.classify(rec(TRAINING), rc, seconds_left, LEAD, got=got) == outcome
 
 
 # A second job on the same run: job 4 trains, then job 9 is submitted and made the owner (its id in job_id).

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from runner import spec
+from runner import checks, spec
+from runner.checks import FAIL, PASS, WARN
 from runner.errors import PreflightError
-from runner.job import checks, ifname, netenv, preflight
-from runner.job.checks import FAIL, PASS, WARN
+from runner.job import ifname, netenv, preflight
 from runner.rundir import RunDir
 
 pytestmark = pytest.mark.unit

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from runner.job import checkpoint
+from runner import checkpoint
 from runner.rundir import EXIT_HANG, EXIT_NONFINITE, EXIT_PROGRAM, EXIT_REQUEUE, RunDir, read_json
 from tests.conftest import fixture_tier
 

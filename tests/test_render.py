@@ -207,7 +207,8 @@ def test_each_batch_attempt_claims_its_own_log_folder(tmp_path: Path) -> None:
     """A requeue or resubmission runs the script again: each run claims a new logs/attempt-N, even at once."""
     text = artifacts()["job.sbatch"]
     claim = text[text.index("# Each attempt"):text.index("# Bookkeeping only")]
-    script = f"set -uo pipefail\nRUN_DIR={tmp_path}\ngot_signal=\n{claim}\nprintenv RUNNER_ATTEMPT\n"
+    script = (f"set -uo pipefail\nRUN_DIR={tmp_path}\nRUNNER_PY={sys.executable}\ngot_signal=\n{claim}\n"
+              "printenv RUNNER_ATTEMPT\n")
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / "attempt-1").mkdir()  # the first attempt
     starts = [subprocess.Popen(["bash", "-c", script], stdout=subprocess.PIPE, text=True) for _ in range(4)]

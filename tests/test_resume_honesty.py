@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from runner.job import checkpoint, honesty
+from runner import checkpoint
+from runner.job import honesty
 from runner.rundir import RunDir
 
 pytestmark = pytest.mark.unit

@@ -191,6 +191,43 @@ def test_sbatch_parsable_refuses_non_ids(stdout: str) -> None:
         slurm.parse_sbatch(stdout)
 
 
+@pytest.mark.parametrize("text, seconds", [
+    ("1-02:03:04\n", 93784), ("2-00:00:00", 172800), ("12:34:56", 45296), ("0:00:30", 30), ("59:59", 3599),
+    ("1:05", 65), ("7", 7), ("UNLIMITED", None), ("NOT_SET", None), ("INVALID", None), ("", None), ("  \n", None),
+    ("x-1:00", None), ("1:xx", None)])
+def test_time_left(text: str, seconds: float | None) -> None:
+    """squeue's %L as the exit hook reads it: a time limit near tells a timeout from a preemption."""
+    assert slurm.parse_time_left(text) == seconds
+
+
+def test_time_left_and_requeue_ask_slurm_through_one_door(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = fake_slurm(monkeypatch, {"squeue": "1-00:00:10\n", "scontrol": ""})
+    assert slurm.time_left("12") == 86410
+    assert slurm.requeue("12") is None
+    assert calls.argv == [["squeue", "-h", "-j", "12", "-o", "%L"], ["scontrol", "requeue", "12"]]
+    fake_slurm(monkeypatch, {})  # every command refused: its last line is the complaint
+    assert slurm.time_left("12") is None
+    assert slurm.requeue("12") == "slurm_load_jobs error: Invalid job id specified"
+
+
+@pytest.mark.local
+def test_the_dry_run_prints_the_argv_that_is_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`runner submit --dry-run` shows the plan's argv; the submission runs that very argv (one function builds
+    both, bad nodes left out alike)."""
+    from runner.host import nodes, submit
+
+    assert slurm.sbatch_argv("/r/job.sbatch", ["--exclude=n1"], after="7") == [
+        "sbatch", "--parsable", "--exclude=n1", "--dependency=afternotok:7", "--kill-on-invalid-dep=yes",
+        "/r/job.sbatch"]
+    nodes.record(tmp_path, ["n2", "n1"], "hang", "earlier")
+    p = submit.plan(Path(__file__).parents[1] / "conf" / "slurm-2node.yaml", [f"run_root={tmp_path}"])
+    assert p.argv == ["sbatch", "--parsable", "--exclude=n1,n2", str(p.run.script)]
+    assert f"command:       {' '.join(p.argv)}" in str(p)
+    calls = fake_slurm(monkeypatch, {"sbatch": "41\n"})
+    assert submit.execute(p) == 0
+    assert calls.argv == [p.argv] and p.run.job_id() == "41"
+
+
 # Which source wins (commands replaced by the recordings)
 
 

@@ -150,11 +150,12 @@ def test_reserved_env_names_refused(tmp_path: Path, name: str) -> None:
     assert "do not own" in one_problem(tmp_path, [f"env.{name}=x"], f"env.{name}")
 
 
-def test_runner_preflight_switch_is_allowed_in_env(tmp_path: Path) -> None:
-    from runner.job.checks import ONLY_ENV
-
-    assert schema.ENV_SWITCHES == (ONLY_ENV,)
-    spec.load(write(tmp_path, QUICKSTART_TEXT), [f"env.{ONLY_ENV}=1"])
+def test_runner_preflight_switch_is_a_setting_not_an_env_name(tmp_path: Path) -> None:
+    """`runner preflight` sets preflight.only (the resolved config), never a switch in the user's env: block, where a
+    RUNNER_ name is refused like every other name runner owns."""
+    assert "do not own" in one_problem(tmp_path, ["env.RUNNER_PREFLIGHT_ONLY=1"], "env.RUNNER_PREFLIGHT_ONLY")
+    assert spec.load(write(tmp_path, QUICKSTART_TEXT), ["preflight.only=true"]).data["preflight"]["only"] is True
+    assert spec.load(write(tmp_path, QUICKSTART_TEXT)).data["preflight"]["only"] is False
 
 
 @pytest.mark.parametrize(("entry", "needle"), [

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from runner import log as runner_log
 from runner.alerts.delivery import MAX_TOTAL_S, flush_queue
+from runner.rundir import RunDir
 from runner.spec.typed import read_resolved
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ def _main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a requeue's SIGTERM; SIGKILL (after KillWait) still ends it
     runner_log.setup(stamped=True)
-    flush_queue(args.run_dir, read_resolved(args.run_dir / "config.yaml")["alerts"], budget_s=args.budget)
+    flush_queue(args.run_dir, read_resolved(RunDir(args.run_dir).config)["alerts"], budget_s=args.budget)
     return 0
 
 

@@ -48,7 +48,7 @@ from runner import __version__, proc, spec
 from runner.errors import BuildError
 from runner.host import render
 from runner.host.provenance import git_provenance
-from runner.rundir import atomic_write, read_json
+from runner.rundir import RunDir, atomic_write, read_json
 from runner.spec import Config
 
 LABEL_PREFIX = "runner."
@@ -69,7 +69,7 @@ SAVE_TIMEOUT_S = 3600
 def image_code_files(cfg: Config) -> dict[str, bytes]:
     """The files copied into the image (relative name -> content), for the spec hash and the build context.
 
-    Not the code the preflight compares between nodes (``runner.job.checks.code_to_compare``).
+    Not the code the preflight compares between nodes (``runner.checks.code_to_compare``).
     """
     import runner
     from runner.spec.validate import escapes
@@ -320,11 +320,12 @@ def plan(path: str | Path, overrides: list[str] | None = None, force: bool = Fal
 def plan_from_run(run_dir: Path, force: bool = False) -> BuildPlan:
     """The build of the image a run was submitted with: its resolved config (``config.yaml``), with code paths
     relative to the config file it came from; refused when that no longer gives the recorded spec hash."""
-    manifest = read_json(run_dir / "manifest.json", None)
-    if not isinstance(manifest, dict) or not (run_dir / "config.yaml").is_file():
+    run = RunDir(run_dir)
+    manifest = read_json(run.manifest, None)
+    if not isinstance(manifest, dict) or not run.config.is_file():
         raise BuildError(f"{run_dir}: found no manifest.json and config.yaml; expected a run directory. "
                          "hint: see `runner status`")
-    cfg = spec.load(run_dir / "config.yaml")
+    cfg = spec.load(run.config)
     cfg.path = Path(manifest.get("config_file") or cfg.path)
     bp = plan_config(cfg, force)
     want = manifest.get("spec_hash")

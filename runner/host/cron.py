@@ -15,13 +15,14 @@ import logging
 import shlex
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from runner import log as runner_log
 from runner import policy, proc
-from runner.host.status import job_ids, manifest_of, records
+from runner.host import observe
+from runner.host.observe import manifest_of
 from runner.rundir import RunDir, locked
 from runner.spec.typed import RunConfig, read_resolved
 
@@ -32,14 +33,12 @@ def decide(run: RunDir, cfg: RunConfig, jobs: Mapping[str, policy.JobInfo] | Non
            now: float | None = None, asked: bool = True) -> policy.Decision:
     """Cron's decision for one run; ``jobs`` is Slurm's answer for many runs at once (asked here when not given),
     ``asked`` False when Slurm could not be asked (then a job the ledger shows alive is never resubmitted)."""
-    rec = records(run)
-    if jobs is None and policy.settled(rec) is None:
-        from runner.host import slurm
+    return _decision(observe.observe(run, observe.unsettled, jobs, asked), cfg, now)
 
-        answer = slurm.ask_many(job_ids(rec))
-        jobs, asked = answer or {}, answer is not None
-    job, heir = (jobs or {}).get(rec.job_id or ""), (jobs or {}).get(rec.successor or "")
-    return policy.next_action(rec, job, policy.Limits.of(cfg), time.time() if now is None else now, asked, heir)
+
+def _decision(seen: observe.Observation, cfg: RunConfig, now: float | None = None) -> policy.Decision:
+    return policy.next_action(seen.records, seen.job, policy.Limits.of(cfg), time.time() if now is None else now,
+                              seen.asked, seen.heir)
 
 
 def _alerts_queued(run: RunDir) -> bool:
@@ -50,50 +49,52 @@ def _alerts_queued(run: RunDir) -> bool:
 
 
 def handle(run: RunDir, jobs: Mapping[str, policy.JobInfo] | None = None, asked: bool = True,
-           fresh: bool | None = None) -> policy.Decision:
+           fresh: bool | None = None, seen: observe.Observation | None = None) -> policy.Decision:
     """Decide for one run and act; its alerts are queued (``run_once`` sends every run's after its pass, under one
     time budget and without the root's lock).
 
     A resubmission acts on a fresh answer from Slurm (the one asked for all runs may be minutes old by now):
     ``fresh=None`` asks again for this run; ``fresh=False`` returns the resubmit decision without acting (the caller
-    asks once for all of them and calls again with ``fresh=True`` and that answer)."""
+    asks once for all of them and calls again with ``fresh=True`` and that answer). ``seen``: the caller's look at
+    the run, the one ``jobs`` answers (read here when not given)."""
     from runner import alerts
     from runner.host import notices, submit
 
-    settled = policy.settled(records(run))
+    seen = seen or observe.look(run, observe.unsettled)  # the ledger, read once
+    settled = policy.settled(seen.records)
     if settled is not None:
         return settled  # nothing to decide: not even the config is read
-    cfg = read_resolved(run.config)
-    notices.queue_stragglers(run, cfg, records(run).job_id)  # a straggler of the running job, recorded in its ledger
-    _alert_hook_failures(run, cfg)
-    d = decide(run, cfg, jobs, asked=asked)
+    cfg = seen.config
+    notices.queue_stragglers(run, cfg, seen.records.job_id)  # a straggler of the running job, recorded in its ledger
+    _alert_hook_failures(run, cfg, seen.records.events, seen.attempt)
+    seen = observe.answer(seen, jobs, asked)
+    d = _decision(seen, cfg)
     if d.action == "resubmit" and fresh is False:
         return d
     if d.action == "resubmit" and jobs is not None and fresh is None:
-        d = decide(run, cfg)
+        d = decide(run, cfg)  # a fresh look: the ledger and Slurm again, right before acting
     if d.action == "resubmit":
-        _remember_failed_node(run, (jobs or {}).get(records(run).job_id or ""))
+        _remember_failed_node(run, (jobs or {}).get(seen.records.job_id or ""))
         submit.resubmit(run, cfg, d.reason)
     elif d.action == "give_up":
         run.record("gave_up", reason=d.reason)
-        alerts.notify(run.root, cfg["alerts"], "gave_up", attempt=policy.attempt(run.events()),
+        alerts.notify(run.root, cfg["alerts"], "gave_up", attempt=seen.attempt,
                       next_step=f"no further submissions: {d.reason}")
     return d
 
 
-def _alert_hook_failures(run: RunDir, cfg: RunConfig) -> None:
+def _alert_hook_failures(run: RunDir, cfg: RunConfig, events: Sequence[Mapping[str, Any]], attempt: int) -> None:
     """A host-side hook the batch script could not run (its ``hook_failed`` ledger line): alerted once, since the
     hook that would have alerted is the one that failed; what happens next is decided from Slurm's record."""
     from runner import alerts
 
-    events = run.events()
     told = {e.get("of") for e in events if e["event"] == "hook_failure_alerted"}
     for e in events:
         if e["event"] != "hook_failed" or e["time"] in told:
             continue
         run.record("hook_failure_alerted", of=e["time"])
         alerts.notify(run.root, cfg["alerts"], "failed", job_id=str(e.get("job_id") or ""),
-                      attempt=policy.attempt(events),
+                      attempt=attempt,
                       cause=f"the batch script's host-side {str(e.get('hook'))[:20]} hook could not run (exit "
                             f"{e.get('exit_code')}): no exit record, requeue or alert came from the job itself",
                       next_step=f"see `runner logs {run.name} --batch`; runner cron decides from Slurm's record")
@@ -113,7 +114,7 @@ def _remember_failed_node(run: RunDir, job: policy.JobInfo | None) -> None:
 
 def _is_slurm_run(path: Path) -> bool:
     """A Slurm run directory; raises (one line, logged by the caller) when its manifest cannot be read."""
-    if not (path / "manifest.json").is_file():
+    if not RunDir(path).manifest.is_file():
         return False
     return manifest_of(RunDir(path)).get("scheduler") == "slurm"
 
@@ -132,17 +133,15 @@ def runs_under(root: Path) -> list[RunDir]:
     return runs
 
 
-def _job_ids(runs: list[RunDir]) -> list[str]:
-    """The jobs whose Slurm state matters to a decision (runs settled by their own records need none)."""
-    ids = []
+def _looks(runs: list[RunDir]) -> dict[RunDir, observe.Observation]:
+    """One look at each run (``observe.look``); a run that cannot be read is left out (``handle`` reports it)."""
+    looks = {}
     for run in runs:
         try:
-            rec = records(run)
+            looks[run] = observe.look(run, observe.unsettled)
         except Exception:  # handle() reports it
             continue
-        if rec.job_id and policy.settled(rec) is None:
-            ids += job_ids(rec)
-    return ids
+    return looks
 
 
 SEND_BUDGET_S = 20.0  # one cron pass spends at most this long sending alerts, however many runs have some queued
@@ -174,10 +173,11 @@ def send_alerts(root: Path, runs: list[RunDir], budget_s: float = SEND_BUDGET_S)
             log.info("alerts: %d sent, %d left queued for the next pass", sent, left)
 
 
-def _act(run: RunDir, jobs: Mapping[str, policy.JobInfo], asked: bool, fresh: bool) -> str | None:
+def _act(run: RunDir, jobs: Mapping[str, policy.JobInfo], asked: bool, fresh: bool,
+         seen: observe.Observation | None = None) -> str | None:
     """``handle`` one run, its line printed when it acted; one broken run never stops the others."""
     try:
-        d = handle(run, jobs, asked=asked, fresh=fresh)
+        d = handle(run, jobs, asked=asked, fresh=fresh, seen=seen)
     except Exception as e:
         log.error("%s: %s", run.name, runner_log.one_line(e))
         return None
@@ -188,7 +188,6 @@ def _act(run: RunDir, jobs: Mapping[str, policy.JobInfo], asked: bool, fresh: bo
 
 def run_once(roots: list[Path], report: bool = False) -> int:
     from runner import alerts
-    from runner.host import slurm
 
     for root in roots:
         root.mkdir(parents=True, exist_ok=True)
@@ -197,15 +196,16 @@ def run_once(roots: list[Path], report: bool = False) -> int:
                 log.info("another instance is working on %s; leaving it to that one", root)
                 continue
             runs = runs_under(root)
-            ids = _job_ids(runs)
-            answer = slurm.ask_many(ids) if ids else {}
+            looks = _looks(runs)
+            answer = observe.ask(looks.values())  # once for every run whose decision depends on Slurm
             if answer is None:
                 log.warning("Slurm cannot be asked (sacct, squeue and scontrol failed or timed out): no run whose "
                             "job may be alive is resubmitted; trying again next time")
             with alerts.deferred():  # every decision first, no webhook in the way; the alerts after the lock
-                due = [run for run in runs if _act(run, answer or {}, answer is not None, False) == "resubmit"]
+                due = [run for run in runs
+                       if _act(run, answer or {}, answer is not None, False, looks.get(run)) == "resubmit"]
                 if due:  # one fresh answer for every run about to be resubmitted (minutes may have passed)
-                    fresh = slurm.ask_many(_job_ids(due))
+                    fresh = observe.ask(_looks(due).values())
                     for run in due:
                         _act(run, fresh or {}, fresh is not None, True)
         send_alerts(root, runs)

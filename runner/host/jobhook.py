@@ -31,39 +31,15 @@ from pathlib import Path
 from typing import Any
 
 from runner import log as runner_log
-from runner import policy, proc
+from runner import policy
 from runner.alerts import causes
 from runner.errors import RunnerError
-from runner.host import nodes, notices, slurm, successor
-from runner.host.status import records
-from runner.job.checks import ONLY_ENV
+from runner.host import nodes, notices, observe, slurm, successor
 from runner.rundir import ATTEMPT_ENV, EXIT_SUPERSEDED, SUCCESSOR_ENV, RunDir, atomic_write, read_json
 from runner.spec.typed import read_resolved
 
 ALERT_BUDGET_S = 15.0  # the background sender's time; what it cannot send stays queued for runner cron
-REQUEUE_TIMEOUT_S = 10.0  # scontrol answers in well under a second; a hung controller must not eat the grace time
 log = logging.getLogger(__name__)
-
-
-def parse_time_left(text: str) -> float | None:
-    """squeue's ``%L`` (``[D-]HH:MM:SS``, ``MM:SS``) in seconds; None for UNLIMITED and the like."""
-    text = text.strip()
-    if not text or text in ("UNLIMITED", "NOT_SET", "INVALID"):
-        return None
-    days, _, clock = text.rpartition("-")
-    try:
-        parts = [int(p) for p in clock.split(":")]
-        whole_days = int(days or 0)
-    except ValueError:
-        return None
-    while len(parts) < 3:
-        parts.insert(0, 0)
-    return (whole_days * 24 + parts[0]) * 3600 + parts[1] * 60 + parts[2]
-
-
-def _seconds_left(job: str) -> float | None:
-    out = proc.run(["squeue", "-h", "-j", job, "-o", "%L"], timeout=10, check=False)
-    return parse_time_left(out.stdout) if out.returncode == 0 else None
 
 
 def launcher_code(run: RunDir, rc: int, job: str | None) -> int:
@@ -99,7 +75,7 @@ def _batch_output(run: RunDir, job: str | None, rec: policy.Records) -> list[str
     found = start.get("out_offset")
     offset = found if isinstance(found, int) else 0
     try:
-        with open(run.logs / f"slurm-{job}.out", "rb") as f:
+        with open(run.batch_log(job), "rb") as f:
             size = f.seek(0, os.SEEK_END)
             f.seek(max(offset, size - 256 * 1024))
             return f.read().decode("utf-8", "replace").splitlines()
@@ -125,7 +101,7 @@ def _failure(run: RunDir, event: str, rec: policy.Records, job: str | None = Non
     number = os.environ.get(ATTEMPT_ENV, "")
     attempt = int(number) if number.isdigit() else (run.attempts() or [0])[-1]
     crash = run.first_crash(attempt) if event == "failed" else None
-    report = read_json(run.root / "hang.json") if event == "hang" else read_json(run.preflight)
+    report = read_json(run.hang) if event == "hang" else read_json(run.preflight)
     bad = nodes.named_by(event, report, attempt)
     cause, rank = None, None
     first, crashes = first_failure(run, attempt, _batch_output(run, job, rec)) if event == "failed" else (None, {})
@@ -150,23 +126,25 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
     from runner import alerts
     from runner.alerts import background
 
-    cfg = read_resolved(run.config)
-    limits = policy.Limits.of(cfg)
     job = os.environ.get("SLURM_JOB_ID")
+    seen = observe.look(run, _has_successor, job=job)  # Slurm is asked about the successor once it matters
+    cfg = seen.config
+    limits = policy.Limits.of(cfg)
     rc = launcher_code(run, rc, job)
-    rec = records(run)
+    rec = seen.records
     attempt = policy.attempt(rec.events)
     # The time left tells a time limit from a preemption.
-    left = _seconds_left(job) if job and policy.stopped_by(rc, signal_name) else None
-    event = policy.classify(rec, rc, left, limits, job, signal_name)
+    got = getattr(signal, f"SIG{signal_name}", None) if signal_name not in ("none", "TERM") else None
+    left = slurm.time_left(job) if job and policy.stopped_by(rc, got) else None
+    event = policy.classify(rec, rc, left, limits, job, got)
     if event == "superseded":  # another job owns the run: its records and alerts are not this job's to write
         run.record("superseded", job_id=job, owner=rec.job_id, exit_code=rc)
         log.info("job %s was superseded by job %s: no checkpoint written, nothing else recorded", job, rec.job_id)
         return 0
     crash, bad, own_cause, failed_rank = _failure(run, event, rec, job)
     this_exit = {"event": "exit", "outcome": event, "crash": crash, "time": time.time()}
-    probe_only = str(cfg["env"].get(ONLY_ENV)) == "1"  # `runner preflight`: a report, never a resubmission
-    heir = _successor(run, job)
+    probe_only = cfg["preflight"].get("only") is True  # `runner preflight`: a report, never a resubmission
+    heir = _successor(observe.answer(seen, using=slurm.squeue_many))
     decision = policy.after_exit(event, attempt, job, limits, [*rec.events, this_exit], () if probe_only else bad,
                                  heir)
     if heir and decision.action != "hand_over":  # before this job ends: afterwards Slurm would start it
@@ -180,12 +158,12 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
     if bad:
         nodes.record(run.root.parent, bad, "preflight" if event == "preflight_failed" else event, run.name,
                      own_cause or "")
-    requeued = None
+    requeued, refusal = None, None
     if decision.action == "requeue" and job:
         # Slurm ends the job (SIGTERM, then SIGKILL after KillWait) once it accepts the requeue: finish the records.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        out = proc.run(["scontrol", "requeue", job], timeout=REQUEUE_TIMEOUT_S, check=False)
-        requeued = out.returncode == 0
+        refusal = slurm.requeue(job)
+        requeued = refusal is None
     step = policy.next_step(event, decision, attempt, limits, requeued, [*rec.events, this_exit])
     common = {"job_id": job or "", "attempt": attempt, "nodes": os.environ.get("SLURM_JOB_NODELIST", ""),
               "exit_code": rc, "next_step": step}
@@ -210,8 +188,8 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
     elif requeued:
         run.record("requeued", job_id=job, reason=event, attempt=attempt + 1)
     elif requeued is False:
-        run.record("requeue_failed", job_id=job, reason=event, error=alerts.redact(proc.last_line(out), secrets))
-        log.warning("scontrol requeue %s: %s; runner cron will resubmit the run", job, proc.last_line(out))
+        run.record("requeue_failed", job_id=job, reason=event, error=alerts.redact(refusal or "", secrets))
+        log.warning("scontrol requeue %s: %s; runner cron will resubmit the run", job, refusal)
     elif decision.action == "give_up":
         run.record("gave_up", job_id=job, reason=decision.reason)
     elif decision.action == "stop":
@@ -233,20 +211,22 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
     return 0
 
 
-def _successor(run: RunDir, job: str | None) -> str | None:
-    """The successor queued behind this job, if Slurm still holds it (else the run recovers as without one)."""
-    heir = successor.following(run, job)
-    if heir is None:
-        return None
-    info = slurm.squeue(heir)
-    return heir if info is not None and not info.terminal else None
+def _has_successor(rec: policy.Records, manifest: Mapping[str, Any]) -> bool:
+    return rec.successor is not None
+
+
+def _successor(seen: observe.Observation) -> str | None:
+    """The successor queued behind this job, if Slurm still holds it (else the run recovers as without one): the
+    controller's live view (``squeue``), which knows a job in the queue at once."""
+    info = seen.heir
+    return seen.records.successor if info is not None and not info.terminal else None
 
 
 def claim(run: RunDir) -> int:
     """A successor job, before its ranks start: take the run over (0) or step aside (``EXIT_SUPERSEDED``)."""
     job, after = os.environ.get("SLURM_JOB_ID", ""), os.environ.get(SUCCESSOR_ENV, "")
     cfg = read_resolved(run.config)
-    rec = records(run)
+    rec = observe.records(run)
     decision = policy.take_over(rec, job, after, policy.Limits.of(cfg))
     if decision.action != "train":
         log.info("successor job %s steps aside: %s", job, decision.reason)
@@ -274,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.what == "start":
         job = os.environ.get("SLURM_JOB_ID")
         try:  # where this attempt's part of the batch output begins (the exit hook reads srun's words from there)
-            offset = (run.logs / f"slurm-{job}.out").stat().st_size if job else 0
+            offset = run.batch_log(job).stat().st_size if job else 0
         except OSError:
             offset = 0
         run.record("start", job_id=job, nodes=os.environ.get("SLURM_JOB_NODELIST"),

@@ -36,7 +36,6 @@ from typing import Any
 from runner import alerts, policy, redaction
 from runner.alerts.causes import RankExit, first_failure
 from runner.errors import SubmitError
-from runner.host.render import SECRET_ENV
 from runner.rundir import ATTEMPT_ENV, RunDir, atomic_write, read_json
 from runner.spec.typed import read_resolved
 
@@ -50,7 +49,7 @@ def runtime_refusal(config: object, runtime: str) -> str | None:
     """Why a local run of this config cannot start, or None: a runtime that runs the ranks in an image, here where the
     ranks start with this machine's Python outside any image (each rank would stop at once, exit 77: not in the run's
     image). Inside a runner image (its spec file is there) a local run is in the image already."""
-    from runner.job.container import SPEC
+    from runner.image import SPEC
 
     if runtime == "none" or SPEC.is_file():
         return None
@@ -261,7 +260,7 @@ def _start(run: RunDir, world_size: int, per_node: int, attempt: int, owner: Own
         for key in [k for k in env if k.startswith("SLURM_")]:
             del env[key]
         env.update({k: str(v) for k, v in cfg.get("env", {}).items()})
-        env.update(redaction.secret_env_items(run.root / SECRET_ENV))  # config.yaml holds these redacted
+        env.update(redaction.secret_env_items(run.secret_env))  # config.yaml holds these redacted
         # Own session: a Ctrl-C at the terminal reaches only the driver, which turns it into a checkpoint. The lock's
         # descriptor is inherited: the run stays locked while any rank lives, even if the driver is killed.
         procs.append(subprocess.Popen([sys.executable, "-m", "runner.job.launch", str(run.root)], env=env,
@@ -326,7 +325,7 @@ class Progress:
         return "  ".join(parts)
 
     def __call__(self) -> None:
-        p = read_json(self.run.root / "progress.json")
+        p = read_json(self.run.progress)
         if not isinstance(p, dict) or p.get("attempt") != self.attempt or not isinstance(p.get("step"), int) or \
                 not isinstance(p.get("time"), (int, float)):
             return
@@ -427,7 +426,7 @@ def _record_end(run_dir: RunDir, cfg: Any, att: _Attempt, attempt: int) -> int:
                          finished=run_dir.finished.exists())
     event = outcome(rec, rc, att.stop)
     cause = failure.cause if failure and event in ("failed", "hang") else None
-    if event == "hang" and isinstance(hang := read_json(run_dir.root / "hang.json"), dict) and \
+    if event == "hang" and isinstance(hang := read_json(run_dir.hang), dict) and \
             hang.get("attempt") == attempt:
         cause = str(hang.get("summary") or cause)
     secrets = alerts.secrets_of(cfg["alerts"])

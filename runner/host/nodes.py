@@ -103,8 +103,12 @@ def remembered(root: Path, forget_after_s: float, now: float | None = None) -> d
 
 def exclude_args(root: Path, forget_after_s: float, now: float | None = None) -> list[str]:
     """``["--exclude=n1,n3"]`` for sbatch, or ``[]``."""
-    bad = remembered(root, forget_after_s, now)
-    return [f"--exclude={','.join(sorted(bad))}"] if bad else []
+    return _exclude(remembered(root, forget_after_s, now))
+
+
+def _exclude(nodes: Iterable[str]) -> list[str]:
+    names = sorted(nodes)
+    return [f"--exclude={','.join(names)}"] if names else []
 
 
 def submit(script: str, root: Path, forget_after_s: float, after: str | None = None) -> tuple[str, list[str]]:
@@ -119,9 +123,9 @@ def submit(script: str, root: Path, forget_after_s: float, after: str | None = N
     bad = [n for n, _ in sorted(remembered(root, forget_after_s).items(), key=lambda kv: (kv[1]["time"], kv[0]))]
     let_in = 0
     while True:
-        keep = sorted(bad[let_in:])
+        keep = bad[let_in:]
         try:
-            job = slurm.submit(script, extra=[f"--exclude={','.join(keep)}"] if keep else [], after=after)
+            job = slurm.submit(script, extra=_exclude(keep), after=after)
         except SubmitError as e:
             if not keep or not any(r in str(e) for r in REFUSALS):
                 raise

@@ -32,7 +32,7 @@ def queue_stragglers(run: RunDir, cfg: RunConfig, job_id: str | None) -> int:
     """Queue the alert of every straggler record that has none yet, and record ``straggler_alert`` for each (also
     when alerts are off: it was decided). Returns how many alerts were queued; never raises."""
     try:
-        with locked(run.root / "alerts" / ".stragglers.lock"):  # a ledger read, a few small writes
+        with locked(run.alerts / ".stragglers.lock"):  # a ledger read, a few small writes
             due = policy.straggler_alerts(run.events())
             if not due:
                 return 0

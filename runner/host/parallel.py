@@ -295,7 +295,7 @@ def _report(p: Plan, done: int, failures: dict[int, str], stopped: str | None) -
     if stopped:
         return 130, stopped, None
     if not failures:
-        log.info("done: %d items%s", done, f"; result in {p.run.root / 'parallel/result.json'}" if p.par["reduce"]
+        log.info("done: %d items%s", done, f"; result in {Store(p.run).result}" if p.par["reduce"]
                  else "")
         return 0, "completed", None
     shown = list(failures.items())[:10]

@@ -3,7 +3,7 @@
 Runs on the login node. It submits the config as a run that stops after the checks (Slurm, or local
 processes for a local config), waits for the report the job writes (``preflight.json``) and prints its
 table. The checks themselves run inside the job (``runner.job.preflight``); only the report format
-(``runner.job.checks``) is shared, so nothing here imports torch.
+(``runner.checks``) is shared, so nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -14,16 +14,16 @@ import time
 from pathlib import Path
 
 from runner import spec
+from runner.checks import FAIL, table
 from runner.errors import PreflightError
 from runner.host import submit
-from runner.job.checks import FAIL, ONLY_ENV, table
 from runner.rundir import EXIT_PREFLIGHT, read_json
 
 
 def cli(path: Path, overrides: list[str], wait_s: float = 600) -> int:
     """Run the checks as a short job (Slurm) or local processes and print the table; exit 77 when they fail."""
     name = spec.load(path, overrides).name
-    extra = [f"name={name}-preflight", f"env.{ONLY_ENV}=1", "preflight.enabled=true", "alerts.enabled=false",
+    extra = [f"name={name}-preflight", "preflight.only=true", "preflight.enabled=true", "alerts.enabled=false",
              "slurm.requeue=false", "resume.enabled=false", "resume.successor=false"]
     p = submit.plan(path, [*overrides, *extra])
     rd = p.run
@@ -48,5 +48,5 @@ def cli(path: Path, overrides: list[str], wait_s: float = 600) -> int:
         time.sleep(0.2)
     report = read_json(rd.preflight)
     print(table(report), end="")
-    print(f"report: {rd.root / 'preflight.json'}")
+    print(f"report: {rd.preflight}")
     return EXIT_PREFLIGHT if report["status"] == FAIL else 0

@@ -205,9 +205,6 @@ CONTAINER_ENV = ("MASTER_ADDR", "MASTER_PORT", "RUNNER_PREFLIGHT_PORT", "OMP_NUM
 IFNAME_ENV = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")  # passed only when network.ifname sets them
 
 
-SECRET_ENV = "secret.env"  # RUN/secret.env: export lines of the env: values that are secrets, mode 0600
-
-
 def secret_env(env: dict[str, object]) -> dict[str, str]:
     """The ``env:`` values that hold a secret this process knows (the webhook URL, ``runner.redaction``): they never
     land in the batch script (mode 0755) or config.yaml, but in ``RUN/secret.env`` (0600), which the script sources."""

@@ -21,16 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runner import alerts, goodput, stragglers
+from runner import alerts, checkpoint, goodput, stragglers
 from runner.errors import RunnerError
 from runner.host import nodes, status
-from runner.job import checkpoint
-from runner.rundir import MAX_LEDGER, RunDir, Unreadable, atomic_write, read_json, read_regular
+from runner.rundir import MAX_LEDGER, REPORT_PAGE, RunDir, Unreadable, atomic_write, read_json, read_regular
 from runner.spec.typed import read_resolved
 
 log = logging.getLogger(__name__)
 
-PAGE = "report.html"  # in the run directory; the index is ROOT/index.html
+PAGE = REPORT_PAGE  # in the run directory (RunDir.report_page); the index is ROOT/index.html
 INDEX = "index.html"
 WIDTH = 960  # SVG user units of both charts
 ROW_H = 16
@@ -145,8 +144,8 @@ def _checkpoints(run: RunDir) -> list[dict[str, Any]]:
     """Every complete checkpoint's manifest (step, time, productive_s), oldest first."""
     out = []
     for p in run.checkpoints.glob("step-*") if run.checkpoints.is_dir() else []:
-        if (p / "COMPLETE").is_file():
-            m = read_json(p / "manifest.json", {})
+        if (p / checkpoint.MARKER).is_file():
+            m = checkpoint.manifest_of(p)
             if isinstance(m, dict) and isinstance(m.get("step"), int) and isinstance(m.get("time"), (int, float)):
                 out.append(m)
     return sorted(out, key=lambda m: (m["time"], m["step"]))
@@ -288,7 +287,7 @@ def _alerts(run: RunDir) -> list[dict[str, str]]:
         if isinstance(a, dict):
             out.append(_alert_row(a, "sent", a.get("time")))
     for folder, state in ((alerts.queue_dir(run.root), "queued, not delivered yet"),
-                          (run.root / "alerts" / "rejected", "refused by the webhook")):
+                          (run.alerts / "rejected", "refused by the webhook")):
         for p in sorted(folder.glob("*.json")) if folder.is_dir() else []:
             entry = read_json(p, {})
             a = entry.get("alert") if isinstance(entry, dict) else None
@@ -352,7 +351,7 @@ def _rows(runs: Sequence[goodput.Attempt], events: Sequence[Mapping[str, Any]], 
 
 def _ranks(run: RunDir) -> tuple[list[dict[str, Any]], int | None]:
     """The newest attempt's ranks against the median (the straggler view), from their heartbeats."""
-    beats = [b for p in sorted((run.root / "heartbeats").glob("rank-*.json")) if isinstance(b := read_json(p), dict)]
+    beats = [b for p in sorted(run.heartbeats.glob("rank-*.json")) if isinstance(b := read_json(p), dict)]
     newest = max((int(b.get("attempt", 0)) for b in beats), default=None)
     ranks = stragglers.compare([b for b in beats if b.get("attempt", 0) == newest])
     for r in ranks:
@@ -404,7 +403,7 @@ def _files(run: RunDir, missing: list[str]) -> tuple[dict[str, Any], list[dict[s
     done = read_json(run.finished, None)
     if run.finished.exists() and not isinstance(done, dict):
         missing.append("finished is unreadable: the end of training is taken from the ledger")
-    progress = read_json(run.root / "progress.json")
+    progress = read_json(run.progress)
     if progress is None:
         missing.append("progress.json is missing: the last step reached is taken from checkpoints and the ledger")
     if not run.preflight.is_file():
@@ -446,7 +445,7 @@ def collect(run: RunDir) -> Report:
     ranks, rank_attempt = _ranks(run)
     pre = read_json(run.preflight)
     pre = pre if isinstance(pre, dict) else {}
-    hang = read_json(run.root / "hang.json")
+    hang = read_json(run.hang)
     headline = {"state": str(row.get("state")), "goodput": f"{acc.goodput:.1%}" if acc.goodput is not None else "-",
                 "wall": duration(acc.wall_s), "productive": duration(acc.productive_s),
                 "attempts": str(len(runs)), "restarts": str(row.get("restarts")),
@@ -491,8 +490,8 @@ def refresh(root: Path) -> int:
         try:
             if not run.config.is_file():
                 continue
-            page = run.root / PAGE
-            newest = max((f.stat().st_mtime for f in (run.ledger, run.root / "progress.json", run.finished)
+            page = run.report_page
+            newest = max((f.stat().st_mtime for f in (run.ledger, run.progress, run.finished)
                           if f.exists()), default=0.0)
             if not page.is_file() or page.stat().st_mtime < newest:
                 write(run)
@@ -505,7 +504,7 @@ def refresh(root: Path) -> int:
 
 def write(run: RunDir, out: Path | None = None) -> Path:
     """Write the run's page (default: RUN_DIR/report.html) and return its path."""
-    path = out or run.root / PAGE
+    path = out or run.report_page
     atomic_write(path, render(collect(run), _secrets(run)))
     return path
 
@@ -514,7 +513,7 @@ def index(root: Path, out: Path | None = None) -> Path:
     """Write ROOT/index.html: every run under root with the same headline numbers as its page."""
     rows = status.collect(None, root)
     for r in rows:
-        r["page"] = f"{r['run']}/{PAGE}" if (Path(str(r["path"])) / PAGE).is_file() else ""
+        r["page"] = f"{r['run']}/{PAGE}" if RunDir(Path(str(r["path"]))).report_page.is_file() else ""
         r["goodput_text"] = f"{r['goodput']:.1%}" if r.get("goodput") is not None else "-"
         r["wall"] = duration(r.get("wall_s"))
         r["lost"] = str(sum(r.get("lost_steps") or []))

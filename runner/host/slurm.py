@@ -131,6 +131,22 @@ def parse_scontrol(text: str, job_id: str) -> JobInfo | None:
                    nodes=pairs.get("NodeList") or None, restarts=int(restarts) if restarts.isdigit() else None)
 
 
+def parse_time_left(text: str) -> float | None:
+    """squeue's ``%L`` (``[D-]HH:MM:SS``, ``MM:SS``) in seconds; None for UNLIMITED and the like."""
+    text = text.strip()
+    if not text or text in ("UNLIMITED", "NOT_SET", "INVALID"):
+        return None
+    days, _, clock = text.rpartition("-")
+    try:
+        parts = [int(p) for p in clock.split(":")]
+        whole_days = int(days or 0)
+    except ValueError:
+        return None
+    while len(parts) < 3:
+        parts.insert(0, 0)
+    return (whole_days * 24 + parts[0]) * 3600 + parts[1] * 60 + parts[2]
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Commands
 
@@ -153,14 +169,20 @@ def unreachable(text: str) -> bool:
     """Whether a Slurm command's complaint says that no controller answers."""
     return any(p.lower() in text.lower() for p in _UNREACHABLE)
 
-def submit(script: str, env: dict[str, str] | None = None, extra: Sequence[str] = (), after: str | None = None) -> str:
-    """``sbatch --parsable [EXTRA] SCRIPT`` in a clean environment; returns the job id or raises SubmitError with
-    sbatch's own reason. ``extra`` are options that win over the script's #SBATCH lines (``--exclude``).
+def sbatch_argv(script: str, extra: Sequence[str] = (), after: str | None = None) -> list[str]:
+    """The sbatch command line of a submission: ``submit`` runs it, ``runner submit --dry-run`` prints it.
+    ``extra`` are options that win over the script's #SBATCH lines (``--exclude``); ``after`` queues a successor of
+    that job (``successor_args``)."""
+    return ["sbatch", "--parsable", *extra, *(successor_args(after) if after else ()), script]
 
-    ``after``: queue a successor of that job (``successor_args``); its batch script finds the job it follows in
-    ``SUCCESSOR_ENV``, which no other job inherits (a successor that resubmits a run submits a plain job).
+
+def submit(script: str, env: dict[str, str] | None = None, extra: Sequence[str] = (), after: str | None = None) -> str:
+    """``sbatch_argv`` run in a clean environment; returns the job id or raises SubmitError with sbatch's own reason.
+
+    ``after``: queue a successor of that job; its batch script finds the job it follows in ``SUCCESSOR_ENV``, which no
+    other job inherits (a successor that resubmits a run submits a plain job).
     """
-    argv = ["sbatch", "--parsable", *extra, *(successor_args(after) if after else ()), script]
+    argv = sbatch_argv(script, extra, after)
     job_env = proc.clean_env() if env is None else dict(env)
     job_env.pop(SUCCESSOR_ENV, None)
     if after:
@@ -283,6 +305,22 @@ def cancel(job_id: str) -> str | None:
     except SubmitError as e:
         return str(e)
     return None
+
+
+def time_left(job_id: str) -> float | None:
+    """Seconds until the job's time limit (``squeue %L``); None when unlimited or Slurm cannot be asked."""
+    out = proc.run(["squeue", "-h", "-j", job_id, "-o", "%L"], timeout=10, check=False)
+    return parse_time_left(out.stdout) if out.returncode == 0 else None
+
+
+REQUEUE_TIMEOUT_S = 10.0  # scontrol answers in well under a second; a hung controller must not eat the grace time
+
+
+def requeue(job_id: str) -> str | None:
+    """``scontrol requeue ID`` (from the job's own batch host: Slurm ends the job once it accepts); its complaint,
+    or None when it accepted."""
+    out = proc.run(["scontrol", "requeue", job_id], timeout=REQUEUE_TIMEOUT_S, check=False)
+    return None if out.returncode == 0 else proc.last_line(out)
 
 
 def delay_start(job_id: str, seconds: float) -> str | None:

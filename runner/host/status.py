@@ -1,8 +1,8 @@
 """Read the state of runs: the run directory's own records first, the scheduler second.
 
-What a run's state is follows from those facts by ``runner.policy``; this module only reads them. Slurm is
-asked once for all the runs listed (``slurm.query_many``), and a run whose files cannot be read becomes one
-row that says what is wrong, never an error that hides the other runs.
+What a run's state is follows from those facts by ``runner.policy``; this module only shows them. Each run is
+looked at once (``runner.host.observe``), Slurm is asked once for all the runs listed, and a run whose files cannot
+be read becomes one row that says what is wrong, never an error that hides the other runs.
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from runner import goodput, policy, stragglers
+from runner import checkpoint, goodput, policy, stragglers
 from runner import log as runner_log
 from runner.errors import InputError, RunnerError
-from runner.job import checkpoint
+from runner.host import observe
+from runner.host.observe import manifest_of as manifest_of
 from runner.rundir import RunDir, read_json
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ def _run_name(entry: str) -> tuple[str, tuple[str, int]]:
 
 def _is_run(path: Path) -> bool:
     try:
-        return stat.S_ISREG((path / "config.yaml").stat().st_mode)
+        return stat.S_ISREG(RunDir(path).config.stat().st_mode)
     except (OSError, ValueError):  # missing, unreadable, a name the OS refuses: not a run here
         return False
 
@@ -82,60 +83,15 @@ def find_run(name: str, root: Path) -> RunDir:
     return RunDir((root / max(group, key=lambda e: (_run_name(e)[1], e))).resolve())
 
 
-def records(run: RunDir) -> policy.Records:
-    """The run directory's facts, as ``runner.policy`` takes them."""
-    from runner.host import successor
-
-    job = run.job_id()
-    return policy.Records(events=run.events(), exit_status=read_json(run.exit_status), finished=run.finished.exists(),
-                          job_id=job, successor=successor.following(run, job))
-
-
-def job_ids(rec: policy.Records) -> list[str]:
-    """The jobs whose Slurm state matters to a run: its job, and the successor queued behind it."""
-    return [j for j in (rec.job_id, rec.successor) if j]
-
-
-def manifest_of(run: RunDir) -> dict[str, Any]:
-    """The run's manifest; {} when there is none yet. Raises a one-line RunnerError when it is not a JSON object
-    (a torn or hand-edited file): the caller shows that run as broken, never as another kind of run."""
-    from runner.rundir import read_regular
-
-    try:
-        text = read_regular(run.manifest)  # a FIFO or a device is refused from its stat, never opened
-    except FileNotFoundError:
-        return {}
-    except OSError as e:
-        raise RunnerError(f"{run.manifest}: cannot read it ({e.strerror}); expected a readable file. hint: check "
-                          "its owner and mode") from None
-    try:
-        manifest = json.loads(text)
-    except (ValueError, RecursionError) as e:
-        raise RunnerError(f"{run.manifest}: found invalid JSON ({e}); expected the manifest runner wrote. hint: "
-                          "restore it, or move the run directory away") from None
-    if not isinstance(manifest, dict):
-        raise RunnerError(f"{run.manifest}: found a JSON {type(manifest).__name__}; expected a JSON object")
-    return manifest
-
-
-
-def _asks_slurm(manifest: Mapping[str, Any], rec: policy.Records) -> bool:
-    return manifest.get("scheduler") == "slurm" and policy.asks_slurm(rec)
-
-
 def row(run: RunDir, jobs: Mapping[str, policy.JobInfo] | None = None,
         last: tuple[int, Path] | None | Literal["find"] = "find") -> dict[str, Any]:
     """One run's status; ``jobs`` is Slurm's answer for many runs at once (asked here when not given), ``last`` the
     newest complete checkpoint where the caller found it already (``runner report`` reads every manifest)."""
-    manifest = manifest_of(run)
-    rec = records(run)
-    info = heir = None
-    if _asks_slurm(manifest, rec) and rec.job_id:
-        if jobs is None:
-            from runner.host import slurm
+    return _row(observe.observe(run, observe.shown, jobs, strict=True), last)
 
-            jobs = slurm.query_many(job_ids(rec))
-        info, heir = jobs.get(rec.job_id), jobs.get(rec.successor or "")
+
+def _row(seen: observe.Observation, last: tuple[int, Path] | None | Literal["find"] = "find") -> dict[str, Any]:
+    run, manifest, rec, info, heir = seen.run, seen.manifest, seen.records, seen.job, seen.heir
     cfg_hash = manifest.get("config_hash")
     if last == "find":
         last = checkpoint.latest(run.checkpoints, cfg_hash) if run.checkpoints.is_dir() else None
@@ -179,7 +135,7 @@ def broken_row(run: RunDir, problem: str) -> dict[str, Any]:
             "productive_s": None, "losses_s": {}, "error": problem}
 
 
-def history(run: RunDir, events: Sequence[Mapping[str, Any]], manifest: dict[str, Any],
+def history(run: RunDir, events: Sequence[Mapping[str, Any]], manifest: Mapping[str, Any],
             last: tuple[int, Path] | None) -> dict[str, Any]:
     """What the failures cost: the last outcome and its cause, steps lost per restart, and goodput with its losses.
 
@@ -200,7 +156,7 @@ def accounting(run: RunDir, events: Sequence[Mapping[str, Any]], manifest: Mappi
     done = done if isinstance(done, dict) else {}
     kept, kept_step = done.get("productive_s"), done.get("step")
     if kept is None and last is not None:
-        kept, kept_step = (read_json(last[1] / "manifest.json", {}) or {}).get("productive_s"), last[0]
+        kept, kept_step = checkpoint.manifest_of(last[1]).get("productive_s"), last[0]
     end = done.get("time") or time.time()
     runs = goodput.attempts(events)
     stalls = {a.log_attempt: _hang_stall(run, a.log_attempt) for a in runs if a.hang and a.log_attempt}
@@ -209,14 +165,14 @@ def accounting(run: RunDir, events: Sequence[Mapping[str, Any]], manifest: Mappi
 
 def _hang_stall(run: RunDir, attempt: int) -> float:
     """How long the steps of a hung attempt had stopped when its watchdog fired (the ranks' hang reports)."""
-    reports = [read_json(p) for p in (run.root / "hangs" / f"attempt-{attempt}").glob("rank-*.json")]
+    reports = [read_json(p) for p in run.hang_reports(attempt).glob("rank-*.json")]
     return max((float(r["stalled_s"]) for r in reports if isinstance(r, dict)
                 and isinstance(r.get("stalled_s"), (int, float))), default=0.0)
 
 
 def _looks_like_run(path: Path) -> bool:
     try:
-        return stat.S_ISREG((path / "config.yaml").stat().st_mode)
+        return stat.S_ISREG(RunDir(path).config.stat().st_mode)
     except FileNotFoundError:
         return False
     except (OSError, ValueError):  # cannot look inside: show it, with what is wrong
@@ -240,23 +196,19 @@ def collect(name: str | None, root: Path) -> list[dict[str, Any]]:
         runs = [find_run(name, root)]
     else:
         runs = [RunDir(Path(os.path.abspath(p))) for p in _entries(root) if _looks_like_run(p)]
-    ids = []
+    looks: list[observe.Observation | Exception] = []
     for run in runs:
         try:
-            manifest, rec = manifest_of(run), records(run)
-        except Exception:  # row() says what is wrong below
-            continue
-        if rec.job_id and _asks_slurm(manifest, rec):
-            ids += job_ids(rec)
-    jobs: dict[str, policy.JobInfo] = {}
-    if ids:
-        from runner.host import slurm
-
-        jobs = slurm.query_many(ids)
+            looks.append(observe.look(run, observe.shown, strict=True))
+        except Exception as e:  # its row says what is wrong below
+            looks.append(e)
+    jobs = observe.ask(o for o in looks if isinstance(o, observe.Observation)) or {}  # slurm.query_many's reading
     rows = []
-    for run in runs:
+    for run, seen in zip(runs, looks, strict=True):
         try:
-            rows.append(row(run, jobs))
+            if isinstance(seen, Exception):
+                raise seen
+            rows.append(_row(seen.answered(jobs)))
         except Exception as e:  # one unreadable run must not hide the others
             log.debug("%s: cannot read", run.root, exc_info=True)
             rows.append(broken_row(run, runner_log.one_line(e)))
@@ -329,10 +281,10 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def ranks(run: RunDir) -> str:
     """``runner status RUN --ranks``: the slowest ranks and their nodes against the median, and the last hang."""
-    beats = [b for p in sorted((run.root / "heartbeats").glob("rank-*.json")) if isinstance(b := read_json(p), dict)]
+    beats = [b for p in sorted(run.heartbeats.glob("rank-*.json")) if isinstance(b := read_json(p), dict)]
     newest = max((b.get("attempt", 0) for b in beats), default=0)
     out = [stragglers.table(stragglers.compare([b for b in beats if b.get("attempt", 0) == newest]))]
-    hang = read_json(run.root / "hang.json")
+    hang = read_json(run.hang)
     if isinstance(hang, dict) and hang.get("summary"):
         out.append(f"last hang (attempt {hang.get('attempt')}, step {hang.get('step')}): {hang['summary']}")
     return "\n".join(out)
@@ -371,7 +323,7 @@ def log_path(run: RunDir, rank: int | None, attempt: int | None = None) -> Path:
         return run.rank_log(rank, attempt)
     job = run.job_id()
     if job:
-        return run.logs / f"slurm-{job}.out"
+        return run.batch_log(job)
     outs = sorted(run.logs.glob("slurm-*.out"), key=lambda p: p.stat().st_mtime)
     return outs[-1] if outs else run.logs / "slurm-JOB.out"
 

@@ -23,7 +23,7 @@ import yaml
 
 from runner import __version__, alerts, spec
 from runner.errors import ConfigError, SubmitError
-from runner.host import build, nodes, render
+from runner.host import build, nodes, render, slurm
 from runner.host.provenance import git_provenance
 from runner.rundir import RunDir, atomic_write, read_json
 from runner.spec.typed import RunConfig, read_resolved
@@ -130,15 +130,15 @@ def plan(path: Path, overrides: list[str], allow_missing_image: bool = False) ->
         "global_batch": cfg.global_batch, "accumulate_grad_batches": cfg.accumulate, "git": git,
         "created": time.time(), "host": socket.gethostname(), "data_module": data_module(cfg),
         "cwd": os.getcwd()}, secrets)  # where a program (command:) runs, as sbatch runs a job where it was submitted
-    files = {"config.yaml": spec.dump(cfg.data),
-             "manifest.json": json.dumps(manifest, indent=2) + "\n",
-             "job.sbatch": render.sbatch(cfg, rd_path, image, os.getcwd())}
+    files = {run.config.name: spec.dump(cfg.data),  # named relative to the run directory, by RunDir
+             run.manifest.name: json.dumps(manifest, indent=2) + "\n",
+             run.script.name: render.sbatch(cfg, rd_path, image, os.getcwd())}
     if cfg.document is not None:  # program mode: the program's config, ${program_config} in the command
-        files[f"program/{cfg.path.name}"] = spec.dump(cfg.document)  # RunDir.program_config
+        files[str(run.program_config(cfg.path.name).relative_to(run.root))] = spec.dump(cfg.document)
     extra: list[str] = []
     if cfg.data["scheduler"] == "slurm":
         extra = nodes.exclude_args(rd_path.parent, cfg.data["resume"]["exclude_nodes_s"])
-        argv = ["sbatch", "--parsable", *extra, str(RunDir(rd_path).script)]
+        argv = slurm.sbatch_argv(str(RunDir(rd_path).script), extra)  # what nodes.submit runs first
     else:
         argv = [sys.executable, "-m", "runner.job.launch", str(rd_path)]
     notes = [f"global batch:  {cfg.global_batch} = {cfg.local_batch} x {cfg.world_size} ranks x "
@@ -156,9 +156,9 @@ def plan(path: Path, overrides: list[str], allow_missing_image: bool = False) ->
     if image_problem:
         notes.append(f"image check:   {image_problem} (runner submit refuses without --allow-missing-image)")
     notes += [f"note:          {n}" for n in cfg.notes]
-    private = {"git.diff": alerts.redact(diff, secrets)} if diff else {}
+    private = {run.git_diff.name: alerts.redact(diff, secrets)} if diff else {}
     if hidden := render.secret_env_file(cfg.data["env"]):
-        private[render.SECRET_ENV] = hidden  # what the script sources: the one place an env: secret is written
+        private[run.secret_env.name] = hidden  # what the script sources: the one place an env: secret is written
     files = {name: alerts.redact(text) for name, text in files.items()}  # --dry-run prints them
     return Plan(RunDir(rd_path), files, argv, cfg.data["scheduler"], cfg.world_size, notes, image_problem,
                 private=private, warnings=cfg.notes, source=(path, list(overrides), allow_missing_image))
@@ -240,8 +240,6 @@ def submit_slurm(p: Plan) -> int:
 def refused(e: SubmitError, hint: str) -> SubmitError:
     """sbatch's refusal in one line: a controller that cannot be reached is named as such (the config is not to
     blame), anything else with ``hint``."""
-    from runner.host import slurm
-
     text = str(e)
     if not slurm.unreachable(text):
         return SubmitError(f"sbatch refused the job: {text}. hint: {hint}")
@@ -342,25 +340,17 @@ def resume(run: RunDir, overrides: list[str] | None = None, force: bool = False)
     if not run.config.is_file():
         raise SubmitError(f"{run.root}: found no config.yaml; expected a run directory. hint: see `runner status`")
     from runner import policy
-    from runner.host.status import records
+    from runner.host import observe
 
-    rec = records(run)
-    job, heir, asked = None, None, True
-    if rec.job_id and not rec.finished and (read_json(run.manifest, {}) or {}).get("scheduler") == "slurm":
-        from runner.host import slurm
-        from runner.host.status import job_ids
-
-        answer = slurm.ask_many(job_ids(rec))
-        job, asked = (answer or {}).get(rec.job_id), answer is not None
-        heir = (answer or {}).get(rec.successor or "")
-    decision = policy.resume_action(rec, job, asked, force, heir)
+    seen = observe.observe(run, observe.resumable)
+    decision = policy.resume_action(seen.records, seen.job, seen.asked, force, seen.heir)
     if decision.action == "refuse":
         raise SubmitError(f"resume {run.name}: {decision.reason}")
     if decision.action == "skip":
         print(f"run {run.root} {decision.reason}")
         return 0
     owner = None
-    if read_resolved(run.config)["scheduler"] != "slurm":  # one trainer per run directory: refused while one lives
+    if seen.config["scheduler"] != "slurm":  # one trainer per run directory: refused while one lives
         from runner.host import local
 
         owner = local.acquire(run)

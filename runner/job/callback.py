@@ -30,8 +30,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
-from runner import __version__
-from runner.job import checkpoint, guards, honesty, internals, owner, watchdog
+from runner import __version__, checkpoint
+from runner.job import guards, honesty, internals, owner, watchdog
 from runner.rundir import (
     ATTEMPT_ENV,
     EXIT_NONFINITE,
@@ -242,7 +242,7 @@ def make_checkpoint(rd: RunDir, cfg: RunConfig, cfg_hash: str, flag: StopFlag, a
         def resuming(self, path: Path) -> None:
             """Before ``fit``: training continues from this checkpoint."""
             self.resume_from = path
-            self.base_productive = float(number(read_json(path / "manifest.json", {}), "productive_s", 0.0))
+            self.base_productive = float(number(checkpoint.manifest_of(path), "productive_s", 0.0))
 
         def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule,
                                ckpt: dict[str, Any]) -> None:
@@ -260,13 +260,13 @@ def make_checkpoint(rd: RunDir, cfg: RunConfig, cfg_hash: str, flag: StopFlag, a
             if internals.is_sharded(trainer.strategy):  # what this rank holds of the model, for tests and people
                 mine, total = internals.resident_elements(pl_module)
                 log.info("fsdp: this rank holds %d of the model's %d parameter elements", mine, total)
-                atomic_write(rd.root / "ranks" / f"params-rank{trainer.global_rank:05d}.json",
+                atomic_write(rd.rank_params(trainer.global_rank),
                              json.dumps({"resident": mine, "model": total, "world_size": trainer.world_size}))
             self.last_saved = trainer.global_step
             self.t_start = time.time()
             resume_from = self.resume_from
             if trainer.global_rank == 0:
-                before = read_json(rd.root / "progress.json", {})  # {} when missing or damaged (said once)
+                before = read_json(rd.progress, {})  # {} when missing or damaged (said once)
                 lost = max(int(number(before, "step", 0)) - trainer.global_step, 0)
                 rd.record("train_start", step=trainer.global_step, lost_steps=lost, attempt=attempt,
                           resumed_from=str(resume_from) if resume_from else None)
@@ -281,7 +281,7 @@ def make_checkpoint(rd: RunDir, cfg: RunConfig, cfg_hash: str, flag: StopFlag, a
                 # the next epoch's loader iterator at an epoch's end (a DataLoader draws its base seed then). The
                 # resumed run makes that iterator's draw in any case: the state goes back after it mid-epoch, before
                 # it at an epoch's end.
-                if not (read_json(resume_from / "manifest.json", {}) or {}).get("mid_epoch"):
+                if not checkpoint.manifest_of(resume_from).get("mid_epoch"):
                     self.on_train_batch_start(trainer, pl_module, None, 0)
 
         def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
@@ -392,10 +392,9 @@ def make_checkpoint(rd: RunDir, cfg: RunConfig, cfg_hash: str, flag: StopFlag, a
             keeps it whole."""
             self.progress_at = time.monotonic()
             loss = _loss(self.outputs)
-            tmp = rd.root / ".progress.json.tmp"
-            tmp.write_text(json.dumps({"step": step, "time": time.time(), "attempt": attempt,
-                                       **({"loss": loss} if loss is not None else {})}) + "\n")
-            os.replace(tmp, rd.root / "progress.json")
+            atomic_write(rd.progress, json.dumps({"step": step, "time": time.time(), "attempt": attempt,
+                                                  **({"loss": loss} if loss is not None else {})}) + "\n",
+                         durable=False)
 
     return RunnerCheckpoint()
 

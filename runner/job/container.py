@@ -11,13 +11,12 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from pathlib import Path
 from typing import Any
 
+from runner.image import PYTHON_PREFIX as PYTHON_PREFIX
+from runner.image import SPEC as SPEC
 from runner.rundir import RunDir, atomic_write, read_json
 
-SPEC = Path("/etc/runner-spec.json")
-PYTHON_PREFIX = Path("/etc/runner-python-prefix")
 log = logging.getLogger(__name__)
 
 
@@ -57,5 +56,5 @@ def stale_image(manifest: dict[str, Any], force: bool, report: RunDir | None = N
     log.error("%s", why)
     if report is not None:
         atomic_write(report.preflight, json.dumps({"status": "fail", "summary": f"stale image: {what}"}) + "\n")
-        atomic_write(report.root / "preflight.txt", why + "\n")
+        atomic_write(report.preflight_table, why + "\n")
     return True

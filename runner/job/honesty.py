@@ -31,7 +31,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from runner.rundir import RunDir, read_json
+from runner import checkpoint
+from runner.rundir import RunDir
 
 log = logging.getLogger(__name__)
 EXACT = "exact"
@@ -167,7 +168,7 @@ def callback(rd: RunDir, configured: int | None, rank: int, world: int, exact_re
                             "epoch boundaries. hint: torchdata's StatefulDataLoader can", type(loader).__name__)
             if self.resume_from is None or rank != 0:
                 return
-            manifest = read_json(self.resume_from / "manifest.json", {}) or {}
+            manifest = checkpoint.manifest_of(self.resume_from)
             self.record = resumed(manifest, world, trainer.accumulate_grad_batches, configured,
                                   sharded=internals.is_sharded(trainer.strategy), exact_resume=exact_resume,
                                   loader_resumable=self.exactness == EXACT, global_position=moved())

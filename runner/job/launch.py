@@ -105,7 +105,7 @@ def _write_rank_info(rd: RunDir, rank: int, local: int, node: int, world: int, a
             "master": f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}",
             "ifname": {k: os.environ.get(k) for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")},
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), **container.describe(read_json(rd.manifest, {}))}
-    atomic_write(rd.root / "ranks" / f"rank-{rank:05d}.json", json.dumps(info, indent=2))
+    atomic_write(rd.rank_record(rank), json.dumps(info, indent=2))
 
 
 def train(rd: RunDir) -> int:

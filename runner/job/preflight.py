@@ -3,7 +3,7 @@
 Why: NCCL on the wrong interface trains at a fraction of its speed without an error, and a rendezvous
 that cannot complete surfaces only after the process-group timeout. The launcher runs ``in_job`` on
 every rank before Lightning builds its own process group; it names the node and the value that is wrong,
-and stops the job (exit 77) before any training step. The checks and the report are ``runner.job.checks``;
+and stops the job (exit 77) before any training step. The checks and the report are ``runner.checks``;
 ``runner preflight`` (``runner.host.preflight``) runs this as a short job.
 
 How, in phases, never blocking longer than ``preflight.timeout_s`` on the network:
@@ -39,11 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from runner import proc
-from runner.errors import PreflightError
-from runner.job import ifname, internals
-from runner.job.checks import (
+from runner.checks import (
     FAIL,
-    ONLY_ENV,
     PASS,
     WARN,
     Check,
@@ -64,6 +61,8 @@ from runner.job.checks import (
     versions,
     worst,
 )
+from runner.errors import PreflightError
+from runner.job import ifname, internals
 from runner.job.netenv import NetEnv
 from runner.rundir import EXIT_PREFLIGHT, RunDir, atomic_write, read_json
 from runner.spec.typed import RunConfig
@@ -120,7 +119,7 @@ def _is_local_address(host: str, ifaces: Mapping[str, Mapping[str, Any]]) -> boo
 
 def rank_file(rd: RunDir, rank: int) -> Path:
     """Where a rank that could not reach rank 0 leaves its own result (the run directory is shared)."""
-    return rd.logs / "preflight" / f"rank-{rank:05d}.json"
+    return rd.preflight_rank(rank)
 
 
 # ---------------------------------------------------------------------------------------------- inside the job
@@ -423,7 +422,7 @@ def _finish(job: _Job, checks: list[Check], extra: dict[str, Any], store: Any = 
               "thresholds": {k: job.pf[k] for k in ("min_busbw_gbps", "fail_below_median", "warn_below_median",
                                                     "probe_mib", "probe_budget_s", "timeout_s", "min_free_gb")},
               **extra}
-    atomic_write(job.rd.root / "preflight.txt", table(report))
+    atomic_write(job.rd.preflight_table, table(report))
     print(table(report), end="", flush=True)
     job.rd.record("preflight", status=status, duration_s=round(report["duration_s"], 2), summary=text)
     if status == FAIL and "SLURM_JOB_ID" not in os.environ:  # under Slurm the batch script's exit hook alerts
@@ -558,7 +557,7 @@ def in_job(rd: RunDir, cfg: RunConfig, rank: int, local: int, node: int, world: 
            keep_group: bool = True) -> int | None:
     """The launcher's hook, after ``netenv.setup`` gave ``ne``: run the checks; an exit code, or None to train.
     ``keep_group``: training goes on in the process group the checks built (else it is taken down)."""
-    only = os.environ.get(ONLY_ENV) == "1"
+    only = cfg["preflight"].get("only") is True  # `runner preflight`: the checks alone
     if not cfg["preflight"]["enabled"] and not only:
         return None
     job = _Job(rd, cfg, rank, local, node, world, ne, train=keep_group and not only)

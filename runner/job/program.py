@@ -109,7 +109,7 @@ def entry_point(rd: RunDir) -> None:
 
     if any(e.value == "runner.job.callback:factory" for e in entry_points(group=GROUP)):
         return
-    where = rd.root / "python"
+    where = rd.python
     info = where / "runner_program_callback-1.dist-info"
     info.mkdir(parents=True, exist_ok=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: runner-program-callback\nVersion: 1\n")

@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 # Checked innermost frame first, so a collective inside backward is a collective.
 PHASES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("collective", ("distributed_c10d.py:", "torch/distributed/", "reduce_boolean_decision", ":barrier")),
-    ("checkpoint", ("torch/serialization.py:", "save_checkpoint", "runner/job/checkpoint.py:")),
+    ("checkpoint", ("torch/serialization.py:", "save_checkpoint", "runner/checkpoint.py:")),
     ("data", ("torch/utils/data/", ":__getitem__", ":__iter__", ":__next__", "_next_data")),
     ("backward", ("torch/autograd/", ":backward")),
     ("optimizer", ("torch/optim/", "optimizer_step")),
@@ -133,11 +133,11 @@ class Watchdog:
 
     @property
     def beats(self) -> Path:
-        return self.rd.root / "heartbeats"
+        return self.rd.heartbeats
 
     @property
     def reports(self) -> Path:
-        return self.rd.root / "hangs" / f"attempt-{self.attempt}"
+        return self.rd.hang_reports(self.attempt)
 
     @property
     def request(self) -> Path:
@@ -184,7 +184,7 @@ class Watchdog:
         return max(self.factor * median, self.floor_s)
 
     def _heartbeat(self) -> None:
-        atomic_write(self.beats / f"rank-{self.rank:05d}.json",
+        atomic_write(self.rd.heartbeat(self.rank),
                      json.dumps({"rank": self.rank, "host": self.host, "pid": os.getpid(), "step": self._step,
                                  "time": time.time(), "attempt": self.attempt,
                                  "step_s": _median(self._durations), "compute_s": _median(self._compute),
@@ -212,7 +212,7 @@ class Watchdog:
         beats = [b for p in self.beats.glob("rank-*.json")
                  if isinstance(b := read_json(p), dict) and b.get("attempt") == self.attempt]
         rows = stragglers.compare(beats)
-        atomic_write(self.rd.root / "stragglers.json", json.dumps({"time": time.time(), "ranks": rows}))
+        atomic_write(self.rd.stragglers, json.dumps({"time": time.time(), "ranks": rows}))
         slow = {r["rank"]: r for r in rows if r["slow"]}
         self._flagged = {rank: self._flagged.get(rank, 0) + 1 for rank in slow}
         for rank, times in self._flagged.items():
@@ -264,7 +264,7 @@ class Watchdog:
         summary = summarize(reports, self.world, rank_hosts(self.rd, self.attempt))
         summary.update(step=max(int(r.get("step", -1)) for r in reports.values()), attempt=self.attempt,
                        time=time.time(), world=self.world)
-        atomic_write(self.rd.root / "hang.json", json.dumps(summary, indent=1))
+        atomic_write(self.rd.hang, json.dumps(summary, indent=1))
         self.rd.record("hang", summary=summary["summary"], nodes=summary["nodes"], step=summary["step"])
         # The exit hook reads the agreed exit code from here (rank 0 may be the stuck one).
         atomic_write(self.rd.last_exit, json.dumps({"code": EXIT_HANG, "job_id": os.environ.get("SLURM_JOB_ID"),
@@ -288,7 +288,7 @@ def rank_hosts(rd: RunDir, attempt: int) -> dict[int, str]:
     (``ranks/rank-XXXXX.json``, written before training), so a rank stopped before its first heartbeat is named
     with its node too. Another attempt's files never name a node (its ranks may have run elsewhere)."""
     hosts: dict[int, str] = {}
-    for folder, key in ((rd.root / "ranks", "hostname"), (rd.root / "heartbeats", "host")):
+    for folder, key in ((rd.ranks, "hostname"), (rd.heartbeats, "host")):
         for p in folder.glob("rank-*.json"):
             b = read_json(p)
             if isinstance(b, dict) and b.get("attempt") == attempt and b.get(key):

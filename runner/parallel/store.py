@@ -30,7 +30,7 @@ class Store:
 
     @property
     def root(self) -> Path:
-        return self.run.root / "parallel"
+        return self.run.parallel
 
     @property
     def chunks(self) -> Path:

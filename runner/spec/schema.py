@@ -46,7 +46,6 @@ RESERVED_ENV = ("RUN_DIR", "RUNNER_PY", "IFS", "PATH", "BASH_ENV", "ENV", "SHELL
                 "GLOBIGNORE", "PS4", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "owner", "rc", "hook",
                 "step_pid", "got_signal")
 RESERVED_ENV_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "RUNNER_", "BASH_FUNC_")
-ENV_SWITCHES = ("RUNNER_PREFLIGHT_ONLY",)  # runner's own switch, set by `runner preflight`
 # Environment names that change how the batch script's bash, its Python (the host-side hooks and the ranks) or the
 # dynamic loader run: `EXECIGNORE='*'` hides scontrol and srun, `PYTHONHOME` stops every Python, `LD_PRELOAD` loads
 # code into each. Refused in `env:` (which reaches the whole script), except the few Python switches below.
@@ -222,6 +221,7 @@ SCHEMA: dict[str, Any] = {
         "paths": _f(list, []),
         "fail_on_warn": _f(bool, False),
         "reuse_s": _f((int, float), 3600, min=0),
+        "only": _f(bool, False),  # set by `runner preflight`: the checks alone, never training
     },
 }
 

@@ -138,6 +138,7 @@ class Preflight(TypedDict):
     paths: list[str]
     fail_on_warn: bool
     reuse_s: float
+    only: bool
 
 
 class Parallel(TypedDict):

@@ -21,7 +21,6 @@ from runner.spec.schema import (
     APT_PACKAGE,
     CONTROL,
     ENV_NAME,
-    ENV_SWITCHES,
     EVENTS,
     GPU_ONLY,
     MAX_NUMBER,
@@ -480,7 +479,7 @@ def check_env(env: dict[str, Any], problems: Problems) -> None:
     for key, value in env.items():
         if not ENV_NAME.fullmatch(str(key)):
             problems.add(f"env.{key}", key, "an environment variable name", "use letters, digits and _")
-        elif (key in RESERVED_ENV or str(key).startswith(RESERVED_ENV_PREFIXES)) and key not in ENV_SWITCHES:
+        elif key in RESERVED_ENV or str(key).startswith(RESERVED_ENV_PREFIXES):
             problems.add(f"env.{key}", key, "a name the batch script, Slurm or runner do not own",
                          f"{key} is set by the batch script or Slurm; names starting with "
                          f"{', '.join(RESERVED_ENV_PREFIXES)} are reserved")

@@ -24,6 +24,7 @@ from runner.rundir import atomic_write, read_json
 _STEP = re.compile(r"^step-(\d{7,})$")
 MARKER = "COMPLETE"
 MODEL = "model.ckpt"
+MANIFEST = "manifest.json"  # step, time, config hash, files and their digests; written last, before MARKER
 SHARDED = "dcp"  # manifest "format" of a sharded checkpoint: torch distributed checkpoint files, one per rank
 DCP_METADATA, DCP_META = ".metadata", "meta.pt"  # DCP's index of the shards; Lightning's non-tensor state
 log = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ def complete(root: Path, config_hash: str | None = None, force: bool = False) ->
         if not (path / MARKER).is_file():
             log.warning("skipping %s: no %s marker (a write that never finished)", path, MARKER)
             continue
-        manifest = read_json(path / "manifest.json", {})
+        manifest = manifest_of(path)
         if config_hash and manifest.get("config_hash") != config_hash and not force:
             log.warning("skipping %s: written by config %s, this run is %s (resume.force=true overrides)", path,
                         manifest.get("config_hash"), config_hash)
@@ -63,7 +64,7 @@ def verify(path: Path) -> str | None:
     A manifest must list the model, and every file must be a plain file inside the checkpoint directory: a
     symlink (or a name with ``..``) could make a damaged or foreign file look verified.
     """
-    manifest = read_json(path / "manifest.json", {})
+    manifest = manifest_of(path)
     files = manifest.get("files")
     if not isinstance(files, dict) or not files:
         return "manifest lists no files"
@@ -128,7 +129,7 @@ def publish(root: Path, step: int, manifest: dict[str, Any]) -> Path:
     manifest = {**manifest, "files": {p.name: known.get(p.name) or {"size": p.stat().st_size, "sha256": _digest(p)}
                                       for p in sorted(staging.iterdir()) if p.is_file()}}
     # This write fsyncs the staging directory, and with it the names of the other ranks' files.
-    atomic_write(staging / "manifest.json", json.dumps(manifest, indent=2, sort_keys=True))
+    atomic_write(staging / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True))
     if final.exists():
         shutil.rmtree(final)
     staging.rename(final)
@@ -136,9 +137,15 @@ def publish(root: Path, step: int, manifest: dict[str, Any]) -> Path:
     return final
 
 
+def manifest_of(path: Path) -> dict[str, Any]:
+    """The manifest of the checkpoint at ``path``; {} when missing or damaged (said once)."""
+    found = read_json(path / MANIFEST, {})
+    return found if isinstance(found, dict) else {}
+
+
 def is_sharded(path: Path) -> bool:
     """Whether the checkpoint at ``path`` holds one shard per rank (its manifest's format)."""
-    return bool(read_json(path / "manifest.json", {}).get("format") == SHARDED)
+    return bool(manifest_of(path).get("format") == SHARDED)
 
 
 def digest_file(staging: Path, rank: int) -> Path:

@@ -30,7 +30,6 @@ from runner.spec.typed import RunConfig
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 _ORDER = {PASS: 0, WARN: 1, FAIL: 2}
-ONLY_ENV = "RUNNER_PREFLIGHT_ONLY"  # set by `runner preflight` (host side): stop after the checks, never train
 # A node's bandwidth against the median node's (preflight.fail_below_median / warn_below_median): a job runs at
 # the pace of its slowest link, so half the median fails by default and up to 0.8 of it warns.
 FAIL_BELOW_MEDIAN, WARN_BELOW_MEDIAN = 0.5, 0.8
