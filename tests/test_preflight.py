@@ -490,3 +490,45 @@ def test_other_ranks_hear_a_failure_only_once_its_report_is_written(tmp_path: Pa
     if status == FAIL:
         assert heard[0][1], "the other ranks heard the failure before its report was written"
     assert json.loads(rd.preflight.read_text())["status"] == status
+
+
+def test_a_restart_that_reuses_the_measurements_keeps_the_runs_median_thresholds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run that passed with ``preflight.fail_below_median: 0.3`` must pass its restart on the same nodes too: the
+    reused bandwidth is judged by the run's thresholds, never by checks.py's defaults (0.5 / 0.8)."""
+    import torch.distributed as dist
+
+    cfg = spec.load(QUICKSTART, [f"run_root={tmp_path}", "preflight.fail_below_median=0.3",
+                                 "preflight.warn_below_median=0.4"]).data
+    # n3's best pair is 0.45 x the median: a pass at 0.3 / 0.4, a failure at the defaults 0.5 / 0.8.
+    pairs = [pair("n1", "n2", 1.0), pair("n2", "n3", 0.45), pair("n3", "n1", 0.45)]
+    prev = {"status": PASS, "time": time.time() - 5, "backend": "gloo", "tools": [],
+            "bandwidth": {"job": None, "pairs": pairs}}
+    facts = [{"rank": r, "host": f"n{r + 1}", "node": r, "local": 0} for r in range(3)]
+    judged: list[checks.Check] = []
+
+    class Store:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        def set(self, key: str, value: object) -> None:
+            pass
+
+        def wait(self, keys: object, timeout: object = None) -> None:
+            pass
+
+    def finish(job: object, found: list[checks.Check], extra: object, store: object = None) -> str:
+        judged.extend(found)
+        return checks.report_status(found, False)
+
+    monkeypatch.setattr(dist, "TCPStore", Store)
+    monkeypatch.setattr(preflight, "_local_facts", lambda job: {"checks": [], "versions": None})
+    monkeypatch.setattr(preflight, "_collect", lambda job, store: (facts, []))
+    monkeypatch.setattr(preflight, "_evaluate_local", lambda job, found: [])
+    monkeypatch.setattr(preflight, "_fingerprint", lambda job, found, hosts: {"nodes": hosts})
+    monkeypatch.setattr(preflight, "_reusable", lambda job, fingerprint: prev)
+    monkeypatch.setattr(preflight, "_finish", finish)
+    monkeypatch.setattr(preflight, "_hand_over", lambda job, status: None)
+    job = preflight._Job(RunDir(tmp_path / "run"), cfg, 0, 0, 0, 3, None, train=False)  # type: ignore[arg-type]
+    assert preflight.run_checks(job) == PASS, [c for c in judged if c.status != PASS]
+    assert {c.node: c.status for c in judged if c.name == "busbw node"} == {"n1": PASS, "n2": PASS, "n3": PASS}
