@@ -31,8 +31,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
+from runner.ledger import Outcome
 from runner.rundir import EXIT_HANG, EXIT_NONFINITE, EXIT_PREFLIGHT, EXIT_PROGRAM, EXIT_REQUEUE, EXIT_SUPERSEDED
 from runner.spec.typed import RunConfig
 
@@ -128,6 +129,10 @@ class Limits:
                    successor=bool(cfg["resume"].get("successor", False)))  # runs submitted before the key: off
 
 
+# What a decision tells its caller to do (see ``Decision``).
+Action = Literal["requeue", "hand_over", "resubmit", "stop", "wait", "give_up", "refuse", "train", "skip"]
+
+
 @dataclass(frozen=True)
 class Decision:
     """What to do with a run next, and why (cron prints it as one line).
@@ -137,7 +142,7 @@ class Decision:
     cannot be done), train or skip (nothing to do; for a successor job: step aside).
     """
 
-    action: str
+    action: Action
     reason: str
     delay_s: float = 0.0  # hand_over: the backoff before the successor may start
 
@@ -198,7 +203,8 @@ def superseded(rec: Records, rc: int, job_id: str | None) -> bool:
     return rc == EXIT_SUPERSEDED or bool(job_id and rec.job_id and rec.job_id != job_id)
 
 
-def classify(rec: Records, rc: int, seconds_left: float | None, limits: Limits, job_id: str | None = None) -> str:
+def classify(rec: Records, rc: int, seconds_left: float | None, limits: Limits,
+             job_id: str | None = None) -> Outcome:
     """What the step's end means: superseded, completed, cancelled, preflight_failed, timeout, preempted or failed.
 
     ``rc`` is the launcher's exit code; ``seconds_left`` the job's time left as Slurm reports it (None when

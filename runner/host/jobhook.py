@@ -30,8 +30,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from runner import ledger, policy, proc
 from runner import log as runner_log
-from runner import policy, proc
 from runner.alerts import causes
 from runner.errors import RunnerError
 from runner.host import nodes, notices, slurm, successor
@@ -200,9 +200,9 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
               "time": time.time()}
     atomic_write(run.exit_status, json.dumps(status) + "\n")
     cause = queued[0].cause if queued else None
-    run.record("exit", **alerts.redact_obj({"job_id": job, "exit_code": rc, "signal": signal_name, "outcome": event,
-                                            "attempt": attempt, "cause": cause, "crash": crash, "nodes": bad},
-                                           secrets))
+    ended: ledger.Exit = {"job_id": job, "exit_code": rc, "signal": signal_name, "outcome": event, "attempt": attempt,
+                          "cause": cause, "crash": crash, "nodes": bad}
+    run.record("exit", **alerts.redact_obj(ended, secrets))
     if decision.action == "hand_over":
         run.record("handed_over", job_id=job, successor=heir, reason=event, attempt=attempt + 1,
                    delay_s=decision.delay_s)

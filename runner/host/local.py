@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from runner import alerts, policy, redaction
+from runner import alerts, ledger, policy, redaction
 from runner.alerts.causes import RankExit, first_failure
 from runner.errors import SubmitError
 from runner.host.render import SECRET_ENV
@@ -375,7 +375,7 @@ def _supervise(att: _Attempt, progress: Callable[[], None] = lambda: None) -> No
             deadline = time.monotonic() + KILL_WAIT_S
 
 
-def outcome(rec: policy.Records, rc: int, stop: str | None) -> str:
+def outcome(rec: policy.Records, rc: int, stop: str | None) -> ledger.Outcome:
     """What the attempt's end means: a person's Ctrl-C is ``interrupted``, the rest as the exit hook decides."""
     event = policy.classify(rec, rc, None, policy.Limits())
     if stop == "interrupted" and event in ("preempted", "failed"):
@@ -427,9 +427,9 @@ def _record_end(run_dir: RunDir, cfg: Any, att: _Attempt, attempt: int) -> int:
     secrets = alerts.secrets_of(cfg["alerts"])
     atomic_write(run_dir.exit_status, json.dumps({"exit_code": rc, "codes": codes, "event": event, "attempt": attempt,
                                                   "time": time.time()}) + "\n")
-    run_dir.record("exit", **alerts.redact_obj({"exit_code": rc, "codes": codes, "outcome": event, "attempt": attempt,
-                                                "cause": cause, "crash": crashes.get(failure.rank) if failure else None,
-                                                "scheduler": "local"}, secrets))
+    ended: ledger.Exit = {"exit_code": rc, "codes": codes, "outcome": event, "attempt": attempt, "cause": cause,
+                          "crash": crashes.get(failure.rank) if failure else None, "scheduler": "local"}
+    run_dir.record("exit", **alerts.redact_obj(ended, secrets))
     _console(run_dir, event, rc, cause, failure.rank if failure else 0, attempt)
     if event in LOCAL_ALERTS:
         fields: dict[str, Any] = {"cause": cause} if cause else {}

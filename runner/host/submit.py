@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from runner import __version__, alerts, spec
+from runner import __version__, alerts, ledger, spec
 from runner.errors import ConfigError, SubmitError
 from runner.host import build, nodes, render
 from runner.host.provenance import git_provenance
@@ -231,8 +231,10 @@ def submit_slurm(p: Plan) -> int:
     from runner.host import successor
 
     successor.queue(p.run, cfg, job_id)
-    p.run.record("submitted", scheduler="slurm", job_id=job_id, world_size=p.world_size,
-                 **({"bad_nodes_let_in": let_in} if let_in else {}))
+    fields: ledger.Submitted = {"scheduler": "slurm", "job_id": job_id, "world_size": p.world_size}
+    if let_in:
+        fields["bad_nodes_let_in"] = let_in
+    p.run.record("submitted", **fields)
     print(f"submitted job {job_id}: {p.run.root}")
     return 0
 
@@ -281,8 +283,10 @@ def resubmit(run: RunDir, cfg: RunConfig, reason: str, by: str = "cron") -> str:
     if stale is not None:
         successor.cancel(run, stale["job_id"], f"job {job_id} was resubmitted")
     successor.queue(run, cfg, job_id)
-    run.record("resubmitted", job_id=job_id, reason=reason, attempt=attempt, by=by,
-               **({"bad_nodes_let_in": let_in} if let_in else {}))
+    fields: ledger.Resubmitted = {"job_id": job_id, "reason": reason, "attempt": attempt, "by": by}
+    if let_in:
+        fields["bad_nodes_let_in"] = let_in
+    run.record("resubmitted", **fields)
     alerts.notify(run.root, cfg["alerts"], "resubmitted", job_id=job_id, attempt=attempt,
                   next_step=f"resubmitted as job {job_id}; it resumes from the newest complete checkpoint ({reason})")
     return job_id
