@@ -285,10 +285,51 @@ def after_exit(outcome: str, attempt: int, job_id: str | None, limits: Limits,
     return Decision("skip", "failed: runner cron decides about resubmission (with backoff)")
 
 
-def next_step(outcome: str, decision: Decision, attempt: int, limits: Limits, requeued: bool | None = None,
-              events: Sequence[Mapping[str, Any]] | None = None) -> str:
-    """What the exit hook's alert says happens next: what the hook did (``decision``; ``requeued`` whether
-    ``scontrol requeue`` went through) and what ``runner cron`` will do with the run (``next_action``)."""
+# What happens next after an alert's event, when nothing more is known (no decision was made for it).
+NEXT_STEPS: dict[str, str] = {  # keyed by every AlertEvent (tests/test_alerts.py)
+    "failed": "runner cron resubmits it from the last checkpoint while resume.max_restarts allows.",
+    "preempted": "The job is requeued and resumes from the last checkpoint.",
+    "requeued": "Waiting in the queue; it resumes from the last checkpoint when it starts.",
+    "timeout": "Resumes from the last checkpoint if attempts remain.",
+    "resubmitted": "A new job was submitted; it resumes from the last checkpoint.",
+    "gave_up": "No attempts left: needs a person.",
+    "completed": "Nothing: training finished.",
+    "cancelled": "Nothing: the job was cancelled.",
+    "preflight_failed": "Not retried (the same node would fail again): fix the failed check, then `runner resume`.",
+    "hang": "Resubmitted without the node it names, or by runner cron while resume.max_restarts allows.",
+    "nan": "Stopped, not retried: fix the model or data (learning rate?), then `runner resume`.",
+    "straggler": "Nothing automatic: training goes on at this rank's pace. `runner status RUN --ranks` compares "
+                 "every rank; check the node it names.",
+}
+
+# Who acted and asks what comes next: the exit hook (``after_exit``), ``runner cron``, a person (``runner resume``),
+# a local run's driver, or ``runner parallel``'s.
+By = Literal["hook", "cron", "user", "local", "parallel"]
+
+
+def next_step(outcome: str, decision: Decision | None = None, attempt: int = 1, limits: Limits | None = None,
+              requeued: bool | None = None, events: Sequence[Mapping[str, Any]] | None = None, *, by: By = "hook",
+              run: str = "", job_id: str | None = None) -> str:
+    """The "Next:" line of every alert and console summary: the one author of what happens to a run next.
+
+    For the exit hook: what it did (``decision``; ``requeued`` whether ``scontrol requeue`` went through) and what
+    ``runner cron`` will do with the run (``next_action``). ``by="cron"`` or ``"user"`` with a ``resubmit`` decision
+    and the new ``job_id``: the resubmission; ``by="cron"`` with ``give_up``: cron's last word. ``by="local"`` and
+    ``"parallel"``: a run nothing resubmits by itself (``run`` names it). ``hook_failed``: a host-side hook of the
+    batch script that could not run. Without a ``decision``: what an alert of ``outcome`` means (``NEXT_STEPS``)."""
+    if by == "local":
+        return local_next_step(outcome, run)
+    if by == "parallel":
+        return parallel_next_step(outcome, run)
+    if outcome == "hook_failed":
+        return f"see `runner logs {run} --batch`; runner cron decides from Slurm's record"
+    if decision is None:
+        return NEXT_STEPS.get(outcome, "")
+    if decision.action == "resubmit" and job_id:
+        return f"resubmitted as job {job_id}; it resumes from the newest complete checkpoint ({decision.reason})"
+    if decision.action == "give_up" and by == "cron":
+        return f"no further submissions: {decision.reason}"
+    limits = limits or Limits()
     if decision.action == "hand_over":
         return f"{decision.reason}, as soon as this job ends; it resumes from the newest complete checkpoint"
     if decision.action == "requeue":

@@ -15,7 +15,8 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from runner.alerts.payload import NEXT_STEPS, Alert, clip
+from runner.alerts.payload import Alert, clip
+from runner.policy import next_step
 from runner.rundir import EXIT_NONFINITE, EXIT_REQUEUE, EXIT_SUPERSEDED, EXIT_TERMINATED, RunDir
 
 TAIL_LINES = 30  # log lines shown in an alert
@@ -165,7 +166,7 @@ def alert_from_run(run_dir: str | os.PathLike[str], event: str, **fields: Any) -
     traceback/error) wins, lowest rank on ties, rank 0 when none shows an error. Any Alert field may be
     given in `fields` and wins over what is found; `job_id` and `nodes` default to $SLURM_JOB_ID and
     $SLURM_JOB_NODELIST, `run` to the directory name, `cause` to guess_cause() (None for "completed"),
-    `next_step` to NEXT_STEPS[event]. extra["log"] names the log used.
+    `next_step` to ``policy.next_step(event)``. extra["log"] names the log used.
     """
     names = {f.name for f in dataclasses.fields(Alert)} - {"event", "run_dir"}
     unknown = sorted(set(fields) - names)
@@ -178,7 +179,7 @@ def alert_from_run(run_dir: str | os.PathLike[str], event: str, **fields: Any) -
         "job_id": os.environ.get("SLURM_JOB_ID", ""),
         "nodes": os.environ.get("SLURM_JOB_NODELIST", ""),
         "log_tail": lines[-TAIL_LINES:],
-        "next_step": NEXT_STEPS.get(event, ""),
+        "next_step": next_step(event),
     }
     values.update(fields)
     if "cause" not in fields and event != "completed":

@@ -12,6 +12,8 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
+from runner.policy import NEXT_STEPS as NEXT_STEPS
+from runner.policy import next_step
 from runner.redaction import redact as redact
 from runner.redaction import redact_obj as redact_obj
 from runner.spec.schema import EVENTS
@@ -19,22 +21,6 @@ from runner.spec.schema import EVENTS
 SLACK_SECTION_LIMIT = 3000
 SLACK_FIELD_LIMIT = 2000
 SLACK_HEADER_LIMIT = 150
-
-NEXT_STEPS: dict[str, str] = {
-    "failed": "runner cron resubmits it from the last checkpoint while resume.max_restarts allows.",
-    "preempted": "The job is requeued and resumes from the last checkpoint.",
-    "requeued": "Waiting in the queue; it resumes from the last checkpoint when it starts.",
-    "timeout": "Resumes from the last checkpoint if attempts remain.",
-    "resubmitted": "A new job was submitted; it resumes from the last checkpoint.",
-    "gave_up": "No attempts left: needs a person.",
-    "completed": "Nothing: training finished.",
-    "cancelled": "Nothing: the job was cancelled.",
-    "preflight_failed": "Not retried (the same node would fail again): fix the failed check, then `runner resume`.",
-    "hang": "Resubmitted without the node it names, or by runner cron while resume.max_restarts allows.",
-    "nan": "Stopped, not retried: fix the model or data (learning rate?), then `runner resume`.",
-    "straggler": "Nothing automatic: training goes on at this rank's pace. `runner status RUN --ranks` compares "
-                 "every rank; check the node it names.",
-}
 
 _TITLES = {
     "failed": "failed",
@@ -183,7 +169,7 @@ def slack_payload(alert: Alert, *, secrets: Iterable[str] = ()) -> dict[str, Any
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": clip(lines, SLACK_SECTION_LIMIT)}})
     if a.log_tail:
         blocks.append(_code_section(a.log_tail))
-    context = f"*Next:* {_mrkdwn(a.next_step or NEXT_STEPS[a.event])}"
+    context = f"*Next:* {_mrkdwn(a.next_step or next_step(a.event))}"
     if a.run_dir:
         context += f"  ·  run dir `{_mrkdwn(a.run_dir)}`"
     blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": clip(context, SLACK_FIELD_LIMIT)}]})
@@ -196,7 +182,7 @@ def json_payload(alert: Alert, *, secrets: Iterable[str] = ()) -> dict[str, Any]
     body: dict[str, Any] = {"source": "runner", "title": f"{a.run} {_TITLES[a.event]}", "text": _summary(a)}
     body.update(dataclasses.asdict(a))
     if not body["next_step"]:
-        body["next_step"] = NEXT_STEPS[a.event]
+        body["next_step"] = next_step(a.event)
     return body
 
 

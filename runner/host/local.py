@@ -434,7 +434,7 @@ def _record_end(run_dir: RunDir, cfg: Any, att: _Attempt, attempt: int) -> int:
     if event in LOCAL_ALERTS:
         fields: dict[str, Any] = {"cause": cause} if cause else {}
         alerts.notify(run_dir.root, cfg["alerts"], event, job_id="", attempt=attempt, nodes=socket.gethostname(),
-                      exit_code=rc, next_step=policy.local_next_step(event, run_dir.name), **fields)
+                      exit_code=rc, next_step=policy.next_step(event, by="local", run=run_dir.name), **fields)
     return rc
 
 
@@ -456,4 +456,4 @@ def _console(run_dir: RunDir, event: str, rc: int, cause: str | None, rank: int,
         print(f"run {run_dir.root}: finished")
         return
     print(f"run {run_dir.root}: {event} (exit {rc})" + (f": {cause}" if cause else ""))
-    print(f"next: {policy.local_next_step(event, run_dir.name)}")
+    print(f"next: {policy.next_step(event, by='local', run=run_dir.name)}")

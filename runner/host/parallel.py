@@ -287,7 +287,7 @@ def _alert(p: Plan, event: str, log_path: Path, **fields: Any) -> None:
     from runner import policy
 
     alerts.notify(p.run.root, p.cfg.data["alerts"], event, log_tail=tail,
-                  next_step=policy.parallel_next_step(event, p.run.name), **fields)
+                  next_step=policy.next_step(event, by="parallel", run=p.run.name), **fields)
 
 
 def _report(p: Plan, done: int, failures: dict[int, str],
