@@ -11,7 +11,7 @@ Standard library only: the login node, the batch host and the ranks import it (a
 """
 
 from collections.abc import Mapping
-from typing import Any, Literal, NotRequired, TypedDict, Unpack, get_args, overload
+from typing import Any, Literal, NotRequired, TypedDict, TypeGuard, Unpack, get_args, overload
 
 # ---------------------------------------------------------------------------------------------------------------
 # The names
@@ -32,6 +32,16 @@ EVENT_NAMES: tuple[EventName, ...] = get_args(EventName)
 AlertEvent = Literal["failed", "preempted", "requeued", "timeout", "resubmitted", "gave_up", "completed",
                      "cancelled", "preflight_failed", "hang", "nan", "straggler"]
 ALERT_EVENTS: tuple[AlertEvent, ...] = get_args(AlertEvent)
+
+def is_alert_event(name: str) -> TypeGuard[AlertEvent]:
+    """Whether an alert is ever sent for ``name`` (an outcome such as ``superseded`` is none)."""
+    return name in ALERT_EVENTS
+
+
+# Why an attempt ended, as ``runner.alerts.causes.Cause`` names it (the exit's ``cause`` is its sentence).
+CauseKind = Literal["oom", "node_failure", "time_limit", "preemption", "nccl_timeout", "program", "exception",
+                    "crash_loop", "bad_nodes", "nan", "hang", "rank", "hook", "unknown"]
+CAUSE_KINDS: tuple[CauseKind, ...] = get_args(CauseKind)
 
 # How an attempt ended (``policy.classify``, the local driver, ``runner parallel``): an ``exit``'s ``outcome``.
 Outcome = Literal["completed", "failed", "cancelled", "preflight_failed", "hang", "nan", "timeout", "preempted",

@@ -302,6 +302,32 @@ NEXT_STEPS: dict[str, str] = {  # keyed by every AlertEvent (tests/test_alerts.p
                  "every rank; check the node it names.",
 }
 
+# What to do about a cause (``runner.alerts.causes.Cause``), shown under it in an alert.
+CAUSE_STEPS: dict[str, str] = {  # keyed by every CauseKind (tests/test_alerts.py)
+    "oom": "Lower the memory a rank needs (batch size, precision, activation checkpointing), then `runner resume`.",
+    "node_failure": "Nothing by hand: the job is requeued or resubmitted, and the node is remembered as bad.",
+    "time_limit": "Nothing by hand: it resumes from the newest complete checkpoint; raise slurm.time if each attempt "
+                  "ends here.",
+    "preemption": "Nothing by hand: it resumes from the newest complete checkpoint when it runs again.",
+    "nccl_timeout": "Check the network between the nodes (`runner preflight`; network.debug: true) and the rank "
+                    "whose log ends first.",
+    "program": "Fix the command or the program it names, then `runner resume`.",
+    "exception": "Read the traceback in the rank log named here; fix the code, then `runner resume`.",
+    "crash_loop": "Not retried: the same exception ended two attempts in a row. Fix it, then `runner resume`.",
+    "bad_nodes": "Fix or drain the node it names; the run is resubmitted without it where attempts remain.",
+    "nan": "Fix the model or data (learning rate?), then `runner resume`.",
+    "hang": "hang.json names the ranks and where they stopped; the node it names is left out of the next attempt.",
+    "rank": "Read this rank's log: its end is the cause, the other ranks' errors are echoes of it.",
+    "hook": "See `runner logs RUN --batch`: the batch script's host-side hook failed there.",
+    "unknown": "Read the rank logs (`runner logs RUN`): no known sign of a cause was found.",
+}
+
+
+def cause_step(kind: str) -> str:
+    """What to do about a cause of ``kind``."""
+    return CAUSE_STEPS.get(kind, "")
+
+
 # Who acted and asks what comes next: the exit hook (``after_exit``), ``runner cron``, a person (``runner resume``),
 # a local run's driver, or ``runner parallel``'s.
 By = Literal["hook", "cron", "user", "local", "parallel"]

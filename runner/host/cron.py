@@ -96,6 +96,7 @@ def _alert_hook_failures(run: RunDir, cfg: RunConfig) -> None:
                       attempt=policy.attempt(events),
                       cause=f"the batch script's host-side {str(e.get('hook'))[:20]} hook could not run (exit "
                             f"{e.get('exit_code')}): no exit record, requeue or alert came from the job itself",
+                      cause_kind="hook",
                       next_step=policy.next_step("hook_failed", by="cron", run=run.name))
 
 

@@ -420,7 +420,8 @@ def _record_end(run_dir: RunDir, cfg: Any, att: _Attempt, attempt: int) -> int:
     rec = policy.Records(events=run_dir.events(), exit_status=read_json(run_dir.exit_status),
                          finished=run_dir.finished.exists())
     event = outcome(rec, rc, att.stop)
-    cause = failure.cause if failure and event in ("failed", "hang") else None
+    why = failure.why if failure and event in ("failed", "hang") else None
+    cause = str(why) if why else None
     if event == "hang" and isinstance(hang := read_json(run_dir.root / "hang.json"), dict) and \
             hang.get("attempt") == attempt:
         cause = str(hang.get("summary") or cause)
@@ -431,8 +432,10 @@ def _record_end(run_dir: RunDir, cfg: Any, att: _Attempt, attempt: int) -> int:
                           "crash": crashes.get(failure.rank) if failure else None, "scheduler": "local"}
     run_dir.record("exit", **alerts.redact_obj(ended, secrets))
     _console(run_dir, event, rc, cause, failure.rank if failure else 0, attempt)
-    if event in LOCAL_ALERTS:
+    if event in LOCAL_ALERTS and ledger.is_alert_event(event):
         fields: dict[str, Any] = {"cause": cause} if cause else {}
+        if why is not None and cause == str(why):  # not a hang's own summary
+            fields["cause_kind"] = why.kind
         alerts.notify(run_dir.root, cfg["alerts"], event, job_id="", attempt=attempt, nodes=socket.gethostname(),
                       exit_code=rc, next_step=policy.next_step(event, by="local", run=run_dir.name), **fields)
     return rc

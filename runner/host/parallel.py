@@ -280,7 +280,7 @@ def _write_run(p: Plan) -> bool:
     return first
 
 
-def _alert(p: Plan, event: str, log_path: Path, **fields: Any) -> None:
+def _alert(p: Plan, event: ledger.AlertEvent, log_path: Path, **fields: Any) -> None:
     from runner import alerts
 
     tail = log_path.read_text(errors="replace").splitlines()[-20:] if log_path.exists() else []

@@ -9,9 +9,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from runner.ledger import ALERT_EVENTS
+
 # The run events an alert can be sent for (alerts.events picks; runner.alerts renders them).
-EVENTS: tuple[str, ...] = ("failed", "preempted", "requeued", "timeout", "resubmitted", "gave_up", "completed",
-                           "cancelled", "preflight_failed", "hang", "nan", "straggler")
+EVENTS: tuple[str, ...] = ALERT_EVENTS
 
 REQUIRED = object()
 # Characters allowed in values that land in ``#SBATCH`` lines (sbatch parses those lines itself, so shell
