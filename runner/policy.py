@@ -126,7 +126,7 @@ class Limits:
     def of(cls, cfg: RunConfig) -> Limits:
         return cls(requeue=bool(cfg["slurm"]["requeue"]), signal_lead_s=cfg["slurm"]["signal_lead_s"],
                    max_restarts=cfg["resume"]["max_restarts"], backoff_s=float(cfg["resume"]["backoff_s"]),
-                   successor=bool(cfg["resume"].get("successor", False)))  # runs submitted before the key: off
+                   successor=cfg["resume"]["successor"])
 
 
 # What a decision tells its caller to do (see ``Decision``).

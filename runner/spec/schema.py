@@ -5,6 +5,7 @@ Validation (``runner.spec.validate``) walks it; the typed view (``runner.spec.ty
 
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -249,3 +250,19 @@ SCHEMA_PROGRAM: dict[str, Any] = {**{k: v for k, v in SCHEMA.items() if k not in
                                   "trainer": PROGRAM_TRAINER, "dataloader": {"*": True},
                                   # ESPnet3 runs its own Dask from it: its other keys (allow_overwrite_lock) are its
                                   "parallel": {**SCHEMA["parallel"], "*": True}}
+
+
+def fill_defaults(data: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
+    """Give ``data`` (a validated config) every key of ``schema`` it lacks, at its default, in place; a required
+    key stays missing. A run directory's config written before a key existed reads as if it had been written
+    today, so no reader carries a default of its own."""
+    for key, spec in schema.items():
+        if key == "*":
+            continue
+        if isinstance(spec, dict):
+            section = data.setdefault(key, {})
+            if isinstance(section, dict):
+                fill_defaults(section, spec)
+        elif isinstance(spec, F) and spec.default is not REQUIRED and key not in data:
+            data[key] = copy.deepcopy(spec.default)
+    return data
