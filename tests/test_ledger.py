@@ -66,3 +66,24 @@ def test_a_line_of_a_name_runner_no_longer_writes_is_still_read(tmp_path: Path) 
     run = RunDir(tmp_path)
     run.ledger.write_text(json.dumps({"time": 1.0, "event": "something_old", "x": 1}) + "\n")
     assert [e["event"] for e in run.events()] == ["something_old"]
+
+
+def read_names() -> set[str]:
+    """The event names runner's code compares a ledger line's ``event`` with (``e["event"] == "exit"``, ``in (...)``),
+    and the names of goodput's and policy's own tuples of them."""
+    found: set[str] = set()
+    for path in (REPO / "runner").rglob("*.py"):
+        text = path.read_text()
+        for group in re.findall(r'\["event"\] (?:==|!=|in|not in) (\([^)]*\)|"\w+")', text):
+            found |= set(re.findall(r'"(\w+)"', group))
+        found |= set(re.findall(r'"(\w+)" in _names\(', text))
+    return found
+
+
+def test_every_name_a_reader_asks_for_is_a_ledger_event() -> None:
+    """A typo in a reader (``e["event"] == "exited"``) would never match: a decision that silently never happens."""
+    from runner import goodput
+
+    names = read_names() | set(goodput.OPENERS)
+    assert {"exit", "start", "straggler_alert", "gave_up"} <= names
+    assert names <= set(ledger.EVENT_NAMES), names - set(ledger.EVENT_NAMES)
