@@ -355,7 +355,8 @@ def next_step(outcome: str, decision: Decision | None = None, attempt: int = 1, 
         return f"resubmitted as job {job_id}; it resumes from the newest complete checkpoint ({decision.reason})"
     if decision.action == "give_up" and by == "cron":
         return f"no further submissions: {decision.reason}"
-    limits = limits or Limits()
+    if limits is None:  # the exit hook's decisions are told against the run's own limits, never a default
+        raise TypeError("next_step: the exit hook's decision needs the run's limits")
     if decision.action == "hand_over":
         return f"{decision.reason}, as soon as this job ends; it resumes from the newest complete checkpoint"
     if decision.action == "requeue":
