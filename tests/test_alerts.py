@@ -728,3 +728,5 @@ def test_a_cause_is_data_and_its_sentence_is_rendered_from_it() -> None:
     assert str(causes.Cause("rank", "killed by SIGKILL", rank=3, node="n2")) == "rank 3 on n2: killed by SIGKILL"
     body = alerts.slack_payload(make_alert(cause=str(oom), cause_kind=oom.kind))
     assert ":boom: OOM: RuntimeError" in json.dumps(body)
+    plain = alerts.json_payload(make_alert(cause=str(oom), cause_kind=oom.kind))
+    assert plain["cause"] == str(oom) and plain["cause_kind"] == "oom" and plain["cause_title"] == "out of memory"

@@ -222,12 +222,15 @@ def slack_payload(alert: Alert, *, secrets: Iterable[str] = ()) -> dict[str, Any
 
 
 def json_payload(alert: Alert, *, secrets: Iterable[str] = ()) -> dict[str, Any]:
-    """Every Alert field as plain JSON, plus `source`, `title` and a one-line `text`."""
+    """Every Alert field as plain JSON, plus `source`, `title` and a one-line `text`; with a cause of a known kind,
+    its `cause_title` and `cause_step` (what to do about it)."""
     a = redacted_alert(alert, secrets)
     body: dict[str, Any] = {"source": "runner", "title": f"{a.run} {_TITLES[a.event]}", "text": _summary(a)}
     body.update(dataclasses.asdict(a))
     if not body["next_step"]:
         body["next_step"] = next_step(a.event)
+    if a.cause_kind is not None:
+        body.update(cause_title=CAUSE_TITLES[a.cause_kind], cause_step=cause_step(a.cause_kind))
     return body
 
 

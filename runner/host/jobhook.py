@@ -188,7 +188,7 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
     step = policy.next_step(event, decision, attempt, limits, requeued, [*rec.events, this_exit])
     common = {"job_id": job or "", "attempt": attempt, "nodes": os.environ.get("SLURM_JOB_NODELIST", ""),
               "exit_code": rc, "next_step": step}
-    if own_cause:
+    if own_cause and str(own_cause):  # a hang's report with an empty summary says nothing: guessed from the logs
         common.update(cause=str(own_cause), cause_kind=own_cause.kind)
     if failed_rank is not None:  # its log, not a peer's echo of its end
         path = run.rank_log(failed_rank, int(os.environ.get(ATTEMPT_ENV, "0") or 0) or None)
