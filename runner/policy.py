@@ -305,7 +305,7 @@ NEXT_STEPS: dict[str, str] = {  # keyed by every AlertEvent (tests/test_alerts.p
 # What to do about a cause (``runner.alerts.causes.Cause``), shown under it in an alert.
 CAUSE_STEPS: dict[str, str] = {  # keyed by every CauseKind (tests/test_alerts.py)
     "oom": "Lower the memory a rank needs (batch size, precision, activation checkpointing), then `runner resume`.",
-    "node_failure": "Nothing by hand: the job is requeued or resubmitted, and the node is remembered as bad.",
+    "node_failure": "Nothing by hand: the job is requeued or resubmitted, without the nodes Slurm reports unhealthy.",
     "time_limit": "Nothing by hand: it resumes from the newest complete checkpoint; raise slurm.time if each attempt "
                   "ends here.",
     "preemption": "Nothing by hand: it resumes from the newest complete checkpoint when it runs again.",
