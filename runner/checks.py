@@ -30,9 +30,6 @@ from runner.spec.typed import RunConfig
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 _ORDER = {PASS: 0, WARN: 1, FAIL: 2}
-# A node's bandwidth against the median node's (preflight.fail_below_median / warn_below_median): a job runs at
-# the pace of its slowest link, so half the median fails by default and up to 0.8 of it warns.
-FAIL_BELOW_MEDIAN, WARN_BELOW_MEDIAN = 0.5, 0.8
 
 
 @dataclass
@@ -94,12 +91,13 @@ def ring_pairs(n: int) -> list[tuple[int, int]]:
 
 
 def evaluate_bandwidth(job: dict[str, Any] | None, pairs: list[dict[str, Any]], min_busbw: float | None,
-                       fail_below: float = FAIL_BELOW_MEDIAN, warn_below: float = WARN_BELOW_MEDIAN) -> list[Check]:
+                       fail_below: float, warn_below: float) -> list[Check]:
     """Checks for the whole job and for each node; a node is named when its pairs are slow.
 
     A node fails below ``min_busbw`` (GB/s, when set) or below ``fail_below`` x the median node (the job would
     run at that node's pace: a 100x slower node must never let training start); it warns from ``fail_below``
-    to ``warn_below`` x the median.
+    to ``warn_below`` x the median. The thresholds are the run's (``preflight.fail_below_median`` and
+    ``warn_below_median``), never a default of this module: a restart judges as its first attempt did.
     """
     checks = []
     thr = f">= {min_busbw:g} GB/s" if min_busbw is not None else ""

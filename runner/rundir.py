@@ -15,13 +15,14 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from runner import redaction
 from runner.errors import RunnerError
+from runner.ledger import EventName, Ledger, normalize
 
 log = logging.getLogger(__name__)
 
@@ -235,8 +236,9 @@ def read_json(path: Path, default: Any = None, shape: type | tuple[type, ...] = 
 
 
 @dataclass(frozen=True)
-class RunDir:
-    """Names every file of one run; see the README's "Run directory" section."""
+class RunDir(Ledger):
+    """Names every file of one run; see the README's "Run directory" section. Its ledger is written through
+    ``record`` (``runner.ledger.Ledger``: the event names and the fields of each) and read through ``events``."""
 
     root: Path
 
@@ -464,8 +466,7 @@ class RunDir:
             return None
         return text or None
 
-    def record(self, event: str, **fields: Any) -> None:
-        """Append one event to the run's ledger (one JSON object per line, fsynced)."""
+    def _append(self, event: EventName, fields: Mapping[str, Any]) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         line = redaction.scrub(json.dumps({"time": round(time.time(), 3), "event": event, **fields}, sort_keys=True))
         # Never blocks: a FIFO in the ledger's place fails at once (ENXIO without a reader) or is refused below.
@@ -484,6 +485,8 @@ class RunDir:
             raise why from None
 
     def events(self) -> list[dict[str, Any]]:
+        """The ledger, oldest first, each line in today's shape (``runner.ledger.normalize``); a torn or foreign
+        line is skipped, never fatal."""
         try:
             lines = read_regular(self.ledger, MAX_LEDGER).decode("utf-8", errors="replace").splitlines()
         except FileNotFoundError:
@@ -499,7 +502,7 @@ class RunDir:
                 continue  # a torn last line after a crash is skipped, never fatal
             if isinstance(event, dict) and isinstance(event.get("event"), str) and \
                     isinstance(event.get("time"), (int, float)):
-                out.append(event)  # anything else is not ours (a hand edit): skipped, never fatal
+                out.append(normalize(event))  # anything else is not ours (a hand edit): skipped, never fatal
         return out
 
 

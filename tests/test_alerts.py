@@ -670,3 +670,66 @@ def test_validation_reports_every_problem_of_the_alerts_section(tmp_path):
 def test_import_is_light():
     code = "import sys, runner.alerts; bad = {'requests', 'torch', 'lightning'} & set(sys.modules); assert not bad, bad"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+# ------------------------------------------------------------------------------- alerts that cannot vanish
+
+
+def test_every_alert_event_and_cause_kind_has_a_title_an_emoji_and_a_next_step() -> None:
+    """A table over the Literals: an event or cause kind added without its words fails here, not in a job."""
+    import typing
+
+    from runner import ledger, policy
+    from runner.alerts import payload
+
+    events = set(typing.get_args(ledger.AlertEvent))
+    assert events == set(EVENTS)
+    for table in (payload._TITLES, payload._EMOJI, policy.NEXT_STEPS):
+        assert set(table) == events and all(table.values())
+    kinds = set(typing.get_args(ledger.CauseKind))
+    for table in (payload.CAUSE_TITLES, payload.CAUSE_EMOJI, policy.CAUSE_STEPS):
+        assert set(table) == kinds and all(table.values())
+    for event in events:  # every event renders, with a Next: line of its own
+        for kind in ("slack", "json"):
+            body = payload.render_payload(make_alert(event, next_step=""), kind)
+            assert policy.NEXT_STEPS[event] in json.dumps(body)
+
+
+@pytest.mark.parametrize("kind", ["slack", "json"])
+def test_an_alert_whose_payload_cannot_be_built_still_goes_out_plain_and_the_error_is_logged(
+        webhook, cfg, tmp_path, logged, monkeypatch, kind):  # type: ignore[no-untyped-def]
+    from runner.alerts import payload
+
+    def broken(alert: Alert, *, secrets: object = ()) -> dict[str, Any]:
+        raise KeyError("no-such-title")
+
+    monkeypatch.setattr(payload, "slack_payload", broken)
+    monkeypatch.setattr(payload, "json_payload", broken)
+    cfg["kind"] = kind
+    assert send(make_alert(cause="OOM: CUDA out of memory"), cfg, tmp_path) is True
+    body = webhook.wait_for(1)[0]
+    assert "llama-7b failed (job 4242, attempt 2): OOM: CUDA out of memory" in body["text"]
+    assert "could not build the full alert: KeyError" in body["text"]
+    assert any("could not be built (KeyError" in line for line in logged)
+    assert alerts.enqueue(tmp_path, cfg, [make_alert("hang")]) == 1  # queued plain as well, never dropped
+
+
+def test_a_cause_is_data_and_its_sentence_is_rendered_from_it() -> None:
+    from runner.alerts import causes
+
+    oom = causes.find_cause(["RuntimeError: CUDA out of memory. Tried to allocate 2 GiB"], 1, None)
+    assert oom.kind == "oom" and str(oom) == "OOM: RuntimeError: CUDA out of memory. Tried to allocate 2 GiB"
+    assert causes.find_cause([], None, "NODE_FAIL").kind == "node_failure"
+    crash = {"type": "RuntimeError", "message": "boom", "frame": "train.py:3 in step", "step": 7}
+    assert str(causes.crashed(crash)) == "Python exception: RuntimeError: boom at train.py:3 in step, step 7"
+    assert str(causes.crashed(crash, "crash_loop")) == \
+        "crash_loop: RuntimeError: boom at train.py:3 in step, step 7, in two attempts in a row"
+    assert str(causes.Cause("bad_nodes", "eth9 not found", node="n1, n2")) == \
+        "node: n1, n2 failed the preflight: eth9 not found"
+    assert str(causes.Cause("nan", "loss", step=12)) == \
+        "nan: non-finite loss at step 12; training stopped before any checkpoint of it"
+    assert str(causes.Cause("rank", "killed by SIGKILL", rank=3, node="n2")) == "rank 3 on n2: killed by SIGKILL"
+    body = alerts.slack_payload(make_alert(cause=str(oom), cause_kind=oom.kind))
+    assert ":boom: OOM: RuntimeError" in json.dumps(body)
+    plain = alerts.json_payload(make_alert(cause=str(oom), cause_kind=oom.kind))
+    assert plain["cause"] == str(oom) and plain["cause_kind"] == "oom" and plain["cause_title"] == "out of memory"

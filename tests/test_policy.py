@@ -556,9 +556,13 @@ def test_cron_does_what_the_failed_alert_says() -> None:
 
 
 def test_limits_from_a_config() -> None:
-    cfg = {"slurm": {"requeue": False, "signal_lead_s": 300}, "resume": {"max_restarts": 5, "backoff_s": 30}}
-    assert Limits.of(cfg) == Limits(requeue=False, signal_lead_s=300, max_restarts=5, backoff_s=30.0)
-    cfg["resume"]["successor"] = True  # a run submitted before resume.successor existed has it off (above)
+    from runner.spec.schema import SCHEMA, fill_defaults
+
+    cfg: Any = {"slurm": {"requeue": False, "signal_lead_s": 300}, "resume": {"max_restarts": 5, "backoff_s": 30}}
+    # a run submitted before resume.successor existed has it off: read_resolved fills the schema's defaults
+    assert Limits.of(fill_defaults(cfg, SCHEMA)) == Limits(requeue=False, signal_lead_s=300, max_restarts=5,
+                                                           backoff_s=30.0)
+    cfg["resume"]["successor"] = True
     assert Limits.of(cfg).successor
 
 

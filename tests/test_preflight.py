@@ -107,6 +107,14 @@ def test_ib_write_bw_parser_gbits_and_mbytes() -> None:
 # ------------------------------------------------------------------------------------------ bandwidth verdicts
 
 
+MEDIAN = (0.5, 0.8)  # preflight.fail_below_median and warn_below_median: the schema's defaults
+
+
+def test_the_median_thresholds_here_are_the_schemas_defaults(tmp_path: Path) -> None:
+    pf = spec.load(QUICKSTART, [f"run_root={tmp_path}"]).data["preflight"]
+    assert (pf["fail_below_median"], pf["warn_below_median"]) == MEDIAN
+
+
 def pair(a: str, b: str, bw: float) -> dict[str, object]:
     return {"nodes": [a, b], "busbw_gbps": bw, "algbw_gbps": bw, "size_bytes": 16 << 20, "ranks": 2}
 
@@ -119,7 +127,7 @@ def test_ring_pairs_put_every_node_in_two_pairs() -> None:
 
 def test_slow_node_is_named_with_its_bandwidth() -> None:
     pairs = [pair("n1", "n2", 1.2), pair("n2", "n3", 0.05), pair("n3", "n1", 0.051)]
-    results = checks.evaluate_bandwidth(None, pairs, min_busbw=0.5)
+    results = checks.evaluate_bandwidth(None, pairs, 0.5, *MEDIAN)
     bad = [c for c in results if c.status == FAIL]
     assert [c.node for c in bad] == ["n3"]
     assert bad[0].value == "0.051 GB/s" and bad[0].threshold == ">= 0.5 GB/s"
@@ -129,7 +137,7 @@ def test_slow_node_is_named_with_its_bandwidth() -> None:
 def test_without_threshold_a_node_far_below_the_median_fails() -> None:
     """A node at a tenth of the median (the issue saw 1%) must stop the job, not warn and train."""
     pairs = [pair("n1", "n2", 1.2), pair("n2", "n3", 1.1), pair("n3", "n4", 0.1), pair("n4", "n1", 0.1)]
-    results = checks.evaluate_bandwidth(None, pairs, min_busbw=None)
+    results = checks.evaluate_bandwidth(None, pairs, None, *MEDIAN)
     assert {c.node: c.status for c in results} == {"n1": PASS, "n2": PASS, "n3": PASS, "n4": FAIL}
     n4 = next(c for c in results if c.node == "n4")
     assert n4.threshold == ">= 0.5 x median 1.150 GB/s" and n4.hint
@@ -145,20 +153,21 @@ BANDS = [  # n4's bandwidth with the others at 1.0 GB/s -> its status (default t
 @pytest.mark.parametrize("bw, ratios, status", BANDS)
 def test_bands_around_the_median(bw: float, ratios: tuple[float, float] | None, status: str) -> None:
     pairs = [pair("n1", "n2", 1.0), pair("n2", "n3", 1.0), pair("n3", "n4", bw), pair("n4", "n1", bw)]
-    results = checks.evaluate_bandwidth(None, pairs, None, *(ratios or ()))
+    results = checks.evaluate_bandwidth(None, pairs, None, *(ratios or MEDIAN))
     assert {c.node: c.status for c in results} == {"n1": PASS, "n2": PASS, "n3": PASS, "n4": status}
 
 
 def test_a_probe_cut_short_names_the_slow_link() -> None:
     slow = {**pair("n2", "n3", 0.005), "size_bytes": 1 << 20, "cut": True}
-    results = checks.evaluate_bandwidth(None, [pair("n1", "n2", 1.0), slow, {**slow, "nodes": ["n3", "n1"]}], None)
+    results = checks.evaluate_bandwidth(None, [pair("n1", "n2", 1.0), slow, {**slow, "nodes": ["n3", "n1"]}], None,
+                                       *MEDIAN)
     n3 = next(c for c in results if c.node == "n3")
     assert n3.status == FAIL and "probe stopped early on a slow link: n2-n3 after 1 MiB, n3-n1 after 1 MiB" in n3.note
 
 
 def test_two_nodes_name_both_ends_of_the_link() -> None:
     job = {"busbw_gbps": 0.04, "algbw_gbps": 0.027, "size_bytes": 16 << 20, "ranks": 4}
-    results = checks.evaluate_bandwidth(job, [pair("n1", "n2", 0.05)], min_busbw=0.5)
+    results = checks.evaluate_bandwidth(job, [pair("n1", "n2", 0.05)], 0.5, *MEDIAN)
     assert [(c.name, c.node, c.status) for c in results] == [
         ("busbw", "job", FAIL), ("busbw node", "n1", FAIL), ("busbw node", "n2", FAIL)]
     assert "cannot be pinned on one end" in results[1].note
@@ -493,3 +502,45 @@ def test_other_ranks_hear_a_failure_only_once_its_report_is_written(tmp_path: Pa
     if status == FAIL:
         assert heard[0][1], "the other ranks heard the failure before its report was written"
     assert json.loads(rd.preflight.read_text())["status"] == status
+
+
+def test_a_restart_that_reuses_the_measurements_keeps_the_runs_median_thresholds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run that passed with ``preflight.fail_below_median: 0.3`` must pass its restart on the same nodes too: the
+    reused bandwidth is judged by the run's thresholds, never by checks.py's defaults (0.5 / 0.8)."""
+    import torch.distributed as dist
+
+    cfg = spec.load(QUICKSTART, [f"run_root={tmp_path}", "preflight.fail_below_median=0.3",
+                                 "preflight.warn_below_median=0.4"]).data
+    # n3's best pair is 0.45 x the median: a pass at 0.3 / 0.4, a failure at the defaults 0.5 / 0.8.
+    pairs = [pair("n1", "n2", 1.0), pair("n2", "n3", 0.45), pair("n3", "n1", 0.45)]
+    prev = {"status": PASS, "time": time.time() - 5, "backend": "gloo", "tools": [],
+            "bandwidth": {"job": None, "pairs": pairs}}
+    facts = [{"rank": r, "host": f"n{r + 1}", "node": r, "local": 0} for r in range(3)]
+    judged: list[checks.Check] = []
+
+    class Store:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        def set(self, key: str, value: object) -> None:
+            pass
+
+        def wait(self, keys: object, timeout: object = None) -> None:
+            pass
+
+    def finish(job: object, found: list[checks.Check], extra: object, store: object = None) -> str:
+        judged.extend(found)
+        return checks.report_status(found, False)
+
+    monkeypatch.setattr(dist, "TCPStore", Store)
+    monkeypatch.setattr(preflight, "_local_facts", lambda job: {"checks": [], "versions": None})
+    monkeypatch.setattr(preflight, "_collect", lambda job, store: (facts, []))
+    monkeypatch.setattr(preflight, "_evaluate_local", lambda job, found: [])
+    monkeypatch.setattr(preflight, "_fingerprint", lambda job, found, hosts: {"nodes": hosts})
+    monkeypatch.setattr(preflight, "_reusable", lambda job, fingerprint: prev)
+    monkeypatch.setattr(preflight, "_finish", finish)
+    monkeypatch.setattr(preflight, "_hand_over", lambda job, status: None)
+    job = preflight._Job(RunDir(tmp_path / "run"), cfg, 0, 0, 0, 3, None, train=False)  # type: ignore[arg-type]
+    assert preflight.run_checks(job) == PASS, [c for c in judged if c.status != PASS]
+    assert {c.node: c.status for c in judged if c.name == "busbw node"} == {"n1": PASS, "n2": PASS, "n3": PASS}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import types
 import typing
 from typing import Any, get_args, get_origin, get_type_hints
@@ -86,3 +87,20 @@ def test_read_resolved_reads_a_run_from_before_program_mode(tmp_path: Any) -> No
     (tmp_path / "config.yaml").write_text(dump(old))
     v = typed.read_resolved(tmp_path / "config.yaml")
     assert v["command"] is None and v["program"] == {} and v["trainer"] == cfg.data["trainer"]
+
+
+def test_read_resolved_fills_every_key_a_run_from_before_it_lacks_with_the_schemas_default(tmp_path: Any) -> None:
+    """No reader carries a default of its own for an old run: resume.successor, watchdog.first_step_s, fsdp and
+    preflight.reuse_s did not exist once, and a run of then reads with today's defaults."""
+    from runner import policy
+
+    cfg = load("conf/quickstart.yaml")
+    old = json.loads(json.dumps(cfg.data))
+    del old["resume"]["successor"], old["watchdog"]["first_step_s"], old["fsdp"], old["preflight"]["reuse_s"]
+    del old["command"], old["program"]
+    (tmp_path / "config.yaml").write_text(dump(old))
+    v = typed.read_resolved(tmp_path / "config.yaml")
+    assert v["resume"]["successor"] is False and v["watchdog"]["first_step_s"] == 900
+    assert v["fsdp"] == {"blocks": []} and v["preflight"]["reuse_s"] == 3600 and v["command"] is None
+    assert v == cfg.data
+    assert policy.Limits.of(v).successor is False

@@ -13,9 +13,11 @@ import signal
 import stat
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from runner.alerts.payload import NEXT_STEPS, Alert, clip
+from runner.alerts.payload import Alert, clip
+from runner.ledger import AlertEvent, CauseKind
+from runner.policy import next_step
 from runner.rundir import EXIT_NONFINITE, EXIT_REQUEUE, EXIT_SUPERSEDED, EXIT_TERMINATED, RunDir
 
 TAIL_LINES = 30  # log lines shown in an alert
@@ -39,14 +41,57 @@ _PROGRAM_RE = re.compile(r"runner\.job\.\w+: program: (.*)")  # program mode: th
 _ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
 
 # Lower is a stronger sign that this rank's log shows the root cause.
-_CAUSE_RANK = {
-    "OOM": 0,
-    "node failure": 1,
-    "time limit": 2,
+_CAUSE_RANK: dict[CauseKind, int] = {
+    "oom": 0,
+    "node_failure": 1,
+    "time_limit": 2,
     "preemption": 3,
-    "NCCL timeout": 4,
-    "Python exception": 5,
+    "nccl_timeout": 4,
+    "exception": 5,
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class Cause:
+    """Why an attempt ended, as data: what kind of end, and where (rank, node, step) with its evidence (``detail``:
+    a log line, an exception, a report's summary). ``str()`` is the sentence alerts, status and the ledger show;
+    nothing reads the sentence back."""
+
+    kind: CauseKind
+    detail: str = ""
+    rank: int | None = None
+    node: str = ""  # one node, or several joined by ", " (the preflight's failing nodes)
+    step: int | None = None
+
+    def __str__(self) -> str:
+        at = "?" if self.step is None else self.step
+        if self.kind == "exception":
+            return f"Python exception: {self.detail}" + ("" if self.step is None else f", step {self.step}")
+        if self.kind == "crash_loop":
+            return f"crash_loop: {self.detail}, step {at}, in two attempts in a row"
+        if self.kind == "bad_nodes":
+            return f"node: {self.node} failed the preflight: {self.detail}"
+        if self.kind == "nan":
+            return f"nan: non-finite {self.detail} at step {at}; training stopped before any checkpoint of it"
+        if self.kind == "rank":
+            return f"rank {self.rank}{f' on {self.node}' if self.node else ''}: {self.detail}"
+        if self.kind in ("hang", "hook"):
+            return self.detail
+        if self.kind == "unknown":
+            return "unknown"
+        return f"{_LABELS[self.kind]}: {self.detail}"
+
+
+# The sentence's head for the kinds found in a log (the words runner's alerts always used).
+_LABELS: dict[CauseKind, str] = {"oom": "OOM", "node_failure": "node failure", "time_limit": "time limit",
+                                 "preemption": "preemption", "nccl_timeout": "NCCL timeout", "program": "program"}
+
+
+def crashed(crash: Mapping[str, Any], kind: Literal["exception", "crash_loop"] = "exception") -> Cause:
+    """The cause a launcher's crash record names (``crash-XXXXX.json``): an exception raised at a frame, a step."""
+    step = crash.get("step")
+    return Cause(kind, f"{crash.get('type')}: {crash.get('message')} at {crash.get('frame')}",
+                 step=step if isinstance(step, int) else None)
 
 
 def _first_match(pattern: re.Pattern[str], lines: list[str]) -> str | None:
@@ -74,11 +119,9 @@ def _exception_line(lines: list[str]) -> str | None:
     return None
 
 
-def guess_cause(log_lines: list[str], exit_code: int | None, slurm_state: str | None) -> str:
-    """Name the most likely root cause, as `"<kind>: <evidence>"` or `"unknown"`.
-
-    Kinds: OOM, node failure, time limit, preemption, NCCL timeout, program (a command that cannot train), Python
-    exception.
+def find_cause(log_lines: list[str], exit_code: int | None, slurm_state: str | None) -> Cause:
+    """The most likely root cause: OOM, node failure, time limit, preemption, NCCL timeout, program (a command that
+    cannot train), Python exception, or unknown.
 
     Why this order: an OOM on one rank makes the other ranks fail in NCCL, and a dead node or a
     Slurm kill (time limit, preemption) does the same, so those beat NCCL errors in the logs; a
@@ -90,26 +133,31 @@ def guess_cause(log_lines: list[str], exit_code: int | None, slurm_state: str | 
 
     oom = _first_match(_OOM_RE, lines)
     if oom or state == "OUT_OF_MEMORY":
-        return f"OOM: {oom or 'Slurm state OUT_OF_MEMORY'}"
+        return Cause("oom", oom or "Slurm state OUT_OF_MEMORY")
     node = _first_match(_NODE_FAIL_RE, lines)
     if state == "NODE_FAIL" or node:
-        return f"node failure: {node or 'Slurm state NODE_FAIL'}"
+        return Cause("node_failure", node or "Slurm state NODE_FAIL")
     limit = _first_match(_TIME_LIMIT_RE, lines)
     if state == "TIMEOUT" or limit:
-        return f"time limit: {limit or 'Slurm state TIMEOUT'}"
+        return Cause("time_limit", limit or "Slurm state TIMEOUT")
     preempted = _first_match(_PREEMPTED_RE, lines)
     if state == "PREEMPTED" or preempted:
-        return f"preemption: {preempted or 'Slurm state PREEMPTED'}"
+        return Cause("preemption", preempted or "Slurm state PREEMPTED")
     nccl = _first_match(_NCCL_RE, lines)
     if nccl:
-        return f"NCCL timeout: {nccl}"
+        return Cause("nccl_timeout", nccl)
     program = next((m.group(1) for line in lines if (m := _PROGRAM_RE.search(line))), None)
     if program:
-        return f"program: {clip(program, _DETAIL_LIMIT)}"
+        return Cause("program", clip(program, _DETAIL_LIMIT))
     exc = _exception_line(lines)
     if exc:
-        return f"Python exception: {exc}"
-    return "unknown"
+        return Cause("exception", exc)
+    return Cause("unknown")
+
+
+def guess_cause(log_lines: list[str], exit_code: int | None, slurm_state: str | None) -> str:
+    """``find_cause``'s sentence, as `"<kind>: <evidence>"` or `"unknown"`."""
+    return str(find_cause(log_lines, exit_code, slurm_state))
 
 
 def read_tail(path: Path) -> list[str]:
@@ -137,7 +185,7 @@ def read_tail(path: Path) -> list[str]:
 
 def _trouble(lines: list[str]) -> int:
     """How strongly a log shows the root cause (lower is stronger); a log without trouble scores last."""
-    kind = guess_cause(lines, None, None).split(":", 1)[0]
+    kind = find_cause(lines, None, None).kind
     if kind in _CAUSE_RANK:
         return _CAUSE_RANK[kind]
     if any("Traceback" in ln or re.search(r"\berror\b", ln, re.I) for ln in lines):
@@ -158,14 +206,14 @@ def pick_rank_log(rd: RunDir) -> tuple[Path | None, list[str]]:
     return logs[best], tails[best]
 
 
-def alert_from_run(run_dir: str | os.PathLike[str], event: str, **fields: Any) -> Alert:
+def alert_from_run(run_dir: str | os.PathLike[str], event: AlertEvent, **fields: Any) -> Alert:
     """An Alert for a run directory, its log tail and cause taken from the latest attempt's rank logs.
 
     The log with the strongest sign of failure (OOM > node failure > time limit > preemption > NCCL >
     traceback/error) wins, lowest rank on ties, rank 0 when none shows an error. Any Alert field may be
     given in `fields` and wins over what is found; `job_id` and `nodes` default to $SLURM_JOB_ID and
-    $SLURM_JOB_NODELIST, `run` to the directory name, `cause` to guess_cause() (None for "completed"),
-    `next_step` to NEXT_STEPS[event]. extra["log"] names the log used.
+    $SLURM_JOB_NODELIST, `run` to the directory name, `cause` to find_cause()'s sentence and `cause_kind` to its
+    kind (None for "completed"), `next_step` to ``policy.next_step(event)``. extra["log"] names the log used.
     """
     names = {f.name for f in dataclasses.fields(Alert)} - {"event", "run_dir"}
     unknown = sorted(set(fields) - names)
@@ -178,11 +226,12 @@ def alert_from_run(run_dir: str | os.PathLike[str], event: str, **fields: Any) -
         "job_id": os.environ.get("SLURM_JOB_ID", ""),
         "nodes": os.environ.get("SLURM_JOB_NODELIST", ""),
         "log_tail": lines[-TAIL_LINES:],
-        "next_step": NEXT_STEPS.get(event, ""),
+        "next_step": next_step(event),
     }
     values.update(fields)
     if "cause" not in fields and event != "completed":
-        values["cause"] = guess_cause(lines, values.get("exit_code"), values.get("slurm_state"))
+        found = find_cause(lines, values.get("exit_code"), values.get("slurm_state"))
+        values.update(cause=str(found), cause_kind=found.kind)
     extra = dict(values.get("extra") or {})
     if log_path is not None:
         extra.setdefault("log", str(log_path.relative_to(root)))
@@ -243,8 +292,12 @@ class Failure:
     exit_code: int  # the attempt's exit code for it (a signal N as 128 + N, as a shell reports it)
 
     @property
+    def why(self) -> Cause:
+        return Cause("rank", self.how, rank=self.rank, node=self.node)
+
+    @property
     def cause(self) -> str:
-        return f"rank {self.rank}{f' on {self.node}' if self.node else ''}: {self.how}"
+        return str(self.why)
 
 
 def _echo(crash: Mapping[str, Any] | None) -> bool:
@@ -261,8 +314,7 @@ def _how(e: RankExit, crash: Mapping[str, Any] | None) -> str:
     if _killed(e):
         return f"killed (srun: {e.words})" if e.words else f"killed by {_signame(-e.code)}"
     if crash and not _echo(crash):
-        return f"Python exception: {crash.get('type')}: {crash.get('message')} at {crash.get('frame')}, " \
-               f"step {crash.get('step')}"
+        return str(crashed(crash))
     if crash:
         return f"{e.how} after {crash.get('type')}: {clip(str(crash.get('message')), 120)}"
     return e.how

@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from runner.alerts.causes import alert_from_run
-from runner.alerts.payload import Alert, redact, redact_obj, redacted_alert, render_payload
+from runner.alerts.payload import Alert, fallback_payload, redact, redact_obj, redacted_alert, render_payload
 from runner.errors import RunnerError
+from runner.ledger import AlertEvent
 from runner.rundir import Unreadable, locked, read_regular
 
 log = logging.getLogger(__name__)
@@ -435,6 +436,18 @@ def flush_many(queues: Iterable[tuple[str | os.PathLike[str], Mapping[str, Any]]
 # ------------------------------------------------------------------------------------------ send
 
 
+def _payload(alert: Alert, kind: str, secrets: Iterable[str] = ()) -> dict[str, Any]:
+    """The body of ``alert`` for a webhook of ``kind``; when it cannot be built, a plain one that says so (and the
+    error in the log, with its traceback): an alert is never dropped for a bug in how it looks."""
+    secrets = list(secrets)
+    try:
+        return render_payload(alert, kind, secrets=secrets)
+    except Exception as exc:
+        log.error("%s", redact(f"the {alert.event} alert for {alert.run} could not be built ({type(exc).__name__}: "
+                               f"{exc}); a plain one goes instead", secrets), exc_info=True)
+        return fallback_payload(alert, kind, exc, secrets=secrets)
+
+
 def send(
     alert: Alert,
     section: Mapping[str, Any],
@@ -468,7 +481,7 @@ def send(
                 return False
             if _DEFERRED:  # the caller's sender sends it, after its pass
                 safe = redacted_alert(alert, [url])
-                _enqueue(run_dir, safe, section["kind"], render_payload(safe, section["kind"]))
+                _enqueue(run_dir, safe, section["kind"], _payload(safe, section["kind"]))
                 return False
             problem = ""
             if _queued(run_dir):
@@ -476,18 +489,18 @@ def send(
                 if left:
                     problem = f"{left} older alerts still queued: {why}"
             if not problem:
-                outcome = _deliver(url, render_payload(alert, section["kind"], secrets=[url]), section, deadline)
+                outcome = _deliver(url, _payload(alert, section["kind"], [url]), section, deadline)
                 if outcome.ok:
                     _record_sent(run_dir, dataclasses.asdict(alert), [url])
                     return True
                 problem = f"{outcome.problem} after {outcome.attempts} tries"
         secrets = [url] if url else []
         safe = redacted_alert(alert, secrets)
-        path = _enqueue(run_dir, safe, section["kind"], render_payload(safe, section["kind"]))
+        path = _enqueue(run_dir, safe, section["kind"], _payload(safe, section["kind"]))
         _warn(f"{alert.event} alert for {alert.run} not delivered ({problem}); queued as {path}", secrets)
     except Exception as exc:  # a failing alert never fails the job
         with contextlib.suppress(Exception):
-            _warn(f"{alert.event} alert for {alert.run} lost: {type(exc).__name__}", [url] if url else [])
+            _warn(f"{alert.event} alert for {alert.run} lost: {type(exc).__name__}: {exc}", [url] if url else [])
     return False
 
 
@@ -513,7 +526,7 @@ def enqueue(run_dir: str | os.PathLike[str], section: Mapping[str, Any], alerts:
         for alert in alerts:
             if alert.event in section["events"]:
                 safe = redacted_alert(alert, secrets)
-                _enqueue(run_dir, safe, section["kind"], render_payload(safe, section["kind"]))
+                _enqueue(run_dir, safe, section["kind"], _payload(safe, section["kind"]))
                 n += 1
     except Exception as exc:  # a failing alert never fails the job
         with contextlib.suppress(Exception):
@@ -521,7 +534,7 @@ def enqueue(run_dir: str | os.PathLike[str], section: Mapping[str, Any], alerts:
     return n
 
 
-def notify(run_dir: str | os.PathLike[str], section: Mapping[str, Any], event: str, budget_s: float = 15.0,
+def notify(run_dir: str | os.PathLike[str], section: Mapping[str, Any], event: AlertEvent, budget_s: float = 15.0,
            **fields: Any) -> bool:
     """Alert about a run directory (log tail and cause from its latest attempt); never raises, queues what fails."""
     return send(alert_from_run(run_dir, event, **fields), section, run_dir, budget_s=budget_s)

@@ -12,6 +12,9 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
+from runner.ledger import CAUSE_KINDS, AlertEvent, CauseKind
+from runner.policy import NEXT_STEPS as NEXT_STEPS
+from runner.policy import cause_step, next_step
 from runner.redaction import redact as redact
 from runner.redaction import redact_obj as redact_obj
 from runner.spec.schema import EVENTS
@@ -20,23 +23,7 @@ SLACK_SECTION_LIMIT = 3000
 SLACK_FIELD_LIMIT = 2000
 SLACK_HEADER_LIMIT = 150
 
-NEXT_STEPS: dict[str, str] = {
-    "failed": "runner cron resubmits it from the last checkpoint while resume.max_restarts allows.",
-    "preempted": "The job is requeued and resumes from the last checkpoint.",
-    "requeued": "Waiting in the queue; it resumes from the last checkpoint when it starts.",
-    "timeout": "Resumes from the last checkpoint if attempts remain.",
-    "resubmitted": "A new job was submitted; it resumes from the last checkpoint.",
-    "gave_up": "No attempts left: needs a person.",
-    "completed": "Nothing: training finished.",
-    "cancelled": "Nothing: the job was cancelled.",
-    "preflight_failed": "Not retried (the same node would fail again): fix the failed check, then `runner resume`.",
-    "hang": "Resubmitted without the node it names, or by runner cron while resume.max_restarts allows.",
-    "nan": "Stopped, not retried: fix the model or data (learning rate?), then `runner resume`.",
-    "straggler": "Nothing automatic: training goes on at this rank's pace. `runner status RUN --ranks` compares "
-                 "every rank; check the node it names.",
-}
-
-_TITLES = {
+_TITLES: dict[AlertEvent, str] = {
     "failed": "failed",
     "preempted": "preempted",
     "requeued": "requeued",
@@ -51,7 +38,7 @@ _TITLES = {
     "straggler": "has a straggler",
 }
 
-_EMOJI = {
+_EMOJI: dict[AlertEvent, str] = {
     "failed": ":x:",
     "preempted": ":hourglass:",
     "requeued": ":repeat:",
@@ -66,13 +53,47 @@ _EMOJI = {
     "straggler": ":snail:",
 }
 
+# A cause's title and emoji (its next step: ``policy.CAUSE_STEPS``).
+CAUSE_TITLES: dict[CauseKind, str] = {
+    "oom": "out of memory",
+    "node_failure": "a node failed",
+    "time_limit": "the time limit",
+    "preemption": "a preemption",
+    "nccl_timeout": "a collective timed out",
+    "program": "the program cannot train",
+    "exception": "a Python exception",
+    "crash_loop": "the same crash twice",
+    "bad_nodes": "a node failed the preflight",
+    "nan": "a non-finite loss or gradient",
+    "hang": "training hung",
+    "rank": "a rank failed first",
+    "hook": "a hook of the batch script failed",
+    "unknown": "no known cause",
+}
+
+CAUSE_EMOJI: dict[CauseKind, str] = {
+    "oom": ":boom:",
+    "node_failure": ":skull:",
+    "time_limit": ":alarm_clock:",
+    "preemption": ":hourglass:",
+    "nccl_timeout": ":electric_plug:",
+    "program": ":page_facing_up:",
+    "exception": ":snake:",
+    "crash_loop": ":repeat_one:",
+    "bad_nodes": ":warning:",
+    "nan": ":warning:",
+    "hang": ":hourglass_flowing_sand:",
+    "rank": ":dart:",
+    "hook": ":wrench:",
+    "unknown": ":grey_question:",
+}
 
 
 @dataclasses.dataclass
 class Alert:
     """One event of one run, everything a person needs to decide what to do."""
 
-    event: str
+    event: AlertEvent
     run: str
     run_dir: str = ""
     job_id: str = ""
@@ -80,7 +101,8 @@ class Alert:
     nodes: str = ""
     exit_code: int | None = None
     slurm_state: str | None = None
-    cause: str | None = None
+    cause: str | None = None  # the sentence (``runner.alerts.causes.Cause``'s, or a caller's own words)
+    cause_kind: CauseKind | None = None  # the Cause's kind, when one was found
     log_tail: list[str] = dataclasses.field(default_factory=list)
     next_step: str = ""
     extra: dict[str, str] = dataclasses.field(default_factory=dict)
@@ -88,6 +110,8 @@ class Alert:
     def __post_init__(self) -> None:
         if self.event not in EVENTS:
             raise ValueError(f"unknown alert event {self.event!r}; expected one of {', '.join(EVENTS)}")
+        if self.cause_kind is not None and self.cause_kind not in CAUSE_KINDS:
+            raise ValueError(f"unknown cause kind {self.cause_kind!r}; expected one of {', '.join(CAUSE_KINDS)}")
         # Callers pass Paths, ints and Nones from sacct/env; the payload wants plain JSON values.
         self.run_dir = os.fspath(self.run_dir)
         self.job_id = "" if self.job_id is None else str(self.job_id)
@@ -127,6 +151,13 @@ def _field(label: str, value: object) -> dict[str, str]:
     shown = "—" if value is None or value == "" else str(value)
     head = f"*{label}*\n"
     return {"type": "mrkdwn", "text": head + clip(_mrkdwn(shown), SLACK_FIELD_LIMIT - len(head))}
+
+
+def _cause_field(a: Alert) -> dict[str, str]:
+    """The cause, with its emoji and what to do about it when its kind is known."""
+    if a.cause_kind is None or not a.cause:
+        return _field("Cause", a.cause)
+    return _field("Cause", f"{CAUSE_EMOJI[a.cause_kind]} {a.cause}\n{cause_step(a.cause_kind)}")
 
 
 def _code_section(lines: list[str]) -> dict[str, Any]:
@@ -174,7 +205,7 @@ def slack_payload(alert: Alert, *, secrets: Iterable[str] = ()) -> dict[str, Any
                 _field("Nodes", a.nodes),
                 _field("Event", a.event),
                 _field("Exit code / Slurm state", state),
-                _field("Cause", a.cause),
+                _cause_field(a),
             ],
         },
     ]
@@ -183,7 +214,7 @@ def slack_payload(alert: Alert, *, secrets: Iterable[str] = ()) -> dict[str, Any
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": clip(lines, SLACK_SECTION_LIMIT)}})
     if a.log_tail:
         blocks.append(_code_section(a.log_tail))
-    context = f"*Next:* {_mrkdwn(a.next_step or NEXT_STEPS[a.event])}"
+    context = f"*Next:* {_mrkdwn(a.next_step or next_step(a.event))}"
     if a.run_dir:
         context += f"  ·  run dir `{_mrkdwn(a.run_dir)}`"
     blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": clip(context, SLACK_FIELD_LIMIT)}]})
@@ -191,12 +222,15 @@ def slack_payload(alert: Alert, *, secrets: Iterable[str] = ()) -> dict[str, Any
 
 
 def json_payload(alert: Alert, *, secrets: Iterable[str] = ()) -> dict[str, Any]:
-    """Every Alert field as plain JSON, plus `source`, `title` and a one-line `text`."""
+    """Every Alert field as plain JSON, plus `source`, `title` and a one-line `text`; with a cause of a known kind,
+    its `cause_title` and `cause_step` (what to do about it)."""
     a = redacted_alert(alert, secrets)
     body: dict[str, Any] = {"source": "runner", "title": f"{a.run} {_TITLES[a.event]}", "text": _summary(a)}
     body.update(dataclasses.asdict(a))
     if not body["next_step"]:
-        body["next_step"] = NEXT_STEPS[a.event]
+        body["next_step"] = next_step(a.event)
+    if a.cause_kind is not None:
+        body.update(cause_title=CAUSE_TITLES[a.cause_kind], cause_step=cause_step(a.cause_kind))
     return body
 
 
@@ -206,3 +240,18 @@ def render_payload(alert: Alert, kind: str, *, secrets: Iterable[str] = ()) -> d
     if kind not in renderers:
         raise ValueError(f"unknown alerts kind {kind!r}; expected one of {', '.join(renderers)}")
     return renderers[kind](alert, secrets=secrets)
+
+
+def fallback_payload(alert: Alert, kind: str, error: BaseException, *, secrets: Iterable[str] = ()) -> dict[str, Any]:
+    """The body sent when the full one cannot be built (a bug in a renderer): plain text from the Alert's own
+    fields, no table looked up, and the error named, so that an alert never vanishes for its looks."""
+    a = redacted_alert(alert, secrets)
+    job = f"job {a.job_id}, " if a.job_id else ""
+    text = redact(f"{a.run} {a.event} ({job}attempt {a.attempt})" + (f": {a.cause}" if a.cause else "")
+                  + (f". Next: {a.next_step}" if a.next_step else "")
+                  + f" [runner could not build the full alert: {type(error).__name__}: {error}]", list(secrets))
+    if kind == "slack":
+        return {"text": clip(_mrkdwn(text), SLACK_SECTION_LIMIT)}
+    body: dict[str, Any] = {"source": "runner", "title": f"{a.run} {a.event}", "text": text}
+    body.update(dataclasses.asdict(a))
+    return body

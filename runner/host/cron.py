@@ -79,7 +79,7 @@ def handle(run: RunDir, jobs: Mapping[str, policy.JobInfo] | None = None, asked:
     elif d.action == "give_up":
         run.record("gave_up", reason=d.reason)
         alerts.notify(run.root, cfg["alerts"], "gave_up", attempt=seen.attempt,
-                      next_step=f"no further submissions: {d.reason}")
+                      next_step=policy.next_step("gave_up", d, by="cron"))
     return d
 
 
@@ -97,7 +97,8 @@ def _alert_hook_failures(run: RunDir, cfg: RunConfig, events: Sequence[Mapping[s
                       attempt=attempt,
                       cause=f"the batch script's host-side {str(e.get('hook'))[:20]} hook could not run (exit "
                             f"{e.get('exit_code')}): no exit record, requeue or alert came from the job itself",
-                      next_step=f"see `runner logs {run.name} --batch`; runner cron decides from Slurm's record")
+                      cause_kind="hook",
+                      next_step=policy.next_step("hook_failed", by="cron", run=run.name))
 
 
 def _remember_failed_node(run: RunDir, job: policy.JobInfo | None) -> None:

@@ -30,8 +30,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from runner import ledger, policy
 from runner import log as runner_log
-from runner import policy
 from runner.alerts import causes
 from runner.errors import RunnerError
 from runner.host import nodes, notices, observe, slurm, successor
@@ -49,7 +49,8 @@ def launcher_code(run: RunDir, rc: int, job: str | None) -> int:
     return int(last["code"]) if same and "code" in last else rc
 
 
-def _alerts(run: RunDir, event: str, decision: policy.Decision, requeued: bool | None, **fields: Any) -> list[Any]:
+def _alerts(run: RunDir, event: ledger.AlertEvent, decision: policy.Decision, requeued: bool | None,
+            **fields: Any) -> list[Any]:
     """The alerts of this exit, in order, from one read of the rank logs (the first one carries the cause)."""
     from runner import alerts
 
@@ -59,7 +60,7 @@ def _alerts(run: RunDir, event: str, decision: policy.Decision, requeued: bool |
     base = alerts.alert_from_run(run.root, event, **fields)
     out = [base]
     if requeued:
-        out.append(dataclasses.replace(base, event="requeued", cause=None))
+        out.append(dataclasses.replace(base, event="requeued", cause=None, cause_kind=None))
     elif decision.action == "give_up":
         out.append(dataclasses.replace(base, event="gave_up"))
     return out
@@ -93,7 +94,7 @@ def first_failure(run: RunDir, attempt: int, lines: list[str]
 
 
 def _failure(run: RunDir, event: str, rec: policy.Records, job: str | None = None
-             ) -> tuple[dict[str, Any] | None, list[str], str | None, int | None]:
+             ) -> tuple[dict[str, Any] | None, list[str], causes.Cause | None, int | None]:
     """What this attempt's own records say about its end: the launcher's crash record, the nodes a hang or the
     preflight named, the cause in words for those runner detected itself (hang, node, nan) and for a failure the
     first rank that failed (from srun's output and the crash records, before its peers' connection errors), and that
@@ -103,21 +104,21 @@ def _failure(run: RunDir, event: str, rec: policy.Records, job: str | None = Non
     crash = run.first_crash(attempt) if event == "failed" else None
     report = read_json(run.hang) if event == "hang" else read_json(run.preflight)
     bad = nodes.named_by(event, report, attempt)
-    cause, rank = None, None
+    cause: causes.Cause | None = None
+    rank = None
     first, crashes = first_failure(run, attempt, _batch_output(run, job, rec)) if event == "failed" else (None, {})
     if first is not None:  # srun saw the first rank end: it, and how, is the cause
-        crash, cause, rank = crashes.get(first.rank) or crash, first.cause, first.rank
+        crash, cause, rank = crashes.get(first.rank) or crash, first.why, first.rank
     elif crash:  # the launcher's own record beats a guess from the log tail
-        cause = f"Python exception: {crash.get('type')}: {crash.get('message')} at {crash.get('frame')}, " \
-                f"step {crash.get('step')}"
+        cause = causes.crashed(crash)
     elif event == "hang" and isinstance(report, dict):
-        cause = str(report.get("summary", "hang"))
+        cause = causes.Cause("hang", str(report.get("summary", "hang")))
     elif event == "preflight_failed" and bad and isinstance(report, dict):
-        cause = f"node: {', '.join(bad)} failed the preflight: {report.get('summary', 'see preflight.txt')}"
+        cause = causes.Cause("bad_nodes", str(report.get("summary", "see preflight.txt")), node=", ".join(bad))
     elif event == "nan":
         last: Mapping[str, Any] = next((e for e in reversed(rec.events) if e["event"] == "nonfinite"), {})
-        cause = f"nan: non-finite {last.get('what', 'loss')} at step {last.get('step', '?')}; training stopped " \
-                "before any checkpoint of it"
+        step = last.get("step")
+        cause = causes.Cause("nan", str(last.get("what", "loss")), step=step if isinstance(step, int) else None)
     return crash, bad, cause, rank
 
 
@@ -153,11 +154,10 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
         if (complaint := slurm.delay_start(heir, decision.delay_s)) is not None:
             log.warning("successor job %s starts without its %.0f s backoff: %s", heir, decision.delay_s, complaint)
     if decision.action == "stop" and crash:
-        own_cause = f"crash_loop: {crash.get('type')}: {crash.get('message')} at {crash.get('frame')}, step " \
-                    f"{crash.get('step')}, in two attempts in a row"
+        own_cause = causes.crashed(crash, "crash_loop")
     if bad:
         nodes.record(run.root.parent, bad, "preflight" if event == "preflight_failed" else event, run.name,
-                     own_cause or "")
+                     str(own_cause or ""))
     requeued, refusal = None, None
     if decision.action == "requeue" and job:
         # Slurm ends the job (SIGTERM, then SIGKILL after KillWait) once it accepts the requeue: finish the records.
@@ -167,21 +167,22 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
     step = policy.next_step(event, decision, attempt, limits, requeued, [*rec.events, this_exit])
     common = {"job_id": job or "", "attempt": attempt, "nodes": os.environ.get("SLURM_JOB_NODELIST", ""),
               "exit_code": rc, "next_step": step}
-    if own_cause:
-        common["cause"] = own_cause
+    if own_cause and str(own_cause):  # a hang's report with an empty summary says nothing: guessed from the logs
+        common.update(cause=str(own_cause), cause_kind=own_cause.kind)
     if failed_rank is not None:  # its log, not a peer's echo of its end
         path = run.rank_log(failed_rank, int(os.environ.get(ATTEMPT_ENV, "0") or 0) or None)
         common.update(log_tail=causes.read_tail(path)[-causes.TAIL_LINES:],
                       extra={"log": str(path.relative_to(run.root))})
-    queued = [] if event == "cancelled" else _alerts(run, event, decision, requeued, **common)
+    queued = _alerts(run, event, decision, requeued, **common) if event != "cancelled" and \
+        ledger.is_alert_event(event) else []
     secrets = alerts.secrets_of(cfg["alerts"])
     status = {"exit_code": rc, "job_id": job, "attempt": attempt, "signal": signal_name, "event": event,
               "time": time.time()}
     atomic_write(run.exit_status, json.dumps(status) + "\n")
     cause = queued[0].cause if queued else None
-    run.record("exit", **alerts.redact_obj({"job_id": job, "exit_code": rc, "signal": signal_name, "outcome": event,
-                                            "attempt": attempt, "cause": cause, "crash": crash, "nodes": bad},
-                                           secrets))
+    ended: ledger.Exit = {"job_id": job, "exit_code": rc, "signal": signal_name, "outcome": event, "attempt": attempt,
+                          "cause": cause, "crash": crash, "nodes": bad}
+    run.record("exit", **alerts.redact_obj(ended, secrets))
     if decision.action == "hand_over":
         run.record("handed_over", job_id=job, successor=heir, reason=event, attempt=attempt + 1,
                    delay_s=decision.delay_s)

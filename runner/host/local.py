@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from runner import alerts, policy, redaction
+from runner import alerts, ledger, policy, redaction
 from runner.alerts.causes import RankExit, first_failure
 from runner.errors import SubmitError
 from runner.rundir import ATTEMPT_ENV, RunDir, atomic_write, read_json
@@ -380,7 +380,7 @@ def _supervise(att: _Attempt, progress: Callable[[], None] = lambda: None) -> No
             deadline = time.monotonic() + KILL_WAIT_S
 
 
-def outcome(rec: policy.Records, rc: int, stop: str | None) -> str:
+def outcome(rec: policy.Records, rc: int, stop: str | None) -> ledger.Outcome:
     """What the attempt's end means: a person's Ctrl-C is ``interrupted``, the rest as the exit hook decides."""
     event = policy.classify(rec, rc, None, policy.Limits())
     if stop == "interrupted" and event in ("preempted", "failed"):
@@ -425,21 +425,24 @@ def _record_end(run_dir: RunDir, cfg: Any, att: _Attempt, attempt: int) -> int:
     rec = policy.Records(events=run_dir.events(), exit_status=read_json(run_dir.exit_status),
                          finished=run_dir.finished.exists())
     event = outcome(rec, rc, att.stop)
-    cause = failure.cause if failure and event in ("failed", "hang") else None
+    why = failure.why if failure and event in ("failed", "hang") else None
+    cause = str(why) if why else None
     if event == "hang" and isinstance(hang := read_json(run_dir.hang), dict) and \
             hang.get("attempt") == attempt:
         cause = str(hang.get("summary") or cause)
     secrets = alerts.secrets_of(cfg["alerts"])
     atomic_write(run_dir.exit_status, json.dumps({"exit_code": rc, "codes": codes, "event": event, "attempt": attempt,
                                                   "time": time.time()}) + "\n")
-    run_dir.record("exit", **alerts.redact_obj({"exit_code": rc, "codes": codes, "outcome": event, "attempt": attempt,
-                                                "cause": cause, "crash": crashes.get(failure.rank) if failure else None,
-                                                "scheduler": "local"}, secrets))
+    ended: ledger.Exit = {"exit_code": rc, "codes": codes, "outcome": event, "attempt": attempt, "cause": cause,
+                          "crash": crashes.get(failure.rank) if failure else None, "scheduler": "local"}
+    run_dir.record("exit", **alerts.redact_obj(ended, secrets))
     _console(run_dir, event, rc, cause, failure.rank if failure else 0, attempt)
-    if event in LOCAL_ALERTS:
+    if event in LOCAL_ALERTS and ledger.is_alert_event(event):
         fields: dict[str, Any] = {"cause": cause} if cause else {}
+        if why is not None and cause == str(why):  # not a hang's own summary
+            fields["cause_kind"] = why.kind
         alerts.notify(run_dir.root, cfg["alerts"], event, job_id="", attempt=attempt, nodes=socket.gethostname(),
-                      exit_code=rc, next_step=policy.local_next_step(event, run_dir.name), **fields)
+                      exit_code=rc, next_step=policy.next_step(event, by="local", run=run_dir.name), **fields)
     return rc
 
 
@@ -461,4 +464,4 @@ def _console(run_dir: RunDir, event: str, rc: int, cause: str | None, rank: int,
         print(f"run {run_dir.root}: finished")
         return
     print(f"run {run_dir.root}: {event} (exit {rc})" + (f": {cause}" if cause else ""))
-    print(f"next: {policy.local_next_step(event, run_dir.name)}")
+    print(f"next: {policy.next_step(event, by='local', run=run_dir.name)}")

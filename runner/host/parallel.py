@@ -25,7 +25,7 @@ from typing import Any, cast
 
 import yaml
 
-from runner import __version__, proc, spec
+from runner import __version__, ledger, proc, spec
 from runner.errors import RunnerError
 from runner.log import one_line
 from runner.parallel import plan as P
@@ -280,17 +280,18 @@ def _write_run(p: Plan) -> bool:
     return first
 
 
-def _alert(p: Plan, event: str, log_path: Path, **fields: Any) -> None:
+def _alert(p: Plan, event: ledger.AlertEvent, log_path: Path, **fields: Any) -> None:
     from runner import alerts
 
     tail = log_path.read_text(errors="replace").splitlines()[-20:] if log_path.exists() else []
     from runner import policy
 
     alerts.notify(p.run.root, p.cfg.data["alerts"], event, log_tail=tail,
-                  next_step=policy.parallel_next_step(event, p.run.name), **fields)
+                  next_step=policy.next_step(event, by="parallel", run=p.run.name), **fields)
 
 
-def _report(p: Plan, done: int, failures: dict[int, str], stopped: str | None) -> tuple[int, str, str | None]:
+def _report(p: Plan, done: int, failures: dict[int, str],
+            stopped: ledger.Outcome | None) -> tuple[int, ledger.Outcome, str | None]:
     """(exit code, outcome, cause) of an attempt, with the failed items listed in the log."""
     if stopped:
         return 130, stopped, None
@@ -325,7 +326,7 @@ def execute(p: Plan) -> int:
         error: Exception | None = None
         with _driver_log(p.run, attempt) as log_path:
             log.info("run %s, attempt %d: %d of %d items left", p.run.name, attempt, p.items_left, p.total)
-            stopped = None
+            stopped: ledger.Outcome | None = None
             try:
                 _drive(p, attempt)
             except (Stopped, KeyboardInterrupt):
@@ -339,8 +340,11 @@ def execute(p: Plan) -> int:
             code, outcome, cause = (1, "failed", one_line(error)) if error else _report(p, done, failures, stopped)
         atomic_write(p.run.exit_status, json.dumps({"exit_code": code, "cancelled": outcome == "cancelled",
                                                     "time": time.time()}) + "\n")
-        p.run.record("exit", outcome=outcome, rc=code, items_done=done, items_failed=len(failures),
-                     **({"cause": cause} if cause else {}))
+        fields: ledger.Exit = {"outcome": outcome, "exit_code": code, "attempt": attempt, "items_done": done,
+                               "items_failed": len(failures)}
+        if cause:
+            fields["cause"] = cause
+        p.run.record("exit", **fields)
         if code == 0:
             atomic_write(p.run.finished, json.dumps({"time": time.time(), "items": done}) + "\n")
             _alert(p, "completed", log_path)

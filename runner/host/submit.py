@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from runner import __version__, alerts, spec
+from runner import __version__, alerts, ledger, policy, spec
 from runner.errors import ConfigError, SubmitError
 from runner.host import build, nodes, render, slurm
 from runner.host.provenance import git_provenance
@@ -231,8 +231,10 @@ def submit_slurm(p: Plan) -> int:
     from runner.host import successor
 
     successor.queue(p.run, cfg, job_id)
-    p.run.record("submitted", scheduler="slurm", job_id=job_id, world_size=p.world_size,
-                 **({"bad_nodes_let_in": let_in} if let_in else {}))
+    fields: ledger.Submitted = {"scheduler": "slurm", "job_id": job_id, "world_size": p.world_size}
+    if let_in:
+        fields["bad_nodes_let_in"] = let_in
+    p.run.record("submitted", **fields)
     print(f"submitted job {job_id}: {p.run.root}")
     return 0
 
@@ -261,12 +263,12 @@ def run_local(run: RunDir, world_size: int, num_device: int | None = None) -> in
 RESIZABLE = ("num_nodes", "num_device")
 
 
-def resubmit(run: RunDir, cfg: RunConfig, reason: str, by: str = "cron") -> str:
+def resubmit(run: RunDir, cfg: RunConfig, reason: str, by: policy.By = "cron") -> str:
     """sbatch the run's script again, make the new job the run's owner, record it and alert; returns the id.
 
     A successor still queued behind an earlier job is cancelled (it would step aside anyway); with
     resume.successor the new job gets its own."""
-    from runner import alerts, policy
+    from runner import alerts
     from runner.host import successor
 
     attempt = policy.attempt(run.events()) + 1
@@ -279,10 +281,13 @@ def resubmit(run: RunDir, cfg: RunConfig, reason: str, by: str = "cron") -> str:
     if stale is not None:
         successor.cancel(run, stale["job_id"], f"job {job_id} was resubmitted")
     successor.queue(run, cfg, job_id)
-    run.record("resubmitted", job_id=job_id, reason=reason, attempt=attempt, by=by,
-               **({"bad_nodes_let_in": let_in} if let_in else {}))
+    fields: ledger.Resubmitted = {"job_id": job_id, "reason": reason, "attempt": attempt, "by": by}
+    if let_in:
+        fields["bad_nodes_let_in"] = let_in
+    run.record("resubmitted", **fields)
     alerts.notify(run.root, cfg["alerts"], "resubmitted", job_id=job_id, attempt=attempt,
-                  next_step=f"resubmitted as job {job_id}; it resumes from the newest complete checkpoint ({reason})")
+                  next_step=policy.next_step("resubmitted", policy.Decision("resubmit", reason), attempt,
+                                             by=by, job_id=job_id))
     return job_id
 
 

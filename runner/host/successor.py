@@ -18,6 +18,7 @@ import logging
 import time
 from typing import Any
 
+from runner import ledger
 from runner.errors import SubmitError
 from runner.host import nodes, slurm
 from runner.rundir import RunDir, atomic_write, read_json
@@ -41,7 +42,7 @@ def following(run: RunDir, job: str | None) -> str | None:
 def queue(run: RunDir, cfg: RunConfig, after: str) -> str | None:
     """With ``resume.successor``, queue the successor of job ``after``; its id, or None (off, or sbatch refused:
     then the run recovers as without one, by requeue or ``runner cron``)."""
-    if not cfg["resume"].get("successor"):
+    if not cfg["resume"]["successor"]:
         return None
     try:
         job, _ = nodes.submit(str(run.script), run.root.parent, cfg["resume"]["exclude_nodes_s"], after=after)
@@ -59,5 +60,8 @@ def cancel(run: RunDir, job: str, reason: str) -> None:
     complaint = slurm.cancel(job)
     if (queued(run) or {}).get("job_id") == job:
         run.successor.unlink(missing_ok=True)
-    run.record("successor_cancelled", job_id=job, reason=reason, **({"error": complaint} if complaint else {}))
+    fields: ledger.SuccessorCancelled = {"job_id": job, "reason": reason}
+    if complaint:
+        fields["error"] = complaint
+    run.record("successor_cancelled", **fields)
     log.info("successor job %s cancelled (%s)%s", job, reason, f": {complaint}" if complaint else "")

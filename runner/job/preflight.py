@@ -452,6 +452,12 @@ def _unreachable(job: _Job, facts: dict[str, Any], what: str, seconds: float) ->
     return FAIL
 
 
+def _bandwidth(bw: dict[str, Any], pf: dict[str, Any]) -> list[Check]:
+    """The bandwidth checks by the run's thresholds, measured now or reused from the previous report alike."""
+    return evaluate_bandwidth(bw.get("job"), bw.get("pairs", []), pf["min_busbw_gbps"], pf["fail_below_median"],
+                              pf["warn_below_median"])
+
+
 def run_checks(job: _Job) -> str:
     """Every rank: the whole preflight; returns the overall status (the same on every rank that got it)."""
     import torch.distributed as dist
@@ -510,7 +516,7 @@ def run_checks(job: _Job) -> str:
                              "parts": ["bandwidth", "tools"]})
         bw = extra["bandwidth"]
         checks += [Check(**c) for c in extra["tools"]]
-        checks += evaluate_bandwidth(bw.get("job"), bw.get("pairs", []), pf["min_busbw_gbps"])
+        checks += _bandwidth(bw, pf)
     measure = go and prev is None
     grouped = go and (measure or job.train)  # the job's process group: probed in, and kept for the training
     if grouped:
@@ -543,8 +549,7 @@ def run_checks(job: _Job) -> str:
         checks += [Check(**c) for c in new]
     if measure:
         bw = extra.get("bandwidth") or {}
-        checks += evaluate_bandwidth(bw.get("job"), bw.get("pairs", []), pf["min_busbw_gbps"],
-                                     pf["fail_below_median"], pf["warn_below_median"])
+        checks += _bandwidth(bw, pf)
     job.phase("verdict")
     status = _finish(job, checks, extra, store)
     _hand_over(job, status)

@@ -5,13 +5,15 @@ Validation (``runner.spec.validate``) walks it; the typed view (``runner.spec.ty
 
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import dataclass
 from typing import Any
 
+from runner.ledger import ALERT_EVENTS
+
 # The run events an alert can be sent for (alerts.events picks; runner.alerts renders them).
-EVENTS: tuple[str, ...] = ("failed", "preempted", "requeued", "timeout", "resubmitted", "gave_up", "completed",
-                           "cancelled", "preflight_failed", "hang", "nan", "straggler")
+EVENTS: tuple[str, ...] = ALERT_EVENTS
 
 REQUIRED = object()
 # Characters allowed in values that land in ``#SBATCH`` lines (sbatch parses those lines itself, so shell
@@ -248,3 +250,19 @@ SCHEMA_PROGRAM: dict[str, Any] = {**{k: v for k, v in SCHEMA.items() if k not in
                                   "trainer": PROGRAM_TRAINER, "dataloader": {"*": True},
                                   # ESPnet3 runs its own Dask from it: its other keys (allow_overwrite_lock) are its
                                   "parallel": {**SCHEMA["parallel"], "*": True}}
+
+
+def fill_defaults(data: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
+    """Give ``data`` (a validated config) every key of ``schema`` it lacks, at its default, in place; a required
+    key stays missing. A run directory's config written before a key existed reads as if it had been written
+    today, so no reader carries a default of its own."""
+    for key, spec in schema.items():
+        if key == "*":
+            continue
+        if isinstance(spec, dict):
+            section = data.setdefault(key, {})
+            if isinstance(section, dict):
+                fill_defaults(section, spec)
+        elif isinstance(spec, F) and spec.default is not REQUIRED and key not in data:
+            data[key] = copy.deepcopy(spec.default)
+    return data

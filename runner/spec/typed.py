@@ -188,7 +188,8 @@ def view(data: dict[str, Any]) -> RunConfig:
 
 def read_resolved(path: Path) -> RunConfig:
     """A run directory's ``config.yaml``: written by ``runner submit`` after validation, read by the job,
-    the hooks and cron."""
+    the hooks and cron; every key the schema has a default for is there (``schema.fill_defaults``), however old
+    the run."""
     from runner.rundir import Unreadable, read_regular
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's loader: ~10x faster, same result
@@ -204,12 +205,11 @@ def read_resolved(path: Path) -> RunConfig:
     from runner import redaction
 
     redaction.remember_config(data, path.parent)  # what this process writes into the run: without its webhook URL
-    if isinstance(data, dict):  # a run submitted before program mode existed
-        data.setdefault("command", None)
-        data.setdefault("program", {})
-        data.setdefault("fsdp", {"blocks": []})  # ... or before fsdp's blocks
-        if isinstance(data.get("watchdog"), dict):  # ... or before the first-step limit
-            data["watchdog"].setdefault("first_step_s", 900)
+    if isinstance(data, dict):  # a run submitted before a key existed reads with the key at its default
+        from runner.spec.schema import SCHEMA, SCHEMA_PROGRAM, fill_defaults
+
+        fill_defaults(data, SCHEMA if data.get("command") is None else SCHEMA_PROGRAM)
+        data.setdefault("program", {})  # the program's own keys (program mode): none before it existed
     return view(data)
 
 
