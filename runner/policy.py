@@ -114,13 +114,13 @@ class Records:
 
 @dataclass(frozen=True)
 class Limits:
-    """The config values the decisions depend on."""
+    """The config values the decisions depend on: from the run's config (``of``), never defaults of their own."""
 
-    requeue: bool = True  # slurm.requeue
-    signal_lead_s: float = 120  # slurm.signal_lead_s
-    max_restarts: int = 3  # resume.max_restarts
-    backoff_s: float = 60  # resume.backoff_s
-    successor: bool = False  # resume.successor
+    requeue: bool  # slurm.requeue
+    signal_lead_s: float  # slurm.signal_lead_s
+    max_restarts: int  # resume.max_restarts
+    backoff_s: float  # resume.backoff_s
+    successor: bool  # resume.successor
 
     @classmethod
     def of(cls, cfg: RunConfig) -> Limits:

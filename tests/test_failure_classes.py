@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from runner import policy
-from runner.policy import Limits
 from runner.rundir import RunDir
+from tests.test_policy import Limits
 
 pytestmark = pytest.mark.unit
 

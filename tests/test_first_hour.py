@@ -14,6 +14,7 @@ import yaml
 
 from runner import policy
 from tests.ci import need
+from tests.test_policy import Limits
 
 pytestmark = pytest.mark.local
 
@@ -73,7 +74,7 @@ def test_an_unreachable_slurm_controller_is_named_as_such(tmp_path: Path) -> Non
         assert not list((tmp_path / "runs").glob("*"))
 
 
-LIMITS = policy.Limits(requeue=True, max_restarts=3)
+LIMITS = Limits(requeue=True, max_restarts=3)
 EXIT = {"event": "exit", "outcome": "failed", "time": 1.0}
 
 

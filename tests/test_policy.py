@@ -8,6 +8,7 @@ Pure functions only: no cluster, no files, no clock.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 from pathlib import Path
@@ -17,7 +18,15 @@ import pytest
 
 from runner import policy
 from runner.host import slurm
-from runner.policy import JobInfo, Limits, Records
+from runner.policy import JobInfo, Records
+from runner.spec import schema
+
+
+def Limits(**overrides: Any) -> policy.Limits:  # noqa: N802 -- reads as the dataclass it builds
+    """The limits of a config at the schema's defaults, ``overrides`` replaced (the policy itself has none)."""
+    return dataclasses.replace(policy.Limits.of(schema.fill_defaults({}, schema.SCHEMA)),  # type: ignore[arg-type]
+                               **overrides)
+
 
 pytestmark = pytest.mark.unit
 
@@ -560,10 +569,10 @@ def test_limits_from_a_config() -> None:
 
     cfg: Any = {"slurm": {"requeue": False, "signal_lead_s": 300}, "resume": {"max_restarts": 5, "backoff_s": 30}}
     # a run submitted before resume.successor existed has it off: read_resolved fills the schema's defaults
-    assert Limits.of(fill_defaults(cfg, SCHEMA)) == Limits(requeue=False, signal_lead_s=300, max_restarts=5,
-                                                           backoff_s=30.0)
+    assert policy.Limits.of(fill_defaults(cfg, SCHEMA)) == policy.Limits(
+        requeue=False, signal_lead_s=300, max_restarts=5, backoff_s=30.0, successor=False)
     cfg["resume"]["successor"] = True
-    assert Limits.of(cfg).successor
+    assert policy.Limits.of(cfg).successor
 
 
 # ---------------------------------------------------------------------------------------------------------------

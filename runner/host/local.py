@@ -380,9 +380,9 @@ def _supervise(att: _Attempt, progress: Callable[[], None] = lambda: None) -> No
             deadline = time.monotonic() + KILL_WAIT_S
 
 
-def outcome(rec: policy.Records, rc: int, stop: str | None) -> ledger.Outcome:
+def outcome(rec: policy.Records, rc: int, stop: str | None, limits: policy.Limits) -> ledger.Outcome:
     """What the attempt's end means: a person's Ctrl-C is ``interrupted``, the rest as the exit hook decides."""
-    event = policy.classify(rec, rc, None, policy.Limits())
+    event = policy.classify(rec, rc, None, limits)
     if stop == "interrupted" and event in ("preempted", "failed"):
         return "interrupted"
     return event
@@ -424,7 +424,7 @@ def _record_end(run_dir: RunDir, cfg: Any, att: _Attempt, attempt: int) -> int:
     rc = failure.exit_code if failure else next((128 - c if c < 0 else c for c in codes if c != 0), 0)  # 137: KILL
     rec = policy.Records(events=run_dir.events(), exit_status=read_json(run_dir.exit_status),
                          finished=run_dir.finished.exists())
-    event = outcome(rec, rc, att.stop)
+    event = outcome(rec, rc, att.stop, policy.Limits.of(cfg))
     why = failure.why if failure and event in ("failed", "hang") else None
     cause = str(why) if why else None
     if event == "hang" and isinstance(hang := read_json(run_dir.hang), dict) and \
