@@ -365,6 +365,18 @@ class RunDir(Ledger):
         return self.root / "alerts"
 
     @property
+    def alert_queue(self) -> Path:  # undelivered alerts, one file each (runner.alerts.delivery)
+        return self.alerts / "queue"
+
+    @property
+    def alerts_sent(self) -> Path:  # one line per delivered alert, redacted (runner report reads it)
+        return self.alerts / "sent.jsonl"
+
+    @property
+    def alerts_rejected(self) -> Path:  # queued alerts that can never be delivered, set aside
+        return self.alerts / "rejected"
+
+    @property
     def git_diff(self) -> Path:  # the submitting checkout's uncommitted changes, mode 0600 (they may hold a token)
         return self.root / "git.diff"
 

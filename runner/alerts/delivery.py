@@ -32,7 +32,7 @@ from runner.alerts.causes import alert_from_run
 from runner.alerts.payload import Alert, fallback_payload, redact, redact_obj, redacted_alert, render_payload
 from runner.errors import RunnerError
 from runner.ledger import AlertEvent
-from runner.rundir import Unreadable, locked, read_regular
+from runner.rundir import RunDir, Unreadable, locked, read_regular
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +204,7 @@ def _deliver(url: str, payload: Mapping[str, Any], section: Mapping[str, Any], d
 
 def queue_dir(run_dir: str | os.PathLike[str]) -> Path:
     """Where undelivered alerts wait: RUN_DIR/alerts/queue/."""
-    return Path(run_dir) / "alerts" / "queue"
+    return RunDir(Path(run_dir)).alert_queue
 
 
 def _fsync_dir(path: Path) -> None:
@@ -265,7 +265,7 @@ def _enqueue(run_dir: str | os.PathLike[str], alert: Alert, kind: str, payload: 
 
 def sent_log(run_dir: str | os.PathLike[str]) -> Path:
     """One line per delivered alert (what it said, redacted), for ``runner report``: RUN_DIR/alerts/sent.jsonl."""
-    return Path(run_dir) / "alerts" / "sent.jsonl"
+    return RunDir(Path(run_dir)).alerts_sent
 
 
 def _record_sent(run_dir: str | os.PathLike[str], alert: Mapping[str, Any], secrets: list[str]) -> None:
@@ -289,7 +289,7 @@ def _queued(run_dir: str | os.PathLike[str]) -> list[Path]:
 
 def _set_aside(path: Path, why: str) -> None:
     """Move an entry that can never be delivered out of the queue, so it stops blocking the others."""
-    dest = path.parent.parent / "rejected"
+    dest = RunDir(path.parent.parent.parent).alerts_rejected  # path: RUN_DIR/alerts/queue/<entry>
     with contextlib.suppress(OSError):
         dest.mkdir(parents=True, exist_ok=True)
         os.replace(path, dest / path.name)
