@@ -124,7 +124,8 @@ def test_resume_on_another_world_size_reshards_and_keeps_the_global_batch(tmp_pa
     newest = checkpoint.complete(run / "checkpoints")[0][1]
     manifest = json.loads((newest / "manifest.json").read_text())
     assert manifest["world_size"] == 1 and manifest["shards"] == {"0": "__0_0.distcp"}
-    losses = [float(line.split("loss ")[1].split()[0]) for line in log.splitlines() if line.startswith("step ")]
+    losses = [float(line.split(" loss ")[1].split()[0]) for line in log.splitlines()
+              if ": step " in line and " loss " in line]
     assert losses and all(loss < 5.0 for loss in losses), log  # trained on, not restarted from scratch
     assert_resumed_honestly(rd, stopped_at, to_world=1, to_accumulate=4, state="resharded")
 

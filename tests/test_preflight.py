@@ -324,8 +324,8 @@ def test_user_values_win_and_are_reported(tmp_path: Path) -> None:
     assert ne.vars["NCCL_ALGO"] == netenv.Var("Ring", netenv.INHERITED)
     assert ne.overridden() == ["NCCL_DEBUG", "NCCL_SOCKET_IFNAME"]
     assert ne.report() == [
-        "runner: env NCCL_DEBUG='TRACE' from environment wins over runner's 'WARN'",
-        "runner: env NCCL_SOCKET_IFNAME='^docker,lo' from config env: wins over runner's 'eth0'"]
+        "env NCCL_DEBUG='TRACE' from environment wins over runner's 'WARN'",
+        "env NCCL_SOCKET_IFNAME='^docker,lo' from config env: wins over runner's 'eth0'"]
     assert ne.ifname == "eth0"  # gloo's name is the one the preflight checks
 
 

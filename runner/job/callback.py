@@ -32,6 +32,7 @@ from typing import Any, cast
 
 from runner import __version__, checkpoint
 from runner.job import guards, honesty, internals, owner, watchdog
+from runner.log import setup as setup_logging
 from runner.rundir import (
     ATTEMPT_ENV,
     EXIT_NONFINITE,
@@ -308,7 +309,7 @@ def make_checkpoint(rd: RunDir, cfg: RunConfig, cfg_hash: str, flag: StopFlag, a
                 every_log = getattr(trainer, "log_every_n_steps", 50)  # a program's Trainer may say 0: no step lines
                 if isinstance(every_log, int) and every_log > 0 and step % every_log == 0 and step != self.last_saved:
                     loss = outputs["loss"].item() if isinstance(outputs, dict) else float("nan")
-                    print(f"step {step} loss {loss:.6f} ({time.time() - self.t0:.1f}s)", flush=True)
+                    log.info("step %d loss %.6f (%.1fs)", step, loss, time.time() - self.t0)
             if guard is not None and guard.tripped_at is not None:
                 return  # a non-finite step: training stops here, and nothing of this step is saved
             if step != self.last_saved and (step % every == 0 or stop):
@@ -566,6 +567,8 @@ def factory() -> list[Any]:
     rd = RunDir(Path(run_dir))
     cfg = read_resolved(rd.config)
     flag = stop_flag(cfg["slurm"]["signal"])
+    if not logging.getLogger("runner").handlers:  # a program's own process: runner's lines stamped, as the launcher's
+        setup_logging(stamped=True)
     rank, _, _, world = ranks()
     manifest = read_json(rd.manifest, {}) or {}
     g = Guarantees(rd, cfg, str(manifest.get("config_hash", "")), flag, rank, world, current_attempt(rd), None,

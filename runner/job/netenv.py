@@ -13,6 +13,7 @@ the preflight checks that same result. Standard library only.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 from collections.abc import Mapping, MutableMapping
@@ -23,6 +24,8 @@ from typing import Any
 from runner.job.ifname import IFNAME_VARS, detect_ifname
 from runner.rundir import RunDir, atomic_write
 from runner.spec.typed import RunConfig
+
+log = logging.getLogger(__name__)
 
 RUNNER = "runner"
 DETECTED = "detected from the route to MASTER_ADDR"
@@ -64,7 +67,7 @@ class NetEnv:
 
     def report(self) -> list[str]:
         """One line per user override, for the rank log (the rest is in env.json)."""
-        return [f"runner: env {k}={self.vars[k].value!r} from {self.vars[k].source} wins over runner's "
+        return [f"env {k}={self.vars[k].value!r} from {self.vars[k].source} wins over runner's "
                 f"{self.vars[k].runner_value!r}" for k in self.overridden()]
 
     def to_json(self) -> dict[str, Any]:
@@ -148,7 +151,7 @@ def setup(cfg: RunConfig, rd: RunDir, rank: int, environ: MutableMapping[str, st
     ne = plan(cfg, rd.logs, env, detect_ifname(master) if master else None)
     apply(ne, env)
     for line in ne.report():
-        print(line, flush=True)
+        log.info("%s", line)
     if rank == 0:
         record(ne, rd.env_file)
     return ne

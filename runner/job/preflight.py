@@ -26,6 +26,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -66,6 +67,8 @@ from runner.job import ifname, internals
 from runner.job.netenv import NetEnv
 from runner.rundir import EXIT_PREFLIGHT, RunDir, atomic_write, read_json
 from runner.spec.typed import RunConfig
+
+log = logging.getLogger(__name__)
 
 SIZING_BYTES = 1 << 20  # the first transfers of a probe: they connect and size the loop (whole on a slow link)
 # Full-size transfers a probe times, at most: their mean tells a link at half the median apart with room to spare,
@@ -423,7 +426,7 @@ def _finish(job: _Job, checks: list[Check], extra: dict[str, Any], store: Any = 
                                                     "probe_mib", "probe_budget_s", "timeout_s", "min_free_gb")},
               **extra}
     atomic_write(job.rd.preflight_table, table(report))
-    print(table(report), end="", flush=True)
+    log.info("preflight report:\n%s", table(report).rstrip("\n"))
     job.rd.record("preflight", status=status, duration_s=round(report["duration_s"], 2), summary=text)
     if status == FAIL and "SLURM_JOB_ID" not in os.environ:  # under Slurm the batch script's exit hook alerts
         from runner import alerts
@@ -445,7 +448,7 @@ def _unreachable(job: _Job, facts: dict[str, Any], what: str, seconds: float) ->
         "a firewall between nodes, a wrong MASTER_ADDR/MASTER_PORT, or rank 0 failed to start (see its log)")))
     with contextlib.suppress(OSError):  # a run directory that is not shared: rank 0 still names the rank
         atomic_write(rank_file(job.rd, job.rank), json.dumps(facts) + "\n")
-    print(f"runner: preflight: {facts['checks'][-1]['value']}", flush=True)
+    log.error("preflight: %s", facts["checks"][-1]["value"])
     deadline = time.monotonic() + job.pf["timeout_s"] + 30  # rank 0 may still be sending the alert
     while not job.rd.preflight.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -567,7 +570,7 @@ def in_job(rd: RunDir, cfg: RunConfig, rank: int, local: int, node: int, world: 
         return None
     job = _Job(rd, cfg, rank, local, node, world, ne, train=keep_group and not only)
     status = run_checks(job)
-    print(f"runner: preflight {status} ({time.monotonic() - job.t0:.1f} s)", flush=True)
+    log.info("preflight %s (%.1f s)", status, time.monotonic() - job.t0)
     if status == FAIL:
         return EXIT_PREFLIGHT
     return 0 if only else None
