@@ -247,6 +247,18 @@ def test_validate_and_dry_run_never_import_dask(tmp_path: Path) -> None:
     assert "10000 left" in out.stdout
 
 
+@pytest.mark.local
+def test_without_the_parallel_extra_one_line_not_a_traceback(tmp_path: Path) -> None:
+    """Dask is absent from this Python (as without `runner[parallel]`): one line naming the extra, exit 1 (what
+    is missing is the setup, not the input)."""
+    code = ("import sys; sys.modules['distributed'] = None; from runner import cli; "
+            f"sys.exit(cli.main(['parallel', 'conf/parallel-stats.yaml', 'run_root={tmp_path}']))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "found no `distributed`" in out.stderr and "pip install 'runner[parallel]'" in out.stderr
+
+
 # -- Slurm (real dask-jobqueue on the dev cluster) -----------------------------------------------------------------
 
 

@@ -9,6 +9,7 @@ a duplicate; a rerun of the same workload continues the same run directory and s
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -308,11 +309,23 @@ def _report(p: Plan, done: int, failures: dict[int, str],
     return 1, "failed", f"{len(failures)} of {p.total} items failed; first: item {shown[0][0]}: {shown[0][1]}"
 
 
+def need_dask(env: str) -> None:
+    """The driver's Dask comes with runner's ``parallel`` extra: without it, one line instead of a traceback."""
+    for module in ("distributed", *(("dask_jobqueue",) if env == "slurm" else ())):
+        try:
+            importlib.import_module(module)  # the driver imports it next anyway
+        except ImportError:
+            raise RunnerError(f"runner parallel: found no `{module}` in {sys.executable}; expected runner's "
+                              "`parallel` extra (Dask) installed in the Python that runs runner. "
+                              "hint: pip install 'runner[parallel]'") from None
+
+
 def execute(p: Plan) -> int:
     """Run what is left; 0 when every item is done, 1 when some failed (listed), 130 when stopped."""
     if not p.left:
         print(f"nothing to do: all {p.total} items of {p.run.name} are done")
         return 0
+    need_dask(p.par["env"])
     store = Store(p.run)
     with _one_driver(store):
         first = _write_run(p)
