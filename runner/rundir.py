@@ -435,13 +435,17 @@ class RunDir(Ledger):
     # a rank says so after installing its handlers, then reads what was announced (``signal_ready``). Either the
     # signaller saw the rank ready (its handler was in place) or the rank sees the announcement.
 
+    def signals(self, attempt: int) -> Path:  # the handshake's files of one attempt (beside its logs, not in them)
+        return self.root / "signals" / f"{ATTEMPT_PREFIX}{attempt}"
+
     def pending_signal(self, attempt: int) -> Path:  # the stop signal's name, once it came for this attempt
-        return self.attempt_logs(attempt) / "signal"
+        return self.signals(attempt) / "signal"
 
     def ready_file(self, attempt: int, rank: int) -> Path:  # this rank's signal handlers are installed
-        return self.attempt_logs(attempt) / "ready" / f"rank-{rank:05d}"
+        return self.signals(attempt) / "ready" / f"rank-{rank:05d}"
 
     def announce_signal(self, attempt: int, signame: str) -> None:
+        self.signals(attempt).mkdir(parents=True, exist_ok=True)
         atomic_write(self.pending_signal(attempt), signame + "\n", sync_dir=False)
 
     def signal_ready(self, attempt: int, rank: int) -> str | None:

@@ -227,13 +227,13 @@ def test_the_stop_signal_waits_for_every_rank_to_be_ready(tmp_path: Path) -> Non
     text = artifacts()["job.sbatch"]
     to_ranks = text[text.index("to_ranks() {"):text.index("on_signal() {")]
     assert "-ge 32 ]" in to_ranks
-    attempt = tmp_path / "attempt-1"
+    attempt = tmp_path / "signals" / "attempt-1"
     (attempt / "ready").mkdir(parents=True)
     got = tmp_path / "got"
     # The step: reports the signal it gets; a plain sleep stands in for srun.
     step = subprocess.Popen(["bash", "-c", f"trap 'echo USR2 > {got}; exit 0' USR2; while true; do sleep 0.05; done"])
     try:
-        script = f'set -uo pipefail\nattempt_dir={attempt}\nstep_pid={step.pid}\n{to_ranks}\nto_ranks USR2\n'
+        script = f'set -uo pipefail\nsignal_dir={attempt}\nstep_pid={step.pid}\n{to_ranks}\nto_ranks USR2\n'
         subprocess.run(["bash", "-c", script], check=True, timeout=10)
         assert (attempt / "signal").read_text() == "USR2\n"
         for rank in range(31):
