@@ -122,11 +122,15 @@ def test_rate_limited_node_is_named_with_its_bandwidth_and_passes_without_the_li
     assert f" {SLOW_NODE} " in line and bad[0]["value"] in line  # the printed table names it too
     assert report["duration_s"] < 15
 
-    out, report, _ = preflight(tmp_path, f"preflight.min_busbw_gbps={MIN_BUSBW}")
+    # Without the limit: no node warns either. Warned at half the median, not the default 0.8: three namespaced
+    # nodes on two shared cores measure up to 0.8 apart under a loaded CI (seen once: a spurious warn), while the
+    # limit above put its node far below half.
+    out, report, _ = preflight(tmp_path, f"preflight.min_busbw_gbps={MIN_BUSBW}", "preflight.warn_below_median=0.5")
     assert out.returncode == 0, out.stdout + out.stderr
     nodes = {c["node"]: float(c["value"].split()[0]) for c in report["checks"] if c["name"] == "busbw node"}
     assert sorted(nodes) == ["n1", "n2", "n3"] and min(nodes.values()) > MIN_BUSBW
-    assert report["status"] == "pass" and report["duration_s"] < 15
+    assert report["status"] == "pass" and report["duration_s"] < 15, [c for c in report["checks"]
+                                                                       if c["status"] != "pass"]
 
 
 def test_wrong_interface_fails_in_seconds_naming_it_and_the_existing_ones(cluster: Any, tmp_path: Path) -> None:
