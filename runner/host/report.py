@@ -23,7 +23,7 @@ from typing import Any
 
 from runner import alerts, checkpoint, goodput, stragglers
 from runner.errors import RunnerError
-from runner.host import nodes, status
+from runner.host import nodes, observe, status
 from runner.rundir import MAX_LEDGER, REPORT_PAGE, RunDir, Unreadable, atomic_write, read_json, read_regular
 from runner.spec.typed import read_resolved
 
@@ -387,7 +387,7 @@ def _files(run: RunDir, missing: list[str]) -> tuple[dict[str, Any], list[dict[s
         missing.append("manifest.json is missing: submission time, config hash and image unknown; goodput not "
                        "computed")
     try:
-        manifest = status.manifest_of(run)
+        manifest = observe.manifest_of(run)
     except RunnerError as e:
         missing.append(str(e))
         manifest = {}

@@ -22,7 +22,6 @@ from runner import checkpoint, goodput, policy, stragglers
 from runner import log as runner_log
 from runner.errors import InputError, RunnerError
 from runner.host import observe
-from runner.host.observe import manifest_of as manifest_of
 from runner.rundir import RunDir, read_json
 
 log = logging.getLogger(__name__)
