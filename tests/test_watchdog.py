@@ -57,6 +57,20 @@ SUMMARIES = [
     ({0: _rep("data"), 1: _rep("data", "n2"), 2: _rep("collective"), 3: _rep("collective")}, 4,
      {}, "collective", [(0, "n1", "in data"), (1, "n2", "in data")], ["n1", "n2"]),
     ({0: _rep("collective"), 1: _rep("collective")}, 2, {}, "collective", [], []),
+    # DDP's gradient all-reduce waits inside backward: ranks in backward and in a collective wait for the same
+    # stopped rank, and only that rank is named (seen on the dev cluster with ESPnet3 and rank 1 SIGSTOPped).
+    ({0: _rep("collective"), 2: _rep("collective", "n2"), 3: _rep("backward", "n2")}, 4,
+     {1: "n1"}, "collective", [(1, "n1", "not responding")], ["n1"]),
+    ({0: _rep("backward"), 1: _rep("collective"), 2: _rep("backward", "n2")}, 4,
+     {3: "n2"}, "backward", [(3, "n2", "not responding")], ["n2"]),
+    ({0: _rep("backward"), 1: _rep("backward"), 2: _rep("data", "n2"), 3: _rep("collective", "n2")}, 4,
+     {}, "backward", [(2, "n2", "in data")], ["n2"]),
+    ({0: _rep("data"), 1: _rep("data"), 2: _rep("backward", "n2"), 3: _rep("backward", "n2")}, 4,
+     {}, "backward", [(0, "n1", "in data"), (1, "n1", "in data")], ["n1"]),
+    ({0: _rep("data"), 1: _rep("data"), 2: _rep("backward", "n2"), 3: _rep("collective", "n2")}, 4,
+     {}, "collective", [(0, "n1", "in data"), (1, "n1", "in data")], ["n1"]),
+    ({0: _rep("forward"), 1: _rep("backward"), 2: _rep("backward", "n2"), 3: _rep("backward", "n2")}, 4,
+     {}, "backward", [(0, "n1", "in forward")], ["n1"]),
     ({}, 2, {0: "n1", 1: "n2"}, None, [(0, "n1", "not responding"), (1, "n2", "not responding")], ["n1", "n2"]),
 ]
 

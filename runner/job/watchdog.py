@@ -38,6 +38,11 @@ from runner.rundir import EXIT_HANG, RunDir, atomic_write, read_json
 
 log = logging.getLogger(__name__)
 
+# Phases in which a rank may be waiting for its peers: a collective, and backward, where DDP's and FSDP's gradient
+# all-reduce and reduce-scatter run in C++ hooks (no torch.distributed frame in the Python stack). A rank in one of
+# them is not named beside ranks in the other: both wait for the same missing rank.
+WAITING = frozenset({"collective", "backward"})
+
 # (phase, substrings of "file:function" of any frame in the stack): the first rule that matches names the phase.
 # Checked innermost frame first, so a collective inside backward is a collective.
 PHASES: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -73,22 +78,28 @@ def summarize(reports: Mapping[int, Mapping[str, Any]], world: int, hosts: Mappi
     wrote a heartbeat."""
     silent = sorted(set(range(world)) - set(reports))
     counts = Counter(str(r["phase"]) for r in reports.values())
-    majority = counts.most_common(1)[0][0] if counts else None
-    # With a tie (2 in data, 2 in collective) the waiting side is the collective: the others are the cause.
-    if majority is not None and len(counts) > 1 and counts.most_common(2)[1][1] == counts[majority] \
-            and "collective" in counts:
-        majority = "collective"
-    odd = sorted(r for r, rep in reports.items() if rep["phase"] != majority)
+
+    def group(ph: str) -> str:
+        return "waiting" if ph in WAITING else ph
+
+    groups = Counter(group(ph) for ph in counts.elements())
+    # The most common group; with a tie (2 in data, 2 in collective) the waiting side: the others are the cause.
+    top = max(groups, key=lambda g: (groups[g], g == "waiting")) if groups else None
+    majority = (max(WAITING & set(counts), key=lambda ph: (counts[ph], ph == "collective")) if top == "waiting"
+                else top)
+    odd = sorted(r for r, rep in reports.items() if group(str(rep["phase"])) != top)
     suspects: list[dict[str, Any]] = [{"rank": r, "node": hosts.get(r, "?"), "state": "not responding"}
                                       for r in silent]
     suspects += [{"rank": r, "node": str(reports[r].get("host", hosts.get(r, "?"))),
                   "state": f"in {reports[r]['phase']}", "where": reports[r].get("where")} for r in odd]
     nodes = sorted({str(s["node"]) for s in suspects})
+    waiting = Counter(str(rep["phase"]) for r, rep in reports.items() if r not in odd)
+    where = " or ".join(f"{ph} ({n})" for ph, n in waiting.most_common()) if len(waiting) > 1 else majority
     if suspects:
         named = ", ".join(f"rank {s['rank']} on {s['node']} ({s['state']})" for s in suspects)
-        text = f"hang: {len(reports) - len(odd)} of {world} ranks in {majority}; {named}"
+        text = f"hang: {len(reports) - len(odd)} of {world} ranks in {where}; {named}"
     else:
-        text = f"hang: all {world} ranks in {majority}; no rank stands out (a collective that never completes?)"
+        text = f"hang: all {world} ranks in {where}; no rank stands out (a collective that never completes?)"
     return {"cause": "hang", "majority": majority, "suspects": suspects, "nodes": nodes, "summary": text,
             "phases": dict(counts)}
 
