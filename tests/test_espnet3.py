@@ -140,6 +140,43 @@ def test_the_stages_run_as_runner_runs_and_espnet3s_outputs_are_where_espnet3_pu
     assert row["state"] == "completed", row
 
 
+@pytest.mark.local
+def test_a_resume_on_fewer_ranks_keeps_espnet3s_global_batch(recipe: Path, tmp_path: Path) -> None:
+    """Stopped on 2 ranks, resumed on 1 (`runner resume RUN num_device=1`): runner writes the layout into ESPnet3's
+    own config (num_device; dist_world_size where it is written) with accumulate_grad_batches 2, so an optimizer
+    step still takes 2 per-rank batches; ESPnet3 continues from the stop's checkpoint, and the global batch runner
+    measures in its Trainer is the same."""
+    epochs = 8  # 32 utterances, 2 per rank-batch: 8 optimizer steps an epoch on 2 ranks, and on 1 rank with 2
+    proc = subprocess.Popen([str(espnet3_python()), "-m", "runner", "submit", CONF, f"runner.run_root={tmp_path}",
+                             "stages=train", "num_device=2", f"trainer.max_epochs={epochs}", "exp_tag=resized",
+                             "trainer.limit_train_batches=null", "trainer.limit_val_batches=null"],
+                            cwd=recipe, env=local_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    wait_for("the submit to make its run", lambda: any(tmp_path.iterdir()), 120)
+    run = one_run(tmp_path)
+    wait_for("checkpoint 10", lambda: checkpoint_done(run, 10) or proc.poll() is not None, 600, run)
+    proc.send_signal(signal.SIGUSR2)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 75, out
+    resumed = subprocess.run([str(espnet3_python()), "-m", "runner", "resume", str(run), "num_device=1"],
+                             capture_output=True, text=True, env=local_env(), timeout=600)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "resized from 1x2 (accumulate 1) to 1x1 (accumulate 2); 2 rank-batches per optimizer step kept" \
+        in resumed.stdout, resumed.stdout
+    program = yaml.safe_load((run / "program" / "training_asr_transformer.yaml").read_text())
+    assert (program["num_device"], program["trainer"]["accumulate_grad_batches"]) == (1, 2)
+    starts = [e for e in events(run) if e["event"] == "train_start"]
+    assert [s["attempt"] for s in starts] == [1, 2] and starts[1]["step"] >= 10, starts
+    assert starts[1]["resumed_from"].endswith(f"step-{starts[1]['step']:07d}")
+    assert [e["accumulate"] for e in events(run) if e["event"] == "resized"] == [2]
+    # The global batch runner measured in ESPnet3's Trainer: 2 ranks x 2 per rank, then 1 rank x 2 x accumulation 2.
+    assert [(e["global_batch"], e["local_batch"]) for e in events(run) if e["event"] == "data"] == [(4, 2), (4, 2)]
+    [said] = [e for e in events(run) if e["event"] == "resumed"]
+    assert (said["from_world"], said["to_world"], said["from_accumulate"], said["to_accumulate"]) == (2, 1, 1, 2)
+    # ESPnet3's loader cannot resume mid-epoch: the resume says so, and the replayed batches are steps on top.
+    assert said["mid_epoch"] and not said["data_exact"] and "replays the epoch" in said["data"], said
+    assert next(e for e in events(run) if e["event"] == "finished")["step"] >= epochs * 8
+
+
 # -- training on the dev cluster -----------------------------------------------------------------------------------
 
 cluster = pytest.mark.slurm

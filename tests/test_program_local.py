@@ -120,6 +120,11 @@ def test_stopped_by_a_signal_the_same_script_resumes_from_its_checkpoint(tmp_pat
     assert "received SIGUSR2" in run.rank_log(1, 1).read_text()  # Ctrl-C reaches the ranks as the notice
     newest, path = checkpoint.complete(run.checkpoints)[0]
     assert 20 < newest < 80  # the agreed step the signal was acted on, after the checkpoint at step 20
+    if sig == signal.SIGUSR2 and not own_ckpt:  # its layout is on its command line: runner cannot keep its batch
+        out = subprocess.run([sys.executable, "-m", "runner", "resume", str(run.root), "num_device=1"],
+                             capture_output=True, text=True, env=ENV, timeout=60)
+        assert out.returncode == 1 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+        assert "found a program that does not read ${program_config}" in out.stderr, out.stderr
     resume(run)
     assert train_starts(run, 1) == 0 and train_starts(run, 2) == newest
     start = [e for e in events(run, "train_start") if e["attempt"] == 2]

@@ -10,6 +10,7 @@ import copy
 import json
 import logging
 import os
+import re
 import shlex
 import shutil
 import socket
@@ -291,6 +292,54 @@ def resubmit(run: RunDir, cfg: RunConfig, reason: str, by: policy.By = "cron") -
     return job_id
 
 
+_LAYOUT_REF = re.compile(r"\$\{[^}]*\b(num_nodes|num_device)\b")
+
+
+def _whole(*values: Any) -> bool:
+    return all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values)
+
+
+def _program_layout(run: RunDir, before: spec.Config, overrides: list[str], world: int
+                    ) -> tuple[Path, tuple[int, int], dict[str, Any]]:
+    """Program mode: the new layout written into the program's own config (``${program_config}``), the one place
+    the program reads it, with ``trainer.accumulate_grad_batches`` re-derived so that every optimizer step still
+    takes as many rank-batches (ESPnet3's per-rank batches: its global batch kept). Returns that config's path,
+    (accumulation before, after) and its new contents. A program that does not read its config, or whose
+    accumulation is not a number there, is refused: runner cannot keep its global batch."""
+    configs = sorted((run.root / "program").glob("*"))
+    hint = "hint: submit the config again with the new layout"
+    if len(configs) != 1 or not any(str(configs[0]) in arg for arg in before.data["command"] or ()):
+        raise SubmitError(f"resume {run.name}: found a program that does not read ${{program_config}}; expected "
+                          f"one that does, so that runner can write the new layout where it reads it. {hint}")
+    doc = yaml.safe_load(configs[0].read_text())
+    if isinstance(doc, dict) and _LAYOUT_REF.search(str(doc.get("command"))):
+        raise SubmitError(f"resume {run.name}: found num_nodes or num_device in the command line; expected them "
+                          f"only in the program's config, which runner rewrites. {hint}")
+    trainer = doc.get("trainer") if isinstance(doc, dict) else None
+    if not isinstance(trainer, dict):
+        raise SubmitError(f"resume {run.name}: found no trainer: mapping in {configs[0]}; expected the program's "
+                          f"Lightning Trainer settings. {hint}")
+    acc = trainer.get("accumulate_grad_batches", 1)
+    if not _whole(acc):
+        raise SubmitError(f"resume {run.name}: found trainer.accumulate_grad_batches={acc!r} in the program's "
+                          f"config; expected a number runner can derive again. {hint}")
+    steps = before.world_size * acc  # rank-batches per optimizer step
+    if steps % world:
+        raise SubmitError(f"resume {run.name}: found {world} ranks for {steps} rank-batches per optimizer step "
+                          f"({before.world_size} ranks x accumulation {acc}); expected a world size that divides "
+                          f"{steps}, to keep the global batch. hint: "
+                          f"{' or '.join(str(w) for w in range(1, steps + 1) if steps % w == 0)} ranks")
+    spec.apply_overrides(doc, overrides)
+    trainer["accumulate_grad_batches"] = steps // world
+    for key, value in (("devices", doc.get("num_device")), ("num_nodes", doc.get("num_nodes"))):
+        if _whole(trainer.get(key)):  # ESPnet3 writes ${num_device}: the program resolves that itself
+            trainer[key] = value
+    for loader in (doc.get("dataloader") or {}).values():
+        if isinstance(loader, dict) and _whole(loader.get("dist_world_size")):
+            loader["dist_world_size"] = world
+    return configs[0], (acc, steps // world), doc
+
+
 def resize(run: RunDir, overrides: list[str]) -> str:
     """Change a stopped run's node or device count, keeping its global batch; returns what changed.
 
@@ -298,9 +347,6 @@ def resize(run: RunDir, overrides: list[str]) -> str:
     ``global_batch_size`` the accumulation is derived again, so the config hash (which leaves the layout
     out) stays the same and the run resumes from its checkpoints.
     """
-    if read_resolved(run.config)["command"] is not None:
-        raise SubmitError(f"resume {run.name}: found a layout override for a program; expected none (the program "
-                          "reads its own config, program/CONFIG). hint: submit the config again with the new layout")
     bad = sorted({o.partition("=")[0] for o in overrides} - set(RESIZABLE))
     if bad:
         raise SubmitError(f"resume {run.name}: found an override of {', '.join(bad)}; expected only num_nodes or "
@@ -308,9 +354,14 @@ def resize(run: RunDir, overrides: list[str]) -> str:
     data: dict[str, Any] = yaml.safe_load(run.config.read_text())  # raw: it is edited, then validated
     before = spec.from_dict(copy.deepcopy(data), run.config)
     spec.apply_overrides(data, overrides)
+    world = data["num_nodes"] * data["num_device"] if _whole(data["num_nodes"], data["num_device"]) else None
+    program = _program_layout(run, before, overrides, world) if before.program_mode and world else None
     data["trainer"].update(devices=data["num_device"], num_nodes=data["num_nodes"])
     for split in data["dataloader"].values():
-        split["dist_world_size"] = data["num_nodes"] * data["num_device"]
+        if isinstance(split, dict) and (not before.program_mode or "dist_world_size" in split):
+            split["dist_world_size"] = world
+    if program is not None:
+        data["trainer"]["accumulate_grad_batches"] = program[1][1]
     if data.get("global_batch_size"):
         data["trainer"]["accumulate_grad_batches"] = None
     staged = run.root / ".config.resize.yaml"
@@ -324,14 +375,19 @@ def resize(run: RunDir, overrides: list[str]) -> str:
         raise SubmitError(f"resume {run.name}: the new layout changes the global batch ({before.global_batch} -> "
                           f"{after.global_batch}); expected the same. hint: set global_batch_size in the config")
     atomic_write(run.config, spec.dump(after.data))
+    if program is not None:
+        atomic_write(program[0], spec.dump(program[2]))
     atomic_write(run.script, render.sbatch(after, run.root, manifest.get("image", "none"), manifest.get("cwd")))
-    manifest.update(world_size=after.world_size, accumulate_grad_batches=after.accumulate)
+    acc = program[1] if program is not None else (before.accumulate, after.accumulate)
+    manifest.update(world_size=after.world_size, accumulate_grad_batches=acc[1])
     atomic_write(run.manifest, json.dumps(manifest, indent=2) + "\n")
     b, a = before.data, after.data
-    change = (f"resized from {b['num_nodes']}x{b['num_device']} (accumulate {before.accumulate}) to "
-              f"{a['num_nodes']}x{a['num_device']} (accumulate {after.accumulate}); global batch "
-              f"{after.global_batch} kept")
-    run.record("resized", change=change, world_size=after.world_size, accumulate=after.accumulate)
+    kept = (f"{before.world_size * program[1][0]} rank-batches per optimizer step kept (the program's "
+            "trainer.accumulate_grad_batches, in its config)") if program is not None \
+        else f"global batch {after.global_batch} kept"
+    change = (f"resized from {b['num_nodes']}x{b['num_device']} (accumulate {acc[0]}) to "
+              f"{a['num_nodes']}x{a['num_device']} (accumulate {acc[1]}); {kept}")
+    run.record("resized", change=change, world_size=after.world_size, accumulate=acc[1])
     print(change)
     return change
 
