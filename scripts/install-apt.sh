@@ -2,12 +2,13 @@
 # Install Debian packages a test needs, when the command they provide is missing. Quiet, idempotent, and fast when
 # there is nothing to do; prints nothing on success. No recommends (fonts and desktop integration are not needed).
 # Usage: scripts/install-apt.sh COMMAND PACKAGE...   (scripts/install-chromium.sh, scripts/install-tmux.sh)
+#        scripts/install-apt.sh - PACKAGE...         (no command to look for: install them; scripts/install-podman.sh)
 set -euo pipefail
 cmd=${1:?usage: install-apt.sh COMMAND PACKAGE...}
 shift
-die() { printf 'install-%s: %s\n' "$cmd" "$*" >&2; exit 1; }
+die() { printf 'install-%s: %s\n' "${cmd/#-/apt}" "$*" >&2; exit 1; }
 
-command -v "$cmd" >/dev/null && exit 0
+[ "$cmd" != - ] && command -v "$cmd" >/dev/null && exit 0
 [ "$(id -u)" -eq 0 ] || die "needs root (it installs $*). HINT: sudo $0 $cmd $*"
 command -v apt-get >/dev/null || die "no apt-get: install $* with your package manager"
 log=$(mktemp)
@@ -20,4 +21,4 @@ if ! { apt-get -qq -o DPkg::Lock::Timeout=300 update &&
   die "apt-get install $* failed"
 fi
 rm -f "$log"
-command -v "$cmd" >/dev/null || die "$* installed but $cmd is not on PATH"
+[ "$cmd" = - ] || command -v "$cmd" >/dev/null || die "$* installed but $cmd is not on PATH"

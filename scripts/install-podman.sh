@@ -31,19 +31,8 @@ install_packages() {
   done
   [ "${#missing[@]}" -eq 0 ] && return 0
   changed=1
-  command -v apt-get >/dev/null || die "no apt-get: install ${missing[*]} with your package manager"
-  local log
-  log=$(mktemp)
-  # Lock timeout: another session may be running apt on the same machine.
-  # No recommends: buildah, fuse-overlayfs, slirp4netns and uidmap serve rootless use only.
-  if ! { apt-get -qq -o DPkg::Lock::Timeout=300 update &&
-         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=300 \
-           --no-install-recommends "${missing[@]}"; } >"$log" 2>&1; then
-    cat "$log" >&2
-    rm -f "$log"
-    die "apt-get install ${missing[*]} failed"
-  fi
-  rm -f "$log"
+  # No recommends (install-apt.sh): buildah, fuse-overlayfs, slirp4netns and uidmap serve rootless use only.
+  "$(dirname "$0")/install-apt.sh" - "${missing[@]}"
 }
 
 # Prints the containers.conf settings this machine needs; nothing when it needs none.
