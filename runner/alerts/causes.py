@@ -73,7 +73,7 @@ class Cause:
             return f"node: {self.node} failed the preflight: {self.detail}"
         if self.kind == "nan":
             return f"nan: non-finite {self.detail} at step {at}; training stopped before any checkpoint of it"
-        if self.kind == "rank":
+        if self.kind == "rank" or (self.kind == "oom" and self.rank is not None):
             return f"rank {self.rank}{f' on {self.node}' if self.node else ''}: {self.detail}"
         if self.kind in ("hang", "hook"):
             return self.detail
@@ -261,6 +261,7 @@ class RankExit:
     time: float = 0.0  # when it was seen to end (order of srun's lines on Slurm)
     node: str = ""
     words: str = ""  # srun's own words ("Killed", "Out Of Memory"), when srun said it
+    oom: bool = False  # killed by SIGKILL while the kernel's OOM killer ran (a local run: /proc/vmstat)
 
     @property
     def orderly(self) -> bool:
@@ -293,7 +294,7 @@ class Failure:
 
     @property
     def why(self) -> Cause:
-        return Cause("rank", self.how, rank=self.rank, node=self.node)
+        return Cause("oom" if self.how.startswith("OOM") else "rank", self.how, rank=self.rank, node=self.node)
 
     @property
     def cause(self) -> str:
@@ -311,6 +312,8 @@ def _killed(e: RankExit) -> bool:
 def _how(e: RankExit, crash: Mapping[str, Any] | None) -> str:
     if "out of memory" in e.words.lower():
         return f"OOM (srun: {e.words})"
+    if e.oom:
+        return "OOM (killed by SIGKILL as the kernel's OOM killer ran)"
     if _killed(e):
         return f"killed (srun: {e.words})" if e.words else f"killed by {_signame(-e.code)}"
     if crash and not _echo(crash):

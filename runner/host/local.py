@@ -31,6 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from runner import alerts, ledger, policy, redaction
@@ -352,14 +353,31 @@ def _duration(seconds: float) -> str:
         if s >= 60 else f"{s}s"
 
 
+def oom_kills(vmstat: Path = Path("/proc/vmstat")) -> int | None:
+    """How many processes the kernel's OOM killer has killed on this machine since boot (``oom_kill``, Linux >= 4.13;
+    a memory cgroup's limit counts too), or None where it cannot be read. A rank killed by SIGKILL while it grew is
+    named as an OOM, not a bare SIGKILL (srun says "Out Of Memory" itself on Slurm)."""
+    try:
+        for line in vmstat.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == "oom_kill":
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 def _supervise(att: _Attempt, progress: Callable[[], None] = lambda: None) -> None:
     """Wait for every rank, acting on the first failure (``KILL_WAIT_S``, then kill the rest); shows ``progress``
     about every second."""
     done: queue.Queue[RankExit] = queue.Queue()
 
+    ooms = oom_kills()
+
     def waiter(rank: int, p: subprocess.Popen[bytes]) -> None:
         code = p.wait()
-        done.put(RankExit(rank=rank, code=code, time=time.time(), node=socket.gethostname()))
+        oom = code == -signal.SIGKILL and ooms is not None and (oom_kills() or 0) > ooms
+        done.put(RankExit(rank=rank, code=code, time=time.time(), node=socket.gethostname(), oom=oom))
 
     for rank, p in enumerate(att.procs):
         threading.Thread(target=waiter, args=(rank, p), daemon=True, name=f"rank-{rank}").start()
