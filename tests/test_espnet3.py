@@ -1,16 +1,21 @@
 """ESPnet3's own mini_an4 recipe (``espnet==202611`` from PyPI, its ``run.py`` and config unchanged) under runner,
 as examples/espnet3-mini-an4/README.md runs it: every stage a runner run, training on the dev cluster (2 nodes x 2
-ranks, CPU/gloo, ``runtime: none`` with the ESPnet3 venv: see that README for why not the podman image), and the
-faults runner promises to handle, inside ESPnet3's own Lightning Trainer.
+ranks, CPU/gloo, ``runtime: none`` with the ESPnet3 venv), and the faults runner promises to handle, inside ESPnet3's
+own Lightning Trainer. One training run inside the podman variant's image (``prepare.sh --podman``): Python 3.12 on
+the stand-in base of containers/test-base-py312.sh, built offline once per session from
+containers/wheelhouse-espnet3.sh's wheels; both are cached under /var/tmp/runner-test-cache (the wheelhouse by its
+sources, the image by runner's spec hash).
 
 Needs ``.venv-espnet3`` (scripts/install-espnet3.sh, which scripts/test.sh runs): skipped with a reason on a laptop
 without it, a failure under CI=true."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -19,6 +24,7 @@ import pytest
 import yaml
 
 from runner.dev import devcluster
+from tests import test_containers
 from tests.ci import unavailable
 from tests.conftest import fixture_tier
 from tests.test_failures import checkpoint_done, events, job_id, runner, status, wait_for
@@ -44,10 +50,10 @@ def espnet3_python() -> Path:
     return PYTHON
 
 
-def submit(recipe: Path, env: dict[str, str], root: Path, *overrides: str, timeout: float = 900
+def submit(recipe: Path, env: dict[str, str], root: Path, *overrides: str, timeout: float = 900, conf: str = CONF
            ) -> subprocess.CompletedProcess[str]:
     """``runner submit`` from the ESPnet3 venv, in the recipe directory, as the example's README does."""
-    return subprocess.run([str(espnet3_python()), "-m", "runner", "submit", CONF, f"runner.run_root={root}",
+    return subprocess.run([str(espnet3_python()), "-m", "runner", "submit", conf, f"runner.run_root={root}",
                            *overrides], capture_output=True, text=True, cwd=recipe, env=env, timeout=timeout)
 
 
@@ -113,6 +119,17 @@ def test_runner_validates_espnet3s_template_config(tmp_path: Path, overrides: li
     lines = out.stderr.strip().splitlines()  # one line a problem (train and valid both, where both are wrong)
     assert lines[0].startswith("runner: error:") and key in lines[0] and len(lines) <= 2, lines
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.unit
+def test_the_podman_variant_installs_the_packages_of_the_requirements_file() -> None:
+    """podman.yaml names the packages, containers/espnet3-requirements.txt their versions (the wheelhouse holds one
+    of each): the two lists stay the same, plus runner's own wheel."""
+    lines = (REPO / "containers" / "espnet3-requirements.txt").read_text().splitlines()
+    required = [re.split(r"[=<>!~ ]", line, maxsplit=1)[0] for line in lines if line and not line.startswith("#")]
+    podman = yaml.safe_load("runner:\n" + (EXAMPLE / "podman.yaml").read_text())["runner"]["container"]
+    assert podman["pip"] == [*required, "runner[train]"]
+    assert podman["runtime"] == "podman" and podman["python"] == "python3.12"
 
 
 # -- every stage, locally ------------------------------------------------------------------------------------------
@@ -312,3 +329,77 @@ def test_collect_stats_on_slurm_worker_jobs_one_cancelled_equals_local(slurm_clu
         assert sorted(mine.files) == sorted(ref.files) and int(mine["count"]) == int(ref["count"]) > 0
         for key in ref.files:
             np.testing.assert_allclose(mine[key], ref[key], rtol=1e-5, err_msg=f"{split} {key}")
+
+
+# -- training inside the podman image ------------------------------------------------------------------------------
+
+PY312_BASE = "localhost/runner-test-base:bookworm-py312"
+IMAGE_TIMEOUT_S = 1800  # measured cold: wheelhouse 31 s, base 35 s, image ~5 min (2 cores)
+
+
+def _image_step(argv: list[str], what: str, cwd: Path = REPO) -> str:
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=IMAGE_TIMEOUT_S, cwd=cwd)
+    except subprocess.TimeoutExpired:
+        unavailable(f"{what} ran longer than {IMAGE_TIMEOUT_S} s")
+    if out.returncode != 0:
+        unavailable(f"{what} failed (exit {out.returncode}):\n{out.stdout[-3000:]}{out.stderr[-3000:]}")
+    return out.stdout + out.stderr
+
+
+@pytest.fixture(scope="session")
+def espnet3_image(podman_base_image: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The podman variant's config (``prepare.sh DEST --podman WHEELHOUSE``), after ``runner build`` of it: the
+    stand-in base with Python 3.12, the wheelhouse (its name keyed by what its wheels are made of) and the image are
+    each made once and found again by later sessions. Older wheelhouses (3 GB) and images of this config go."""
+    python = espnet3_python()
+    if os.geteuid() != 0:
+        unavailable("the podman tests need root. HINT: scripts/install-podman.sh")
+    _image_step([str(REPO / "containers" / "test-base-py312.sh"), PY312_BASE], "containers/test-base-py312.sh")
+    cache = test_containers.CACHE
+    cache.mkdir(parents=True, exist_ok=True)
+    key = hashlib.sha256(test_containers._source_key().encode() + b"".join(
+        (REPO / "containers" / f).read_bytes() for f in ("espnet3-requirements.txt", "wheelhouse-espnet3.sh")))
+    wheelhouse = cache / f"wheelhouse-espnet3-{key.hexdigest()[:12]}"
+    for old in cache.glob("wheelhouse-espnet3-*"):
+        if old != wheelhouse and not old.name.endswith(".tmp"):
+            shutil.rmtree(old, ignore_errors=True)
+    _image_step([str(REPO / "containers" / "wheelhouse-espnet3.sh"), str(wheelhouse)],
+                "containers/wheelhouse-espnet3.sh")
+    work = tmp_path_factory.mktemp("espnet3-podman") / "mini_an4"
+    _image_step([str(EXAMPLE / "prepare.sh"), str(work), "--podman", str(wheelhouse)], "prepare.sh --podman")
+    out = _image_step([str(python), "-m", "runner", "build", CONF, f"runner.container.image_dir={cache / 'images'}"],
+                      "runner build (the ESPnet3 podman image)", cwd=work)
+    spec_hash = re.search(r"spec ([0-9a-f]{12})", out)
+    assert spec_hash, out
+    test_containers._prune(cache / "images", spec_hash[1], stem="mini-an4")
+    return work / CONF
+
+
+@pytest.mark.podman
+def test_train_stage_inside_the_podman_image_on_two_nodes_of_two_ranks(slurm_cluster: devcluster.Cluster,
+                                                                       recipe: Path, espnet3_image: Path,
+                                                                       tmp_path: Path) -> None:
+    """The recipe (prepared by the ``recipe`` fixture, on the venv) trains with the podman variant's config: every
+    rank inside the image; ESPnet3's experiment in the recipe's exp/, as with runtime none."""
+    conf = "conf/training_asr_transformer_podman.yaml"
+    shutil.copy(espnet3_image, recipe / conf)
+    env = cluster_env(slurm_cluster)
+    out = submit(recipe, env, tmp_path / "runs", *TRAIN, "exp_tag=podman_train", "trainer.max_epochs=3",
+                 f"runner.container.image_dir={test_containers.CACHE / 'images'}", conf=conf)
+    assert out.returncode == 0, out.stdout + out.stderr
+    run = one_run(tmp_path / "runs")
+    wait_for("the training job to end", lambda: bool(exits(run)), 600, run)
+    [end] = exits(run)
+    assert (end["outcome"], end["exit_code"]) == ("completed", 0), end
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["runtime"] == "podman" and manifest["image"].startswith("localhost/runner-mini-an4:"), manifest
+    info = rank_info(run)
+    assert sorted(r["hostname"] for r in info) == ["n1", "n1", "n2", "n2"]
+    for r in info:
+        assert (r["runtime"], r["image"], r["in_container"]) == ("podman", manifest["image"], True), r
+    assert next(e for e in events(run) if e["event"] == "finished")["step"] == 3 * 4  # ESPnet3's global step
+    exp = recipe / "exp" / "podman_train"
+    assert (exp / "last.ckpt").exists() and list(exp.glob("epoch*valid.loss.ckpt"))
+    assert "valid/loss" in (exp / "train.log").read_text()
+    assert status(env, run)["state"] == "completed"
