@@ -7,6 +7,7 @@ through `runner.spec.load`.
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -167,6 +168,42 @@ def test_program_yaml_is_the_file_as_written_without_the_runner_block(tmp_path: 
     manifest = json.loads(plan.run.manifest.read_text())
     assert manifest["global_batch"] is None and manifest["data_module"]["global_batch"] == "the program's own"
     assert not list(plan.run.root.glob(".*.tmp-*"))  # written atomically, no temp file left
+
+
+PARALLEL = """\
+parallel:
+  env: slurm
+  n_workers: 2
+  options:
+    cores: 1
+    memory: 1000MB
+    python: ${container_python}
+"""
+
+
+@pytest.mark.local  # submit.plan asks git for the config's provenance
+@pytest.mark.parametrize("runtime", ["podman", "none"])
+def test_container_python_starts_the_programs_own_jobs_in_the_runs_image(tmp_path: Path, runtime: str) -> None:
+    """ESPnet3's dask-jobqueue workers (``parallel.options.python``) start as the ranks do: in the run's image, with
+    their binds and environment, in the program's directory; with runtime none, this Python."""
+    extra = BLOCK.replace("run_root: runs", f"run_root: {tmp_path / 'runs'}").replace("runtime: none",
+                                                                                      f"runtime: {runtime}")
+    path = write(tmp_path, SEED + extra + PARALLEL)
+    assert "container_python" not in " ".join(spec.load(path).notes)  # validates: a name runner knows
+    plan = submit.plan(path, [], allow_missing_image=True)
+    submit.write(plan)
+    python = yaml.safe_load(plan.run.program_config("conf.yaml").read_text())["parallel"]["options"]["python"]
+    manifest = json.loads(plan.run.manifest.read_text())
+    if runtime == "none":
+        assert python == sys.executable
+        return
+    words = shlex.split(python)
+    assert words[:3] == ["podman", "run", "--rm"] and words[-2:] == [manifest["image"], "python"]
+    assert words[words.index("--workdir") + 1] == manifest["cwd"]
+    for bind in (str(tmp_path / "runs"), manifest["cwd"]):
+        assert words[words.index(f"{bind}:{bind}") - 1] == "--volume"
+    for name in ("SLURM_*", "OMP_NUM_THREADS", "RUNNER_RUN_DIR"):
+        assert words[words.index(name) - 1] == "--env"
 
 
 @pytest.mark.local

@@ -217,6 +217,21 @@ def secret_env_file(env: dict[str, object]) -> str:
     return "".join(f"export {k}={q(v)}\n" for k, v in sorted(secret_env(env).items()))
 
 
+def _binds(cfg: Config, run_dir: Path, program_dir: str | None) -> list[str]:
+    """What a rank's container binds: the run root, ``container.binds``, and a program's own directory."""
+    return sorted({str(run_dir.parent.resolve()), *cfg.data["container"]["binds"],
+                   *([program_dir] if program_dir and cfg.data["command"] else [])})
+
+
+def program_python(cfg: Config, run_dir: Path, image: str, program_dir: str) -> str:
+    """``${container_python}`` in a program's config: the shell words that start Python in the run's image with its
+    ranks' binds and environment, in the program's directory: for jobs the program submits itself (ESPnet3's
+    dask-jobqueue workers: ``parallel.options.python``). pyxis has no command of its own: a one-task srun step."""
+    names = ["OMP_NUM_THREADS", "RUNNER_RUN_DIR", *cfg.data["env"]]
+    prefix = exec_prefix(cfg, image, _binds(cfg, run_dir, program_dir), names, program_dir)
+    return f"srun --ntasks=1 {prefix}" if cfg.data["container"]["runtime"] == "pyxis" else prefix
+
+
 def sbatch(cfg: Config, run_dir: Path, image: str, program_dir: str | None = None) -> str:
     """The batch script. ``program_dir``: where a program (``command:``) runs, bound into the container."""
     d, s = cfg.data, cfg.data["slurm"]
@@ -225,8 +240,7 @@ def sbatch(cfg: Config, run_dir: Path, image: str, program_dir: str | None = Non
     gpus = s["gpus_per_node"]
     if gpus is None:
         gpus = d["num_device"] if d["trainer"]["accelerator"] in ("gpu", "cuda") else 0
-    binds = sorted({str(run_dir.parent.resolve()), *cfg.data["container"]["binds"],
-                    *([program_dir] if program_dir and d["command"] else [])})
+    binds = _binds(cfg, run_dir, program_dir)
     everything = sorted((k, str(v)) for k, v in d["env"].items())
     env = [(k, v) for k, v in everything if k not in secret_env(d["env"])]  # the rest: RUN/secret.env (0600)
     ifname = cfg.data["network"]["ifname"]

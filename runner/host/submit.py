@@ -27,6 +27,7 @@ from runner.errors import ConfigError, SubmitError
 from runner.host import build, nodes, render, slurm
 from runner.host.provenance import git_provenance
 from runner.rundir import RunDir, atomic_write, read_json
+from runner.spec.load import fill_builtins
 from runner.spec.typed import RunConfig, read_resolved
 
 log = logging.getLogger(__name__)
@@ -135,7 +136,9 @@ def plan(path: Path, overrides: list[str], allow_missing_image: bool = False) ->
              run.manifest.name: json.dumps(manifest, indent=2) + "\n",
              run.script.name: render.sbatch(cfg, rd_path, image, os.getcwd())}
     if cfg.document is not None:  # program mode: the program's config, ${program_config} in the command
-        files[str(run.program_config(cfg.path.name).relative_to(run.root))] = spec.dump(cfg.document)
+        python = render.program_python(cfg, rd_path, image, os.getcwd())
+        files[str(run.program_config(cfg.path.name).relative_to(run.root))] = \
+            spec.dump(fill_builtins(cfg.document, {"container_python": python}))
     extra: list[str] = []
     if cfg.data["scheduler"] == "slurm":
         extra = nodes.exclude_args(rd_path.parent, cfg.data["resume"]["exclude_nodes_s"])

@@ -29,7 +29,7 @@ from runner.spec.validate import Problems, Said
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv}
 _INTERP = re.compile(r"\$\{([^{}]+)\}")
 # OmegaConf's resolver syntax, ${name:args} (${oc.env:HOME}, ESPnet3's ${self_name:}): the program's to resolve.
-_BUILTIN = re.compile(r"\$\{\s*(run_dir|program_config)\s*\}")
+_BUILTIN = re.compile(r"\$\{\s*(run_dir|program_config|container_python)\s*\}")
 _RESOLVER = re.compile(r"\$\{\s*[A-Za-z_][\w.\-]*\s*:[^{}]{0,40}\}?")
 
 
@@ -495,13 +495,13 @@ def _resolve_all(node: Any, interp: _Interp, problems: Problems, path: str,
         return node
 
 
-def _builtins(value: Any, builtins: dict[str, str]) -> Any:
-    """``${run_dir}`` and ``${program_config}`` written out in the program's config: they are runner's names, which
-    the program cannot resolve; every other ``${...}`` stays for the program."""
+def fill_builtins(value: Any, builtins: dict[str, str]) -> Any:
+    """``${run_dir}``, ``${program_config}`` and ``${container_python}`` written out in the program's config: they
+    are runner's names, which the program cannot resolve; every other ``${...}`` stays for the program."""
     if isinstance(value, dict):
-        return {k: _builtins(v, builtins) for k, v in value.items()}
+        return {k: fill_builtins(v, builtins) for k, v in value.items()}
     if isinstance(value, list):
-        return [_builtins(v, builtins) for v in value]
+        return [fill_builtins(v, builtins) for v in value]
     if isinstance(value, str) and "${" in value:
         return _BUILTIN.sub(lambda m: builtins[m.group(1)], value)
     return value
@@ -541,7 +541,9 @@ def load(path: str | Path, overrides: list[str] | None = None, run_dir: str = "$
     settings.setdefault("name", None)
     parts = split.split(data, problems)
     program = kind == "train" and parts.own.get("command") is not None
-    builtins = {"run_dir": run_dir, "program_config": str(RunDir(Path(run_dir)).program_config(path.name))}
+    # ${container_python} needs the image: `runner submit` writes it out (render.program_python); kept until then.
+    builtins = {"run_dir": run_dir, "program_config": str(RunDir(Path(run_dir)).program_config(path.name)),
+                "container_python": "${container_python}"}
     own = _resolve_all(parts.own, _Interp(data, builtins), problems, "", _programs if program else lambda p: False)
     if own.get("name") is None:
         own["name"] = re.sub(r"[^A-Za-z0-9_.\-]", "-", path.stem)[:100] or "run"
@@ -568,7 +570,7 @@ def load(path: str | Path, overrides: list[str] | None = None, run_dir: str = "$
     if problems.items:
         shown, more = problems.items[:MAX_PROBLEMS], len(problems.items) - MAX_PROBLEMS
         raise ConfigError(shown + ([f"{path}: ... and {more} more problems like these"] if more > 0 else []))
-    doc = {k: _builtins(v, builtins) for k, v in document.items() if k != BLOCK} if program else None
+    doc = {k: fill_builtins(v, builtins) for k, v in document.items() if k != BLOCK} if program else None
     redaction.remember_config(own)  # whatever this process writes for the run from now on: without its webhook URL
     return Config(data=view(own), path=path, lines=lines, notes=problems.notes, takes_dataloader=takes,
                   document=doc)

@@ -23,6 +23,10 @@ OPTIONS = {
 }
 # Options of the other envs are accepted and left unused, so one config switches env with an override.
 KNOWN = tuple(dict.fromkeys(k for keys in OPTIONS.values() for k in keys))
+# dask-jobqueue's `python` (how a worker job starts Python) may only be runner's ${container_python}: the ranks' exec
+# prefix (image, binds, environment), written out and quoted by `runner submit` (runner.host.render.program_python)
+# for a program's own worker jobs (ESPnet3's parallel: block); `runner parallel` starts its workers that way itself.
+CONTAINER_PYTHON = "${container_python}"
 # The sections a parallel run reads; the training sections may be present (and are checked by `runner validate`).
 SHARED = ("name", "run_root", "container", "slurm", "env", "alerts", "parallel")
 SCHEMA_PARALLEL: dict[str, Any] = {**{k: SCHEMA[k] for k in SHARED}, "*": tuple(k for k in SCHEMA if k not in SHARED)}
@@ -72,9 +76,11 @@ def check(par: Mapping[str, Any], problems: Adds, need_workload: bool) -> None:
     """The block's rules beyond types: options known for its env, safe for job scripts; a workload to run."""
     options = par.get("options") or {}
     for key, value in options.items():
+        if key == "python" and value == CONTAINER_PYTHON:
+            continue
         if key not in KNOWN:
             problems.add(f"parallel.options.{key}", key, "an option of Dask (local) or dask-jobqueue (slurm)",
-                         f"known: {', '.join(KNOWN)}")
+                         f"known: {', '.join(KNOWN)}, python: {CONTAINER_PYTHON}")
         # dask-jobqueue writes these into #SBATCH lines and the worker's command line without quoting.
         bad = [s for s in _strings(value) if not SBATCH_SAFE.match(s)]
         if bad:
