@@ -319,9 +319,14 @@ def test_collect_stats_on_slurm_worker_jobs_one_cancelled_equals_local(slurm_clu
     state = subprocess.run(["sacct", "-n", "-X", "-j", victim, "-o", "State"], capture_output=True, text=True,
                            env=env, timeout=30).stdout
     assert "CANCELLED" in state, state
+    assert_same_stats(stats, recipe / "exp" / "stats")
+
+
+def assert_same_stats(stats: Path, local: Path) -> None:
+    """ESPnet3's statistics equal env: local's: the shape files and frame counts byte for byte, the float32 sums up
+    to their summation order."""
     import numpy as np
 
-    local = recipe / "exp" / "stats"
     for name in ("train/feats_shape", "train/text_shape", "valid/feats_shape"):
         assert (stats / name).read_bytes() == (local / name).read_bytes(), name
     for split in ("train", "valid"):
@@ -403,3 +408,42 @@ def test_train_stage_inside_the_podman_image_on_two_nodes_of_two_ranks(slurm_clu
     assert (exp / "last.ckpt").exists() and list(exp.glob("epoch*valid.loss.ckpt"))
     assert "valid/loss" in (exp / "train.log").read_text()
     assert status(env, run)["state"] == "completed"
+
+
+@pytest.mark.podman
+def test_collect_stats_workers_run_in_the_image_and_survive_a_cancel(slurm_cluster: devcluster.Cluster,
+                                                                     recipe: Path, espnet3_image: Path,
+                                                                     tmp_path: Path) -> None:
+    """collect_stats with env: slurm inside the podman image: the stage's process submits ESPnet3's dask-jobqueue
+    workers from inside the image (Slurm's client in it, the cluster's slurm.conf and munge socket bound), each
+    worker job starts Python in the same image (``python: ${container_python}``); one is cancelled mid-way, and the
+    statistics still equal those of env: local."""
+    conf = "conf/training_asr_transformer_podman_stats.yaml"
+    shutil.copy(espnet3_image, recipe / conf)
+    env = cluster_env(slurm_cluster)
+    stats = recipe / "exp" / "stats_podman"
+    out = submit(recipe, env, tmp_path / "runs", "stages=collect_stats", "runner.scheduler=slurm",
+                 f"runner.container.image_dir={test_containers.CACHE / 'images'}",
+                 f"runner.container.binds=[{slurm_cluster.root}]", "parallel.env=slurm", "parallel.n_workers=2",
+                 f"stats_dir={stats}", "exp_tag=stats_podman",
+                 "parallel.options={cores: 1, memory: 1000MB, processes: 1, walltime: '00:20:00', "
+                 f"worker_extra_args: [{NO_PAUSE}]}}", "parallel.options.python=${container_python}", conf=conf)
+    assert out.returncode == 0, out.stdout + out.stderr
+    run = one_run(tmp_path / "runs")
+    program = yaml.safe_load((run / "program" / Path(conf).name).read_text())
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert program["parallel"]["options"]["python"].startswith("podman run --rm ")
+    assert program["parallel"]["options"]["python"].endswith(f" {manifest['image']} python3.12")
+    wait_for("a worker job to start a shard", lambda: bool(squeue(env, "-n", "dask-worker", "-t", "R", "-o", "%i"))
+             and bool(list(stats.glob("train/split.*/lock"))), 300, run)
+    inside = subprocess.run(["podman", "ps", "--no-trunc", "--filter", f"ancestor={manifest['image']}", "--format",
+                             "{{.Command}}"], capture_output=True, text=True, timeout=30).stdout
+    assert "distributed.cli.dask_worker" in inside, inside  # a worker, in the run's image
+    assert len(list(stats.glob("train/split.*/done"))) < 2  # mid-way: not every shard of train is done
+    victim = squeue(env, "-n", "dask-worker", "-t", "R", "-o", "%i")[0]
+    subprocess.run(["scancel", victim], env=env, check=True, timeout=30)
+    wait_for("the stage's job to end", lambda: bool(exits(run)), 600, run)
+    [end] = exits(run)
+    assert (end["outcome"], end["exit_code"]) == ("completed", 0), end
+    assert [r["in_container"] for r in rank_info(run)] == [True]
+    assert_same_stats(stats, recipe / "exp" / "stats")
