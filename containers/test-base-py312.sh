@@ -16,23 +16,13 @@ set -euo pipefail
 
 tag=${1:-localhost/runner-test-base:bookworm-py312}
 prefix=${PY312_PREFIX:-/root/.pyenv/versions/3.12.1}
-suite=bookworm
 packages=apt,ca-certificates,libssl3,libffi8,libsqlite3-0,liblzma5,libbz2-1.0,libncursesw6,libreadline8,libuuid1,libnsl2,libexpat1
 
 die() { printf 'test-base-py312: %s\n' "$*" >&2; exit 1; }
 
-[ "$(id -u)" -eq 0 ] || die "needs root (mmdebstrap chroots, the image goes to root's podman storage). HINT: sudo $0"
-if ! command -v mmdebstrap >/dev/null || ! command -v podman >/dev/null; then
-  die "podman or mmdebstrap missing. HINT: run scripts/install-podman.sh"
-fi
-podman image exists "$tag" && exit 0
+podman image exists "$tag" 2>/dev/null && exit 0
 [ -x "$prefix/bin/python3.12" ] && [ -e "$prefix/lib/libpython3.12.so.1.0" ] \
   || die "no shared CPython 3.12 under $prefix. HINT: set PY312_PREFIX (a prefix built with --enable-shared)"
-exec 9>"/run/lock/runner-test-base-py312.lock"  # one build at a time
-flock 9
-podman image exists "$tag" && exit 0
-
-start=$SECONDS
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # Only the interpreter, its stdlib and pip: not the test suite, nor what else this machine put in its site-packages.
@@ -42,26 +32,8 @@ tar -C "$prefix" -cf "$work/python.tar" --exclude=./lib/python3.12/test --exclud
 
 # The scripts' shebangs name pyenv's prefix: they name /usr/local's python3.12 in the image.
 # shellcheck disable=SC2016  # "$1" in the hooks is the chroot, expanded by mmdebstrap.
-if ! mmdebstrap --variant=essential --format=tar --include="$packages" --dpkgopt=force-unsafe-io \
-      --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
-      --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
-      --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/info/*' \
-      --dpkgopt='path-exclude=/usr/share/locale/*' \
-      --customize-hook="tar -C \"\$1/usr/local\" -xf $work/python.tar" \
-      --customize-hook="sed -i '1s|^#!$prefix/bin/python3.12|#!/usr/local/bin/python3.12|' \"\$1\"/usr/local/bin/*" \
-      --customize-hook='chroot "$1" ldconfig' \
-      --customize-hook='chroot "$1" python3.12 -c "import ssl, ctypes, sqlite3, lzma, bz2, pip"' \
-      "$suite" "$work/rootfs.tar" >"$work/log" 2>&1; then
-  cat "$work/log" >&2
-  die "mmdebstrap failed"
-fi
-
-podman import --quiet \
-  --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
-  --change 'ENV LANG=C.UTF-8' \
-  --change 'LABEL org.opencontainers.image.title=runner-test-base-py312' \
-  --change "LABEL runner.test-base.recipe=mmdebstrap:$suite:essential:$packages+$prefix" \
-  --change 'CMD ["python3"]' \
-  "$work/rootfs.tar" "$tag" >/dev/null
-
-printf 'test-base-py312: built %s in %ss\n' "$tag" "$((SECONDS - start))" >&2
+"$(dirname "$0")/debian-image.sh" "$tag" runner-test-base-py312 "$packages" "$packages+$prefix" \
+  --customize-hook="tar -C \"\$1/usr/local\" -xf $work/python.tar" \
+  --customize-hook="sed -i '1s|^#!$prefix/bin/python3.12|#!/usr/local/bin/python3.12|' \"\$1\"/usr/local/bin/*" \
+  --customize-hook='chroot "$1" ldconfig' \
+  --customize-hook='chroot "$1" python3.12 -c "import ssl, ctypes, sqlite3, lzma, bz2, pip"'

@@ -14,5 +14,5 @@ py=${PYTHON:-$repo/.venv/bin/python}
 ver=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 [ "$ver" = 3.11 ] || { echo "wheelhouse: $py is Python $ver; the image's Python is 3.11" >&2; exit 1; }
 rm -rf "$dir.tmp"
-"$py" -m pip wheel -q --wheel-dir "$dir.tmp" "torch==2.13.0" "lightning==2.6.*" "torchdata==0.11.0" "$repo[train]"
+"$py" -m pip wheel -q --wheel-dir "$dir.tmp" "torch==2.13.0" "lightning==2.6.*" "torchdata==0.11.0" "${repo}[train]"
 mv "$dir.tmp" "$dir"

@@ -18,6 +18,7 @@ import re
 import shutil
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -308,18 +309,27 @@ def test_collect_stats_on_slurm_worker_jobs_one_cancelled_equals_local(slurm_clu
                  f"worker_extra_args: [{NO_PAUSE}]}}")
     assert out.returncode == 0, out.stdout + out.stderr
     run = one_run(tmp_path / "runs")
+    victim = cancel_a_worker_mid_way(env, run, stats)
+    state = subprocess.run(["sacct", "-n", "-X", "-j", victim, "-o", "State"], capture_output=True, text=True,
+                           env=env, timeout=30).stdout
+    assert "CANCELLED" in state, state
+    assert_same_stats(stats, recipe / "exp" / "stats")
+
+
+def cancel_a_worker_mid_way(env: dict[str, str], run: Path, stats: Path,
+                            check: Callable[[], None] = lambda: None) -> str:
+    """Once a worker job has started a shard of train (and ``check`` holds), scancel one worker job; the stage's job
+    then ends completed. Returns the cancelled job's id."""
     wait_for("a worker job to start a shard", lambda: bool(squeue(env, "-n", "dask-worker", "-t", "R", "-o", "%i"))
              and bool(list(stats.glob("train/split.*/lock"))), 300, run)
+    check()
     assert len(list(stats.glob("train/split.*/done"))) < 2  # mid-way: not every shard of train is done
     victim = squeue(env, "-n", "dask-worker", "-t", "R", "-o", "%i")[0]
     subprocess.run(["scancel", victim], env=env, check=True, timeout=30)
     wait_for("the stage's job to end", lambda: bool(exits(run)), 600, run)
     [end] = exits(run)
     assert (end["outcome"], end["exit_code"]) == ("completed", 0), end
-    state = subprocess.run(["sacct", "-n", "-X", "-j", victim, "-o", "State"], capture_output=True, text=True,
-                           env=env, timeout=30).stdout
-    assert "CANCELLED" in state, state
-    assert_same_stats(stats, recipe / "exp" / "stats")
+    return victim
 
 
 def assert_same_stats(stats: Path, local: Path) -> None:
@@ -434,16 +444,12 @@ def test_collect_stats_workers_run_in_the_image_and_survive_a_cancel(slurm_clust
     manifest = json.loads((run / "manifest.json").read_text())
     assert program["parallel"]["options"]["python"].startswith("podman run --rm ")
     assert program["parallel"]["options"]["python"].endswith(f" {manifest['image']} python3.12")
-    wait_for("a worker job to start a shard", lambda: bool(squeue(env, "-n", "dask-worker", "-t", "R", "-o", "%i"))
-             and bool(list(stats.glob("train/split.*/lock"))), 300, run)
-    inside = subprocess.run(["podman", "ps", "--no-trunc", "--filter", f"ancestor={manifest['image']}", "--format",
-                             "{{.Command}}"], capture_output=True, text=True, timeout=30).stdout
-    assert "distributed.cli.dask_worker" in inside, inside  # a worker, in the run's image
-    assert len(list(stats.glob("train/split.*/done"))) < 2  # mid-way: not every shard of train is done
-    victim = squeue(env, "-n", "dask-worker", "-t", "R", "-o", "%i")[0]
-    subprocess.run(["scancel", victim], env=env, check=True, timeout=30)
-    wait_for("the stage's job to end", lambda: bool(exits(run)), 600, run)
-    [end] = exits(run)
-    assert (end["outcome"], end["exit_code"]) == ("completed", 0), end
+
+    def in_the_image() -> None:
+        inside = subprocess.run(["podman", "ps", "--no-trunc", "--filter", f"ancestor={manifest['image']}",
+                                 "--format", "{{.Command}}"], capture_output=True, text=True, timeout=30).stdout
+        assert "distributed.cli.dask_worker" in inside, inside  # a worker, in the run's image
+
+    cancel_a_worker_mid_way(env, run, stats, in_the_image)
     assert [r["in_container"] for r in rank_info(run)] == [True]
     assert_same_stats(stats, recipe / "exp" / "stats")
