@@ -197,3 +197,21 @@ def test_build_from_run_uses_the_runs_config_and_refuses_another_spec(tmp_path: 
         build.plan_from_run(p.run.root)
     with pytest.raises(BuildError, match="expected a run directory"):
         build.plan_from_run(tmp_path / "nope")
+
+
+HELPER_HEADS = [("podman", ["podman", "run", "--rm"]), ("apptainer", ["apptainer", "exec", "--nv"]),
+                ("pyxis", ["srun", "--ntasks=1", f"--container-image={IMAGES['pyxis']}"]), ("none", [sys.executable])]
+
+
+@pytest.mark.parametrize(("runtime", "head"), HELPER_HEADS)
+def test_a_helper_job_starts_python_in_the_image_as_a_command(runtime: str, head: list[str]) -> None:
+    """A Dask worker job's `python` (runner parallel's workers, a program's ${container_python}) is a command of its
+    own: with pyxis, whose flags belong to srun, a one-task srun step; podman and pyxis set the working directory
+    (Apptainer keeps the caller's)."""
+    cfg = spec.load(GOLDEN_CONF, [f"container.runtime={runtime}"], run_dir=str(RUN_DIR))
+    words = shlex.split(render.job_python(cfg, IMAGES[runtime], ["/data"], ["HF_HOME"], "/work"))
+    assert words[:len(head)] == head
+    if runtime != "none":
+        assert words[-1] == "python" and IMAGES[runtime] in " ".join(words)
+    if runtime in ("podman", "pyxis"):
+        assert "/work" in " ".join(words)

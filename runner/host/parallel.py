@@ -100,8 +100,7 @@ def _worker_python(cfg: spec.Config, run: RunDir) -> str:
             raise RunnerError(f"{problem}. hint: run `runner build {cfg.path}` first, or set "
                               "container.allow_missing_image: true if the image exists where the jobs run")
     binds = sorted({str(run.root.parent), *c["binds"]})
-    return render.exec_prefix(cfg, image, binds, ["OMP_NUM_THREADS", "RUNNER_RUN_DIR", P.CODE_PATH_ENV,
-                                                  *cfg.data["env"]], str(run.root))
+    return render.job_python(cfg, image, binds, [P.CODE_PATH_ENV, *cfg.data["env"]], str(run.root))
 
 
 def plan(path: Path, overrides: list[str]) -> Plan:

@@ -223,13 +223,18 @@ def _binds(cfg: Config, run_dir: Path, program_dir: str | None) -> list[str]:
                    *([program_dir] if program_dir and cfg.data["command"] else [])})
 
 
-def program_python(cfg: Config, run_dir: Path, image: str, program_dir: str) -> str:
-    """``${container_python}`` in a program's config: the shell words that start Python in the run's image with its
-    ranks' binds and environment, in the program's directory: for jobs the program submits itself (ESPnet3's
-    dask-jobqueue workers: ``parallel.options.python``). pyxis has no command of its own: a one-task srun step."""
-    names = ["OMP_NUM_THREADS", "RUNNER_RUN_DIR", *cfg.data["env"]]
-    prefix = exec_prefix(cfg, image, _binds(cfg, run_dir, program_dir), names, program_dir)
+def job_python(cfg: Config, image: str, binds: list[str], env_names: list[str], workdir: str) -> str:
+    """The shell words a helper job (a Dask worker job) starts Python with: in the run's image, with these binds and
+    variables, in ``workdir``. pyxis has no command of its own (its flags go on srun): a one-task srun step."""
+    prefix = exec_prefix(cfg, image, binds, ["OMP_NUM_THREADS", "RUNNER_RUN_DIR", *env_names], workdir)
     return f"srun --ntasks=1 {prefix}" if cfg.data["container"]["runtime"] == "pyxis" else prefix
+
+
+def program_python(cfg: Config, run_dir: Path, image: str, program_dir: str) -> str:
+    """``${container_python}`` in a program's config: Python in the run's image with its ranks' binds and environment,
+    in the program's directory, for jobs the program submits itself (ESPnet3's dask-jobqueue workers:
+    ``parallel.options.python``)."""
+    return job_python(cfg, image, _binds(cfg, run_dir, program_dir), list(cfg.data["env"]), program_dir)
 
 
 def sbatch(cfg: Config, run_dir: Path, image: str, program_dir: str | None = None) -> str:
