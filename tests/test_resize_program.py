@@ -32,8 +32,8 @@ def layout(tmp_path: Path, doc: Any, overrides: list[str], *, world: int = 4,
     path.write_text(yaml.safe_dump(doc).replace("PROGRAM", str(path)))
     before = spec.from_dict({"command": command.replace("PROGRAM", str(path)).split(), "num_nodes": 2,
                              "num_device": 2}, run.config)
-    _, acc, new = _program_layout(run, before, overrides, world)
-    return acc, new
+    layout = _program_layout(run, before, overrides, world)
+    return layout.accumulate, layout.config
 
 
 def with_(**changes: Any) -> dict[str, Any]:

@@ -302,13 +302,20 @@ def _whole(*values: Any) -> bool:
     return all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values)
 
 
-def _program_layout(run: RunDir, before: spec.Config, overrides: list[str], world: int
-                    ) -> tuple[Path, tuple[int, int], dict[str, Any]]:
+@dataclass
+class ProgramLayout:
+    """What a resize writes for a program: its config (``path``, new ``config``) and its accumulation before/after."""
+
+    path: Path
+    config: dict[str, Any]
+    accumulate: tuple[int, int]
+
+
+def _program_layout(run: RunDir, before: spec.Config, overrides: list[str], world: int) -> ProgramLayout:
     """Program mode: the new layout written into the program's own config (``${program_config}``), the one place
     the program reads it, with ``trainer.accumulate_grad_batches`` re-derived so that every optimizer step still
-    takes as many rank-batches (ESPnet3's per-rank batches: its global batch kept). Returns that config's path,
-    (accumulation before, after) and its new contents. A program that does not read its config, or whose
-    accumulation is not a number there, is refused: runner cannot keep its global batch."""
+    takes as many rank-batches (ESPnet3's per-rank batches: its global batch kept). A program that does not read
+    its config, or whose accumulation is not a number there, is refused: runner cannot keep its global batch."""
     configs = sorted((run.root / "program").glob("*"))
     hint = "hint: submit the config again with the new layout"
     if len(configs) != 1 or not any(str(configs[0]) in arg for arg in before.data["command"] or ()):
@@ -340,7 +347,7 @@ def _program_layout(run: RunDir, before: spec.Config, overrides: list[str], worl
     for loader in (doc.get("dataloader") or {}).values():
         if isinstance(loader, dict) and _whole(loader.get("dist_world_size")):
             loader["dist_world_size"] = world
-    return configs[0], (acc, steps // world), doc
+    return ProgramLayout(configs[0], doc, (acc, steps // world))
 
 
 def resize(run: RunDir, overrides: list[str]) -> str:
@@ -364,7 +371,7 @@ def resize(run: RunDir, overrides: list[str]) -> str:
         if isinstance(split, dict) and (not before.program_mode or "dist_world_size" in split):
             split["dist_world_size"] = world
     if program is not None:
-        data["trainer"]["accumulate_grad_batches"] = program[1][1]
+        data["trainer"]["accumulate_grad_batches"] = program.accumulate[1]
     if data.get("global_batch_size"):
         data["trainer"]["accumulate_grad_batches"] = None
     staged = run.root / ".config.resize.yaml"
@@ -379,13 +386,13 @@ def resize(run: RunDir, overrides: list[str]) -> str:
                           f"{after.global_batch}); expected the same. hint: set global_batch_size in the config")
     atomic_write(run.config, spec.dump(after.data))
     if program is not None:
-        atomic_write(program[0], spec.dump(program[2]))
+        atomic_write(program.path, spec.dump(program.config))
     atomic_write(run.script, render.sbatch(after, run.root, manifest.get("image", "none"), manifest.get("cwd")))
-    acc = program[1] if program is not None else (before.accumulate, after.accumulate)
+    acc = program.accumulate if program is not None else (before.accumulate, after.accumulate)
     manifest.update(world_size=after.world_size, accumulate_grad_batches=acc[1])
     atomic_write(run.manifest, json.dumps(manifest, indent=2) + "\n")
     b, a = before.data, after.data
-    kept = (f"{before.world_size * program[1][0]} rank-batches per optimizer step kept (the program's "
+    kept = (f"{before.world_size * program.accumulate[0]} rank-batches per optimizer step kept (the program's "
             "trainer.accumulate_grad_batches, in its config)") if program is not None \
         else f"global batch {after.global_batch} kept"
     change = (f"resized from {b['num_nodes']}x{b['num_device']} (accumulate {acc[0]}) to "
