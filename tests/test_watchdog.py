@@ -22,6 +22,7 @@ from tests.waiting import until
 pytestmark = pytest.mark.unit
 
 SITE = "/usr/lib/python3/dist-packages"
+DDP = f"{SITE}/torch/nn/parallel/distributed.py"
 STACKS = [  # (frames outermost first, phase): shapes read from real py-spy / faulthandler dumps of stuck ranks
     ([f"{SITE}/lightning/pytorch/loops/fit_loop.py:run", f"{SITE}/torch/autograd/__init__.py:backward"],
      "backward"),
@@ -30,6 +31,9 @@ STACKS = [  # (frames outermost first, phase): shapes read from real py-spy / fa
     ([f"{SITE}/lightning/pytorch/loops/fetchers.py:__next__", f"{SITE}/torch/utils/data/dataloader.py:_next_data",
       "/home/u/proj/data.py:__getitem__", "/usr/lib/python3.11/time.py:sleep"], "data"),
     ([f"{SITE}/lightning/pytorch/strategies/ddp.py:reduce_boolean_decision"], "collective"),
+    # DDP's buffer broadcast before forward (seen on the dev cluster: ESPnet3, a peer SIGSTOPped): a collective.
+    ([f"{SITE}/lightning/pytorch/strategies/strategy.py:training_step", f"{DDP}:forward", f"{DDP}:_pre_forward",
+      f"{DDP}:_sync_buffers", f"{DDP}:_distributed_broadcast_coalesced"], "collective"),
     ([f"{SITE}/lightning/pytorch/trainer/trainer.py:save_checkpoint", f"{SITE}/torch/serialization.py:save"],
      "checkpoint"),
     ([f"{SITE}/torch/optim/adam.py:step"], "optimizer"),

@@ -46,7 +46,9 @@ WAITING = frozenset({"collective", "backward"})
 # (phase, substrings of "file:function" of any frame in the stack): the first rule that matches names the phase.
 # Checked innermost frame first, so a collective inside backward is a collective.
 PHASES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("collective", ("distributed_c10d.py:", "torch/distributed/", "reduce_boolean_decision", ":barrier")),
+    # DDP's own broadcasts live in torch/nn/parallel/distributed.py: the buffer sync before each forward.
+    ("collective", ("distributed_c10d.py:", "torch/distributed/", "reduce_boolean_decision", ":barrier",
+                    ":_distributed_broadcast_coalesced", ":_sync_buffers", ":_sync_module_buffers")),
     ("checkpoint", ("torch/serialization.py:", "save_checkpoint", "runner/checkpoint.py:")),
     ("data", ("torch/utils/data/", ":__getitem__", ":__iter__", ":__next__", "_next_data")),
     ("backward", ("torch/autograd/", ":backward")),
