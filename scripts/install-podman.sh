@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Install podman for root on Debian/Ubuntu and make it work on this machine (plus bubblewrap and
-# squashfs-tools, which the Apptainer stand-in in tests/standin/ runs on).
+# Install podman for root on Debian/Ubuntu and make it work on this machine (plus mmdebstrap, which makes the
+# tests' local base image).
 #
 # Quiet, idempotent, and fast when there is nothing to do (~50 ms). Prints nothing on success.
 # After a change (packages installed, settings written), or with --verify, it proves that podman
@@ -18,7 +18,7 @@ changed=0
 [ "${1:-}" = --verify ] && changed=1
 
 conf_file=/etc/containers/containers.conf.d/50-runner.conf
-packages=(podman runc mmdebstrap bubblewrap squashfs-tools)
+packages=(podman runc mmdebstrap)
 
 die() { printf 'install-podman: %s\n' "$*" >&2; exit 1; }
 

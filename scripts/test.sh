@@ -31,7 +31,8 @@ if [ "$unit" = 0 ]; then
   scripts/install-espnet3.sh || [ "${CI:-}" != true ]
   if [ "$(id -u)" = 0 ]; then  # each installer only when what it installs is missing
     have slurmctld slurmd slurmdbd sbatch munged mariadbd nsenter unshare ip tc iptables || scripts/install-slurm.sh
-    have podman runc mmdebstrap bwrap mksquashfs || { [ ! -x scripts/install-podman.sh ] || scripts/install-podman.sh; }
+    have podman runc mmdebstrap || scripts/install-podman.sh
+    scripts/install-apptainer.sh  # real Apptainer from its Go module source; cached outside the clone, ~0.2 s when done
     have chromium || scripts/install-chromium.sh  # the report page's browser test (tests/test_report.py)
     have tmux || scripts/install-tmux.sh  # the quickstart as a person runs it, in a terminal (tests/test_quickstart_tmux.py)
   fi

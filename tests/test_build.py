@@ -78,7 +78,7 @@ esac
 FAKE_APPTAINER = r"""#!/bin/bash
 # FAKE apptainer: writes an empty SIF.
 printf '%s\n' "${0##*/} $*" >> "$FAKE_CALLS"
-[ "$1" = build ] && : > "$3"
+if [ "$1" = build ]; then : > "${@: -2:1}"; fi
 """
 
 
@@ -118,19 +118,20 @@ def test_dry_run_prints_every_step_exactly_and_writes_nothing(tmp_path: Path, fa
     assert tag == f"localhost/runner-buildtest:{h}"
     assert p.sif == tmp_path / "images" / f"buildtest-{h}.sif"
     assert p.build_dir == tmp_path / "images" / "build" / f"buildtest-{h}"
-    assert [s.name for s in bp.steps] == ["image", "freeze", "base", "label", "save", "sif"]
+    assert [s.name for s in bp.steps] == ["image", "freeze", "base", "label", "save", "sif", "test"]
     expected = [
-        f"[1/6] image: podman build --format docker --file {p.build_dir}/Dockerfile "
+        f"[1/7] image: podman build --format docker --file {p.build_dir}/Dockerfile "
         f"--build-arg BASE_IMAGE=localhost/runner-test-base:bookworm --tag {tag} {p.build_dir}",
-        f"[2/6] freeze: podman run --rm --network=none --entrypoint python3 {tag} -m pip freeze",
-        "[3/6] base: podman image inspect localhost/runner-test-base:bookworm",
-        f"[5/6] save: podman save --format docker-archive --output {p.archive} {tag}",
-        # The Apptainer step: the SIF from the rendered definition, which bootstraps from the archive.
-        f"[6/6] sif: apptainer build --force {p.sif} {p.build_dir}/apptainer.def",
+        f"[2/7] freeze: podman run --rm --network=none --entrypoint python3 {tag} -m pip freeze",
+        "[3/7] base: podman image inspect localhost/runner-test-base:bookworm",
+        f"[5/7] save: podman save --format docker-archive --output {p.archive} {tag}",
+        # The Apptainer steps: the SIF from the rendered definition, which bootstraps from the archive, then its %test.
+        f"[6/7] sif: apptainer build --force --notest {p.sif} {p.build_dir}/apptainer.def",
+        f"[7/7] test: apptainer test {p.sif}",
     ]
     for line in expected:
         assert line in out.splitlines()
-    label = next(line for line in out.splitlines() if line.startswith("[4/6] label: "))
+    label = next(line for line in out.splitlines() if line.startswith("[4/7] label: "))
     assert f"--build-arg IMAGE={tag} " in label and "'runner.pip_freeze=@{pip_freeze}'" in label
     assert f"--label runner.spec_hash={h} " in label and label.endswith(f"--tag {tag} {p.build_dir}")
     assert f"--- apptainer.def ---\nBootstrap: docker-archive\nFrom: {p.archive}\n" in out
@@ -151,12 +152,18 @@ def test_apptainer_command_lines(tmp_path: Path, fake_bin: Path) -> None:
     """The exact argv of the SIF step, and the one-colon docker-archive form offered for the cluster."""
     install(fake_bin, "podman", "apptainer")
     bp = build.plan(write_config(tmp_path))
-    assert bp.steps[-1].argv == ["apptainer", "build", "--force", str(bp.paths.sif), str(bp.paths.definition)]
+    assert [s.argv for s in bp.steps[-2:]] == [
+        ["apptainer", "build", "--force", "--notest", str(bp.paths.sif), str(bp.paths.definition)],
+        ["apptainer", "test", str(bp.paths.sif)]]
+    key = tmp_path / "k.pem"
+    key.write_text("")
+    bp = build.plan(write_config(tmp_path), [f"container.sign_key={key}", f"container.verify_key={key}"])
+    assert bp.steps[-1].argv == ["apptainer", "sign", "--key", str(key), str(bp.paths.sif)]
     definition = bp.files["apptainer.def"].decode()
     assert definition.startswith(f"Bootstrap: docker-archive\nFrom: {bp.paths.archive}\n")
     assert "{{" not in definition
     bp = build.plan(write_config(tmp_path, runtime="singularity"))
-    assert bp.steps[-1].argv[:3] == ["apptainer", "build", "--force"]  # apptainer also builds for singularity
+    assert bp.steps[-2].argv[:3] == ["apptainer", "build", "--force"]  # apptainer also builds for singularity
     (fake_bin / "apptainer").unlink()
     bp = build.plan(write_config(tmp_path))
     assert bp.steps[-1].name == "save"
@@ -256,27 +263,28 @@ def test_execute_fills_provenance_and_second_run_does_nothing(tmp_path: Path, fa
     assert bp.up_to_date and "is up to date" in bp.up_to_date
     made = calls(tmp_path)
     assert [c.split()[:2] for c in made] == [["docker", "build"], ["docker", "run"], ["docker", "image"],
-                                             ["docker", "build"], ["docker", "save"], ["apptainer", "build"]]
+                                             ["docker", "build"], ["docker", "save"], ["apptainer", "build"],
+                                             ["apptainer", "test"]]
     freeze = '["PyYAML==6.0","requests==2.28.1"]'
     assert f"--label runner.pip_freeze={freeze}" in made[3] and "--label runner.base_digest=base@sha256:222" in made[3]
     record = json.loads(p.record.read_text())
     assert record["spec_hash"] == bp.spec_hash and record["pip_freeze"] == ["PyYAML==6.0", "requests==2.28.1"]
     assert record["labels"]["runner.pip_freeze"] == freeze and record["sif"] == str(p.sif)
     assert record["base_digest"] == "base@sha256:222" and set(record["durations"]) == {
-        "image", "freeze", "base", "label", "save", "sif"}
+        "image", "freeze", "base", "label", "save", "sif", "test"}
     assert (p.build_dir / "image.json").read_text() == p.record.read_text()
     definition = p.definition.read_text()
     assert f"    runner.pip_freeze {freeze}\n" in definition and "@{" not in definition
     assert "a warning" in (p.logs / "freeze.log").read_text()  # stderr of a captured step goes to the log
-    for i, name in enumerate(["image", "freeze", "base", "label", "save", "sif"], 1):
-        assert f"[{i}/6] {name}: " in out
-    assert out.count("    done in ") == 6
+    for i, name in enumerate(["image", "freeze", "base", "label", "save", "sif", "test"], 1):
+        assert f"[{i}/7] {name}: " in out
+    assert out.count("    done in ") == 7
     assert cli.main(["build", str(cfg)]) == 0
     assert capsys.readouterr().out.strip() == f"image {p.sif} is up to date (spec {bp.spec_hash}); nothing to do " \
                                               "(--force rebuilds)"
-    assert len(calls(tmp_path)) == 6
+    assert len(calls(tmp_path)) == 7
     assert cli.main(["build", str(cfg), "--force"]) == 0
-    assert len(calls(tmp_path)) == 12
+    assert len(calls(tmp_path)) == 14
 
 
 def test_runtime_none_builds_only_the_image(tmp_path: Path, fake_bin: Path,
@@ -323,13 +331,24 @@ def test_without_apptainer_the_archive_is_the_result(tmp_path: Path, fake_bin: P
     install(fake_bin, "apptainer")
     (fake_bin / "docker").unlink()  # the SIF step needs no image builder
     bp = build.plan(cfg)
-    assert [s.name for s in bp.steps] == ["sif"] and bp.problem is None
+    assert [s.name for s in bp.steps] == ["sif", "test"] and bp.problem is None
     assert cli.main(["build", str(cfg)]) == 0
-    assert calls(tmp_path)[-1] == f"apptainer build --force {p.sif} {p.definition}"
+    assert calls(tmp_path)[-2:] == [f"apptainer build --force --notest {p.sif} {p.definition}",
+                                    f"apptainer test {p.sif}"]
     assert '["PyYAML==6.0","requests==2.28.1"]' in p.definition.read_text()
     record = json.loads(p.record.read_text())
     assert record["sif"] == str(p.sif) and record["pip_freeze"] == ["PyYAML==6.0", "requests==2.28.1"]
-    assert set(record["durations"]) == {"image", "freeze", "base", "label", "save", "sif"}
+    assert set(record["durations"]) == {"image", "freeze", "base", "label", "save", "sif", "test"}
+    assert record["signed_with"] is None
+    # container.sign_key later: only the signature is added to the SIF already built, and recorded.
+    key = tmp_path / "k.pem"
+    key.write_text("")
+    keyed = [f"container.sign_key={key}", f"container.verify_key={key}"]
+    assert [s.name for s in build.plan(cfg, keyed).steps] == ["sign"]
+    assert cli.main(["build", str(cfg), *keyed]) == 0
+    assert calls(tmp_path)[-1] == f"apptainer sign --key {key} {p.sif}"
+    assert json.loads(p.record.read_text())["signed_with"] == str(key)
+    assert build.plan(cfg, keyed).up_to_date
 
 
 def test_failing_step_names_step_and_log(tmp_path: Path, fake_bin: Path, monkeypatch: pytest.MonkeyPatch,

@@ -1,8 +1,8 @@
-"""Training inside the image on the real dev cluster (2 nodes x 2 ranks, CPU/gloo): real podman, and the Apptainer
-stand-in (tests/standin/apptainer: squashfs + bubblewrap, since Apptainer cannot be installed here).
+"""Training inside the image on the real dev cluster (2 nodes x 2 ranks, CPU/gloo): real podman, and real Apptainer
+(built from its Go module source by scripts/install-apptainer.sh) running the SIF that `runner build` makes.
 
-The training image is built once per test session, offline, from a wheelhouse made on this machine (torch 2.13.0
-CPU, lightning, runner's own wheel) and the local Debian base; both are cached across sessions by content hash
+The training image is built once per test session, offline, from a wheelhouse made on this machine (torch 2.13.0,
+lightning, runner's own wheel) and the local Debian base; both are cached across sessions by content hash
 (the wheelhouse by runner's source, the image by its spec hash) under /var/tmp/runner-test-cache.
 
 Few full runs, each asserting much: every run costs minutes of CPU shared with other test sessions.
@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -34,7 +35,6 @@ pytestmark = pytest.mark.podman  # on the dev cluster too (slurm_cluster)
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf" / "slurm-2node-podman.yaml"
-STANDIN = REPO / "tests" / "standin"
 CACHE = Path("/var/tmp/runner-test-cache")
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 BUILD_TIMEOUT_S = 1200
@@ -63,9 +63,10 @@ def _run(argv: list[str], what: str, env: dict[str, str] | None = None) -> str:
 @pytest.fixture(scope="session")
 def image_overrides(podman_base_image: str) -> list[str]:
     """Overrides that point conf/slurm-2node-podman.yaml at the cached wheelhouse and image directory, after
-    building (or finding) the podman image and the stand-in's SIF of that spec."""
-    if os.geteuid() != 0 or shutil.which("bwrap") is None or shutil.which("mksquashfs") is None:
-        unavailable("the container tests need root, bubblewrap and squashfs-tools. HINT: scripts/install-podman.sh")
+    building (or finding) the podman image and the SIF of that spec."""
+    if os.geteuid() != 0 or shutil.which("apptainer") is None:
+        unavailable("the container tests need root, podman and Apptainer. HINT: scripts/install-podman.sh; "
+                    "scripts/install-apptainer.sh")
     CACHE.mkdir(parents=True, exist_ok=True)
     wheelhouse = CACHE / f"wheelhouse-{_source_key()}"
     for old in CACHE.glob("wheelhouse-*"):
@@ -76,8 +77,7 @@ def image_overrides(podman_base_image: str) -> list[str]:
     overrides = [f"container.wheelhouse={wheelhouse}", f"container.image_dir={CACHE / 'images'}"]
     cli = [sys.executable, "-m", "runner", "build", str(CONF), *overrides]
     _run(cli, "runner build (podman)")
-    _run([*cli, "container.runtime=apptainer"], "runner build (the Apptainer stand-in's SIF)",
-         env={**os.environ, "PATH": f"{STANDIN}:{os.environ['PATH']}"})
+    _run([*cli, "container.runtime=apptainer"], "runner build (the SIF)")
     cfg = spec.load(CONF, overrides)
     _prune(CACHE / "images", render.spec_hash(cfg, build.image_code_files(cfg)))
     return overrides
@@ -178,23 +178,171 @@ def test_podman_trains_inside_is_preempted_resumes_bitwise(slurm_cluster: devclu
     assert list((run / "checkpoints").glob("step-*/COMPLETE"))  # written through the bind
 
 
-def test_apptainer_standin_killed_rank_is_resubmitted_by_cron(slurm_cluster: devcluster.Cluster,
-                                                               image_overrides: list[str], reference: list[Any],
-                                                               tmp_path: Path) -> None:
-    # sbatch passes the submitter's PATH to the job (PATH is not the config's to set): srun finds `apptainer`, the
-    # stand-in, on it, for the first job and for cron's resubmission alike.
-    env = {**cluster_env(slurm_cluster), "PATH": f"{STANDIN}:{SYSTEM_PATH}"}
-    run = submit_run(env, tmp_path / "runs", *image_overrides, "container.runtime=apptainer")
+def apptainer(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["apptainer", *args], capture_output=True, text=True, timeout=300, check=check)
+
+
+def sif_of(image_overrides: list[str]) -> Path:
+    return Path(build.image_path(spec.load(CONF, [*image_overrides, "container.runtime=apptainer"])))
+
+
+def container_processes(sif: Path) -> list[str]:
+    """Processes of a container of this SIF still alive: Apptainer's starter names the image in its command line,
+    and every process inside has its /.singularity.d (their root is the image's)."""
+    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True, check=True).stdout
+    return [line for line in out.splitlines() if str(sif) in line or "Apptainer runtime parent" in line]
+
+
+def test_the_sif_is_real_apptainer_with_runner_labels_and_its_test_ran(image_overrides: list[str]) -> None:
+    sif = sif_of(image_overrides)
+    cfg = spec.load(CONF, [*image_overrides, "container.runtime=apptainer"])
+    h = render.spec_hash(cfg, build.image_code_files(cfg))
+    assert apptainer("version").stdout.strip() == "1.5.3"  # the binary scripts/install-apptainer.sh built
+    partitions = apptainer("sif", "list", str(sif)).stdout
+    assert "Def.FILE" in partitions and "FS (Squashfs/*System/amd64)" in partitions, partitions
+    labels = apptainer("inspect", "--labels", str(sif)).stdout
+    assert f"runner.spec_hash: {h}" in labels.splitlines() and f"runner.version: {render.__version__}" in labels
+    assert "runner.git_commit: " in labels
+    logs = sif.parent / "build" / f"{CONF.stem}-{h}" / "logs"
+    assert "runner " in (logs / "test.log").read_text()  # %test ran the image's launcher (`--version`)
+    # Inside: the image's own environment scripts ran, the host's files are not there unless bound.
+    out = apptainer("exec", str(sif), "sh", "-c", "echo $PYTHONPATH $APPTAINER_CONTAINER; ls /.singularity.d/env")
+    assert out.stdout.startswith(f"/workspace {sif}\n") and "90-environment.sh" in out.stdout, out.stdout
+
+
+def test_apptainer_trains_inside_is_preempted_and_resumes_bitwise(slurm_cluster: devcluster.Cluster,
+                                                                  image_overrides: list[str], reference: list[Any],
+                                                                  tmp_path: Path) -> None:
+    """The srun line as rendered, with real `apptainer exec`: a USR2 notice reaches every rank through Apptainer's
+    starter, the host-side hook requeues (the image has no scontrol), the run resumes bitwise equal to runtime none;
+    no container process outlives the job."""
+    env = cluster_env(slurm_cluster)
+    sif = sif_of(image_overrides)
+    run = submit_run(env, tmp_path / "runs", *image_overrides, "container.runtime=apptainer",
+                     "env.NCCL_IB_TIMEOUT=22")
     wait_for("checkpoint 20", lambda: checkpoint_done(run, 20), 300, run)
+    first = job_id(run)
+    subprocess.run(["scancel", "--batch", "--signal=USR2", first], env=env, check=True, timeout=30)
+    wait_for("the requeued job to finish", lambda: (run / "finished").exists(), 300, run)
+    assert_same_weights(run, reference)
+    attempt1 = sorted((run / "logs" / "attempt-1").glob("rank-*.log"))
+    assert len(attempt1) == 4 and all("received SIGUSR2" in f.read_text() for f in attempt1)
+    assert [e["exit_code"] for e in events(run) if e["event"] == "exit"][0] == 75
+    assert "requeued" in [e["event"] for e in events(run)]
     for r in ranks(run):
-        assert (r["runtime"], r["in_container"]) == ("apptainer", True), r
-        assert r["image"].endswith(".sif")
-    os.kill(ranks(run)[3]["pid"], signal.SIGKILL)  # the stand-in shares the host's PID namespace, as Apptainer
+        # in_container: runner's image with its Python, /.singularity.d and the starter's APPTAINER_CONTAINER
+        assert (r["runtime"], r["image"], r["in_container"]) == ("apptainer", str(sif), True), r
+        assert r["apptainer_container"] == str(sif)
+        assert r["slurm"]["SLURM_NTASKS"] == "4" and r["omp_num_threads"] == "1", r
+    assert sorted({r["hostname"] for r in ranks(run)}) == ["n1", "n2"]
+    envj = json.loads((run / "env.json").read_text())["vars"]
+    assert envj["MASTER_ADDR"]["value"] == "n1" and envj["NCCL_IB_TIMEOUT"]["value"] == "22"
+    assert envj["GLOO_SOCKET_IFNAME"]["source"].startswith("detected")
+    wait_for("the job's containers to be gone", lambda: not container_processes(sif), 30, run)
+
+
+def test_apptainer_killed_rank_is_resubmitted_and_a_stopped_rank_is_named(slurm_cluster: devcluster.Cluster,
+                                                                          image_overrides: list[str],
+                                                                          reference: list[Any],
+                                                                          tmp_path: Path) -> None:
+    env = cluster_env(slurm_cluster)
+    sif = sif_of(image_overrides)
+    run = submit_run(env, tmp_path / "runs", *image_overrides, "container.runtime=apptainer", "watchdog.floor_s=5")
+    wait_for("checkpoint 20", lambda: checkpoint_done(run, 20), 300, run)
+    os.kill(ranks(run)[3]["pid"], signal.SIGKILL)  # Apptainer shares the host's PID namespace by default
     wait_for("the job to fail", lambda: status(env, run)["state"] == "failed", 90, run)
+    wait_for("the job's containers to be gone", lambda: not container_processes(sif), 30, run)
     out = runner(env, "cron", "--root", str(tmp_path / "runs")).stdout
     assert "resubmit:" in out, out
-    wait_for("the resubmitted job to finish", lambda: (run / "finished").exists(), 300, run)
+    wait_for("the resubmitted job's checkpoint 40", lambda: checkpoint_done(run, 40), 300, run)
+    victim = ranks(run)[1]
+    os.kill(victim["pid"], signal.SIGSTOP)
+    wait_for("the hang to be named", lambda: any(e["event"] == "exit" and e.get("outcome") == "hang"
+                                                 for e in events(run)), 120, run)
+    row = status(env, run)
+    assert f"rank 1 on {victim['hostname']}" in row["last_cause"], row
+    wait_for("the job's containers to be gone", lambda: not container_processes(sif), 30, run)
+    wait_for("the run to finish", lambda: (run / "finished").exists(), 300, run)
     assert_same_weights(run, reference)
+
+
+@pytest.fixture(scope="module")
+def signed(image_overrides: list[str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The cached SIF and its record copied to an image directory of its own, and a key pair: `runner build` with
+    container.sign_key finds the SIF built and only signs it."""
+    d = tmp_path_factory.mktemp("signed")
+    sif = sif_of(image_overrides)
+    (d / "images").mkdir()
+    for f in (sif, sif.with_suffix(".json")):
+        shutil.copy2(f, d / "images" / f.name)
+    subprocess.run(["openssl", "genpkey", "-algorithm", "ed25519", "-out", str(d / "key.pem")], check=True)
+    subprocess.run(["openssl", "pkey", "-in", str(d / "key.pem"), "-pubout", "-out", str(d / "key.pub")], check=True)
+    keys = [f"container.sign_key={d / 'key.pem'}", f"container.verify_key={d / 'key.pub'}"]
+    overrides = [*image_overrides, "container.runtime=apptainer", f"container.image_dir={d / 'images'}", *keys]
+    out = subprocess.run([sys.executable, "-m", "runner", "build", str(CONF), *overrides], capture_output=True,
+                         text=True, timeout=600, cwd=REPO)
+    assert out.returncode == 0 and "sign: sign the SIF" in out.stdout, out.stdout + out.stderr
+    assert "[1/1]" in out.stdout  # the SIF was not rebuilt
+    return {"dir": d, "sif": d / "images" / sif.name, "pub": d / "key.pub", "overrides": overrides}  # type: ignore
+
+
+def test_signed_sif_verifies_and_a_changed_or_unsigned_one_is_refused_before_training(
+        slurm_cluster: devcluster.Cluster, signed: dict[str, Any], image_overrides: list[str], tmp_path: Path) -> None:
+    assert apptainer("verify", "--key", str(signed["pub"]), str(signed["sif"])).returncode == 0
+    again = subprocess.run([sys.executable, "-m", "runner", "build", str(CONF), *signed["overrides"]],
+                           capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert "is up to date" in again.stdout, again.stdout  # signed once, with this key
+    tampered = tmp_path / "tampered" / signed["sif"].name
+    tampered.parent.mkdir()
+    shutil.copy2(signed["sif"], tampered)
+    shutil.copy2(signed["sif"].with_suffix(".json"), tampered.with_suffix(".json"))
+    with tampered.open("r+b") as f:  # one byte in the middle of the root filesystem's squashfs
+        f.seek(tampered.stat().st_size // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 1]))
+    env = cluster_env(slurm_cluster)
+    cases = {"tampered": (tampered, "data object integrity compromised"),
+             "unsigned": (sif_of(image_overrides), "signature not found")}
+    for name, (image, why) in cases.items():
+        root = tmp_path / name
+        run = submit_run(env, root, *signed["overrides"], f"container.image={image}")
+        wait_for(f"the {name} image to be refused", lambda run=run: status(env, run)["state"] == "failed", 90, run)
+        exits = [e for e in events(run) if e["event"] == "exit"]
+        assert exits and exits[-1]["exit_code"] == 77, exits
+        assert "train_start" not in [e["event"] for e in events(run)]
+        summary = json.loads((run / "preflight.json").read_text())["summary"]
+        assert summary.startswith(f"image signature: {image} does not verify with {signed['pub']}") and why in summary
+        assert not list((run / "ranks").glob("rank-*.json"))  # no rank started
+
+
+def test_an_unprivileged_user_runs_a_rank_of_the_sif(image_overrides: list[str], tmp_path: Path) -> None:
+    """HPC users are not root: as `nobody`, Apptainer (installed without setuid) takes a user namespace and mounts
+    the SIF with squashfuse; one rank of the image reads its bound run directory and writes a checkpoint there."""
+    sif = sif_of(image_overrides)
+    cfg_overrides = [*image_overrides, "container.runtime=apptainer", f"run_root={tmp_path / 'runs'}",
+                     "num_nodes=1", "num_device=1", "trainer.max_steps=4", "checkpoint.every_n_steps=2",
+                     "model.step_time_s=0", "alerts.enabled=false"]
+    p = submit.plan(CONF, cfg_overrides)
+    submit.write(p)
+    run = p.run.root
+    tmp_path.chmod(0o755)
+    subprocess.run(["chown", "-R", "nobody:nogroup", str(tmp_path / "runs")], check=True)
+    home = tmp_path / "home"
+    home.mkdir()
+    shutil.chown(home, "nobody", "nogroup")
+    argv = ["apptainer", "exec", "--bind", f"{run.parent}:{run.parent}", "--env", "RANK=0", "--env", "WORLD_SIZE=1",
+            "--env", "LOCAL_RANK=0", "--env", "MASTER_ADDR=127.0.0.1", "--env", "MASTER_PORT=29517",
+            "--env", "OMP_NUM_THREADS=1", str(sif), "python3", "-m", "runner.job.launch", str(run)]
+    out = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--", *argv],
+                         capture_output=True, text=True, timeout=300, env={"PATH": SYSTEM_PATH, "HOME": str(home)})
+    log = (run / "logs" / "attempt-1" / "rank-00000.log")
+    assert out.returncode == 0, out.stdout + out.stderr + (log.read_text() if log.exists() else "")
+    assert checkpoint_done(run, 4)
+    written = sorted((run / "checkpoints").glob("step-*"))[-1]
+    assert written.stat().st_uid == pwd.getpwnam("nobody").pw_uid  # by the user, through the bind
+    rank = json.loads((run / "ranks" / "rank-00000.json").read_text())
+    assert rank["in_container"] is True and rank["apptainer_container"] == str(sif)
 
 
 def test_stale_image_fails_in_seconds_and_build_from_run_gives_the_same_spec(image_overrides: list[str],

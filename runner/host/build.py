@@ -273,7 +273,7 @@ def _definition(cfg: Config, spec_hash: str, p: Paths, prov: dict[str, Any]) -> 
 
 
 def _steps(builder: str, sif: str | None, tag: str, base: str, p: Paths, python: str, prov: dict[str, Any],
-           save: bool) -> list[Step]:
+           save: bool, sign_key: str | None = None) -> list[Step]:
     ctx = str(p.build_dir)
     # podman writes OCI images by default, which have no SHELL: the Dockerfile's bash -o pipefail would be lost.
     fmt = ["--format", "docker"] if builder == "podman" else []
@@ -294,7 +294,7 @@ def _steps(builder: str, sif: str | None, tag: str, base: str, p: Paths, python:
         steps.append(Step("save", "save the docker-archive",
                           [builder, "save", *archive_fmt, "--output", str(p.archive), tag], timeout_s=SAVE_TIMEOUT_S))
     if sif:
-        steps.append(sif_step(sif, p))
+        steps += sif_steps(sif, p, sign_key)
     return steps
 
 
@@ -303,9 +303,22 @@ def enroot_argv(builder: str, tag: str, p: Paths) -> list[str]:
     return ["enroot", "import", "--output", str(p.sqsh), f"{'dockerd' if builder == 'docker' else 'podman'}://{tag}"]
 
 
-def sif_step(tool: str, p: Paths) -> Step:
-    return Step("sif", "build the SIF", [tool, "build", "--force", str(p.sif), str(p.definition)],
-                timeout_s=SAVE_TIMEOUT_S)
+def sif_steps(tool: str, p: Paths, sign_key: str | None) -> list[Step]:
+    """The SIF from the definition, its ``%test`` run as a step of its own (``apptainer build`` would run it with
+    every capability requested, which fails where root's bounding set lacks one; ``apptainer test`` keeps to the
+    site's configuration, as the ranks will), and with ``container.sign_key`` Apptainer's signature."""
+    steps = [Step("sif", "build the SIF", [tool, "build", "--force", "--notest", str(p.sif), str(p.definition)],
+                  timeout_s=SAVE_TIMEOUT_S),
+             Step("test", "run the image's %test", [tool, "test", str(p.sif)], timeout_s=300)]
+    return steps + ([sign_step(tool, p, sign_key)] if sign_key else [])
+
+
+SIF_ONLY = ("sif", "test", "sign", "sqsh")  # steps that only read an image already built
+
+
+def sign_step(tool: str, p: Paths, sign_key: str) -> Step:
+    return Step("sign", "sign the SIF", [tool, "sign", "--key", str(Path(sign_key).resolve()), str(p.sif)],
+                timeout_s=300)
 
 
 def _builder_has(builder: str, tag: str) -> bool:
@@ -364,19 +377,24 @@ def plan_config(cfg: Config, force: bool = False) -> BuildPlan:
                      if LABEL_PREFIX + key in recorded}
     missing_sif = (f"apptainer not found: the docker-archive {p.archive} is ready for the cluster. There run: "
                    f"apptainer build {p.sif.name} docker-archive:{p.archive.name}")
-    if done and wants_sif and p.sif.is_file():
+    sign_key = c["sign_key"] if wants_sif else None
+    unsigned = bool(sign_key) and record.get("signed_with") != str(Path(sign_key or ".").resolve())
+    if done and wants_sif and p.sif.is_file() and unsigned and tool:
+        bp.steps = [sign_step(tool, p, str(sign_key))]
+        bp.notes.append(f"the SIF exists for spec {h}; only its signature is added")
+    elif done and wants_sif and p.sif.is_file():
         bp.up_to_date = f"image {p.sif} is up to date (spec {h}); nothing to do (--force rebuilds)"
     elif done and wants_sif and p.archive.is_file() and tool is None:
         bp.up_to_date = f"image {tag} (spec {h}) is built; nothing to do. {missing_sif}"
     elif done and wants_sif and p.archive.is_file():
-        bp.steps = [sif_step(tool or "apptainer", p)]
+        bp.steps = sif_steps(tool or "apptainer", p, sign_key)
         bp.notes.append(f"the image and {p.archive.name} exist for spec {h}; only the SIF is built")
     elif done and c["runtime"] == "pyxis" and p.sqsh.is_file():
         bp.up_to_date = f"image {p.sqsh} is up to date (spec {h}); nothing to do (--force rebuilds)"
     elif done and not wants_sif and not problem and _builder_has(builder, tag) and c["runtime"] != "pyxis":
         bp.up_to_date = f"image {tag} is up to date (spec {h}); nothing to do (--force rebuilds)"
     else:
-        bp.steps = _steps(builder, tool, tag, base, p, c["python"], prov, save=wants_sif)
+        bp.steps = _steps(builder, tool, tag, base, p, c["python"], prov, save=wants_sif, sign_key=sign_key)
         if wants_sif and tool is None:
             bp.notes.append(missing_sif.replace("is ready", "will be ready"))
     if c["runtime"] == "pyxis" and not bp.up_to_date:
@@ -389,7 +407,7 @@ def plan_config(cfg: Config, force: bool = False) -> BuildPlan:
             bp.notes.append(f"enroot not found: on a node with enroot run: {shlex.join(enroot_argv(builder, tag, p))}")
         if not bp.steps:
             bp.up_to_date = f"image {tag} (spec {h}) is built; nothing to do here. {bp.notes.pop()}"
-    if all(s.name in ("sif", "sqsh") for s in bp.steps):
+    if all(s.name in SIF_ONLY for s in bp.steps):
         bp.problem = None  # the builder does not run, so a missing one does not matter
     return bp
 
@@ -540,7 +558,7 @@ def execute(bp: BuildPlan, out: TextIO | None = None) -> int:
     print(f"runner build: {bp.config_name} spec {bp.spec_hash} with {bp.builder}; build dir {p.build_dir}",
           file=out, flush=True)
     values = dict(bp.values)
-    record = dict(bp.previous) if bp.steps[0].name in ("sif", "sqsh") else {}
+    record = dict(bp.previous) if bp.steps[0].name in SIF_ONLY else {}
     durations: dict[str, float] = dict(record.get("durations", {}))
     progress = Progress(len(bp.steps), out)
     t0 = time.monotonic()
@@ -564,6 +582,11 @@ def execute(bp: BuildPlan, out: TextIO | None = None) -> int:
             values["base_digest"] = _base_digest(stdout)
     p.definition.write_text(fill(bp.files["apptainer.def"].decode(), values))
     sif_built = any(s.name == "sif" for s in bp.steps) or bool(record.get("sif"))
+    if any(s.name == "sif" for s in bp.steps):  # a new SIF carries no signature until a sign step adds one
+        record["signed_with"] = None
+    for step in bp.steps:
+        if step.name == "sign":
+            record["signed_with"] = step.argv[3]
     record.update(bp.provenance)
     record.update({"tag": bp.tag, "builder": bp.builder, "base_digest": values.get("base_digest"),
                    "labels": dict((k, fill(v, values)) for k, v in labels(bp.provenance)),

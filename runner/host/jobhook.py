@@ -35,7 +35,7 @@ from runner import log as runner_log
 from runner.alerts import causes
 from runner.errors import RunnerError
 from runner.host import nodes, notices, observe, slurm, successor
-from runner.rundir import ATTEMPT_ENV, EXIT_SUPERSEDED, SUCCESSOR_ENV, RunDir, atomic_write, read_json
+from runner.rundir import ATTEMPT_ENV, EXIT_PREFLIGHT, EXIT_SUPERSEDED, SUCCESSOR_ENV, RunDir, atomic_write, read_json
 from runner.spec.typed import read_resolved
 
 ALERT_BUDGET_S = 15.0  # the background sender's time; what it cannot send stays queued for runner cron
@@ -241,9 +241,33 @@ def claim(run: RunDir) -> int:
     return 0
 
 
+def verify(run: RunDir, key: str) -> int:
+    """``container.verify_key``: Apptainer verifies the run's SIF against the public key before any rank starts; one
+    that does not verify is refused (``EXIT_PREFLIGHT``) with the reason in preflight.json, as a stale image is."""
+    cfg = read_resolved(run.config)
+    image = str((read_json(run.manifest, {}) or {}).get("image") or "")
+    tool = cfg["container"]["runtime"]
+    try:
+        out = subprocess.run([tool, "verify", "--key", key, image], capture_output=True, text=True, timeout=300)
+        rc, said = out.returncode, out.stdout + out.stderr
+    except (OSError, subprocess.TimeoutExpired) as e:
+        rc, said = 1, str(e)
+    if rc == 0:
+        log.info("image %s: its signature verifies with %s", image, key)
+        return 0
+    why = [line.split(":", 1)[-1].strip() for line in said.splitlines() if line.strip()][-1:] or [f"exit {rc}"]
+    summary = f"image signature: {image} does not verify with {key} ({why[0]})"
+    hint = "hint: rebuild and sign it (runner build with container.sign_key), or check container.verify_key"
+    log.error("%s. %s", summary, hint)
+    atomic_write(run.preflight, json.dumps({"status": "fail", "summary": summary}) + "\n")
+    atomic_write(run.preflight_table, f"{summary}. {hint}\n")
+    return EXIT_PREFLIGHT
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m runner.host.jobhook")
-    parser.add_argument("what", choices=("claim", "start", "exit"))
+    parser.add_argument("what", choices=("claim", "start", "exit", "verify"))
+    parser.add_argument("--key", default="")
     parser.add_argument("--rc", type=int, default=0)
     parser.add_argument("--signal", default="none")
     parser.add_argument("run_dir", type=Path)
@@ -252,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     run = RunDir(args.run_dir)
     if args.what == "claim":
         return claim(run)
+    if args.what == "verify":
+        return verify(run, args.key)
     if args.what == "start":
         job = os.environ.get("SLURM_JOB_ID")
         try:  # where this attempt's part of the batch output begins (the exit hook reads srun's words from there)

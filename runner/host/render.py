@@ -188,6 +188,7 @@ def _none(c: Container, image: str, binds: list[str], env_names: list[str], run_
     return q(sys.executable)
 
 
+SIF_RUNTIMES = ("apptainer", "singularity")
 RUNTIMES: dict[str, Prefix] = {"apptainer": _apptainer, "singularity": _apptainer, "podman": _podman,
                                "pyxis": _pyxis, "none": _none}
 
@@ -256,4 +257,11 @@ def sbatch(cfg: Config, run_dir: Path, image: str, program_dir: str | None = Non
                   cpus_per_task=s["cpus_per_task"], time=s["time"], sbatch_flags=flags, requeue=s["requeue"],
                   signal=s["signal"], signal_lead_s=s["signal_lead_s"], run_dir=str(run_dir), env=env,
                   host_python=sys.executable, ifname=ifname, successor=d["resume"]["successor"],
-                  exec_prefix=exec_prefix(cfg, image, binds, env_names, str(run_dir)))
+                  verify_key=verify_key(cfg), exec_prefix=exec_prefix(cfg, image, binds, env_names, str(run_dir)))
+
+
+def verify_key(cfg: Config) -> str | None:
+    """``container.verify_key`` as an absolute path (the job's working directory is not the submitter's), for an
+    Apptainer runtime only."""
+    c = cfg.data["container"]
+    return str(Path(c["verify_key"]).resolve()) if c["verify_key"] and c["runtime"] in SIF_RUNTIMES else None

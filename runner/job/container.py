@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from runner.image import PYTHON_PREFIX as PYTHON_PREFIX
@@ -18,19 +20,32 @@ from runner.image import SPEC as SPEC
 from runner.rundir import RunDir, atomic_write, read_json
 
 log = logging.getLogger(__name__)
+APPTAINER_DIR = Path("/.singularity.d")
 
 
-def inside() -> bool:
+def inside(runtime: str = "none") -> bool:
+    """In runner's image, with the image's Python; under Apptainer also inside a real Apptainer container: the
+    ``/.singularity.d`` it builds into every SIF and the ``APPTAINER_CONTAINER`` (image path) its starter sets."""
     try:
-        return SPEC.is_file() and PYTHON_PREFIX.read_text().strip() == sys.prefix
+        ours = SPEC.is_file() and PYTHON_PREFIX.read_text().strip() == sys.prefix
     except OSError:
         return False
+    if runtime in ("apptainer", "singularity"):
+        return ours and APPTAINER_DIR.is_dir() and bool(apptainer_image())
+    return ours
+
+
+def apptainer_image() -> str | None:
+    return os.environ.get("APPTAINER_CONTAINER") or os.environ.get("SINGULARITY_CONTAINER")
 
 
 def describe(manifest: dict[str, Any]) -> dict[str, Any]:
     """The fields a rank records about its container (``ranks/rank-XXXXX.json``)."""
-    return {"runtime": manifest.get("runtime", "none"), "image": manifest.get("image"), "in_container": inside(),
-            "image_spec_hash": (read_json(SPEC, {}) or {}).get("spec_hash") if inside() else None}
+    runtime = manifest.get("runtime", "none")
+    here = inside(runtime)
+    return {"runtime": runtime, "image": manifest.get("image"), "in_container": here,
+            "image_spec_hash": (read_json(SPEC, {}) or {}).get("spec_hash") if here else None,
+            "apptainer_container": apptainer_image()}
 
 
 def stale_image(manifest: dict[str, Any], force: bool, report: RunDir | None = None) -> bool:

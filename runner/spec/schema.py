@@ -138,6 +138,10 @@ SCHEMA: dict[str, Any] = {
         "workdir": _f(str, "/workspace", pattern=ABS_PATH, expect="an absolute path like /workspace (no spaces)"),
         "code": _f(list, ["runner"]),
         "wheelhouse": _f((str, NONE), None, pattern=SBATCH_SAFE, expect="a directory path without spaces"),
+        # Apptainer's own signatures (PEM keys): runner build signs the SIF with sign_key (private); every job
+        # verifies the SIF with verify_key (public) before its ranks start, and refuses it (exit 77) if it fails.
+        "sign_key": _f((str, NONE), None, pattern=SBATCH_SAFE, expect="a PEM private key path without spaces"),
+        "verify_key": _f((str, NONE), None, pattern=SBATCH_SAFE, expect="a PEM public key path without spaces"),
     },
     "slurm": {
         "partition": _f((str, NONE), None, pattern=SBATCH_SAFE),

@@ -58,6 +58,8 @@ class Container(TypedDict):
     workdir: str
     code: list[str]
     wheelhouse: str | None
+    sign_key: str | None
+    verify_key: str | None
 
 
 class Slurm(TypedDict):

@@ -201,6 +201,7 @@ def check_rules(d: dict[str, Any], problems: Problems, base: Path | None = None,
             problems.add(f"dataloader.{split}.total_shards", shards, f"a multiple of dist_world_size={dws}",
                          f"use total_shards: {up}")
     _check_time(d["slurm"]["time"], problems)
+    _check_signing(d["container"], problems, base)
     if not program:
         _check_trainer_numbers(tr, problems)
         _check_batch(d, world, problems)
@@ -220,6 +221,21 @@ def check_rules(d: dict[str, Any], problems: Problems, base: Path | None = None,
                              "bf16-mixed or 32-true on CPU" if "precision" in key else "use ddp on CPU, or "
                              "accelerator: gpu")
     _check_strings(d, problems, base, program)
+
+
+def _check_signing(c: dict[str, Any], problems: Problems, base: Path | None) -> None:
+    """``sign_key``/``verify_key``: Apptainer's SIF signatures, so an Apptainer runtime; a signed image is verified."""
+    keys = [(k, c[k]) for k in ("sign_key", "verify_key") if isinstance(c[k], str)]
+    if keys and c["runtime"] not in ("apptainer", "singularity") and c["runtime"] is not BAD:
+        problems.add(f"container.{keys[0][0]}", keys[0][1], "container.runtime: apptainer or singularity",
+                     "only a SIF carries signatures; remove the key for this runtime")
+    if isinstance(c["sign_key"], str) and c["verify_key"] is None:
+        problems.add("container.verify_key", None, "the public key of container.sign_key (a PEM file)",
+                     f"openssl pkey -in {c['sign_key']} -pubout -out {c['sign_key']}.pub")
+    for key, value in keys:
+        if base is not None and not Path(value).is_file():  # relative to where runner runs, as build and submit read it
+            problems.add(f"container.{key}", value, "a PEM key file",
+                         "check the path" if key == "verify_key" else "openssl genpkey -algorithm ed25519 -out KEY")
 
 
 def slurm_seconds(value: str | int) -> int:
