@@ -30,7 +30,13 @@ fit_capabilities() {
   fi
 }
 
-if [ "$(apptainer version 2>/dev/null)" = "$VERSION" ]; then fit_capabilities; exit 0; fi
+# A user mounts a SIF with squashfuse through /dev/fuse; udev gives it mode 0666 on a stock host (fuse3's rule), a
+# machine with a static /dev may keep root's 0600, and then only root could run an image.
+fit_fuse() {
+  [ ! -c /dev/fuse ] || [ "$(stat -c %a /dev/fuse)" = 666 ] || chmod 0666 /dev/fuse
+}
+
+if [ "$(apptainer version 2>/dev/null)" = "$VERSION" ]; then fit_capabilities; fit_fuse; exit 0; fi
 [ "$(id -u)" -eq 0 ] || die "needs root (it installs packages and $PREFIX/bin/apptainer). HINT: sudo $0"
 command -v go >/dev/null || die "no go on PATH: Apptainer $VERSION builds with Go >= 1.25.7"
 
@@ -64,4 +70,5 @@ if [ ! -e "$tree/.done" ]; then
 fi
 cp -a "$tree$PREFIX/." "$PREFIX/"
 fit_capabilities
+fit_fuse
 [ "$(apptainer version 2>/dev/null)" = "$VERSION" ] || die "installed, but 'apptainer version' does not say $VERSION"

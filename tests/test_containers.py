@@ -18,7 +18,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -292,7 +294,7 @@ def test_signed_sif_verifies_and_a_changed_or_unsigned_one_is_refused_before_tra
     again = subprocess.run([sys.executable, "-m", "runner", "build", str(CONF), *signed["overrides"]],
                            capture_output=True, text=True, timeout=120, cwd=REPO)
     assert "is up to date" in again.stdout, again.stdout  # signed once, with this key
-    tampered = tmp_path / "tampered" / signed["sif"].name
+    tampered = tmp_path / "changed-image" / signed["sif"].name
     tampered.parent.mkdir()
     shutil.copy2(signed["sif"], tampered)
     shutil.copy2(signed["sif"].with_suffix(".json"), tampered.with_suffix(".json"))
@@ -316,19 +318,27 @@ def test_signed_sif_verifies_and_a_changed_or_unsigned_one_is_refused_before_tra
         assert not list((run / "ranks").glob("rank-*.json"))  # no rank started
 
 
-def test_an_unprivileged_user_runs_a_rank_of_the_sif(image_overrides: list[str], tmp_path: Path) -> None:
+@pytest.fixture
+def world_readable_tmp() -> Iterator[Path]:
+    """A directory another user can reach (pytest's own are root's, mode 0700)."""
+    d = Path(tempfile.mkdtemp(prefix="runner-nobody-"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_an_unprivileged_user_runs_a_rank_of_the_sif(image_overrides: list[str], world_readable_tmp: Path) -> None:
     """HPC users are not root: as `nobody`, Apptainer (installed without setuid) takes a user namespace and mounts
     the SIF with squashfuse; one rank of the image reads its bound run directory and writes a checkpoint there."""
     sif = sif_of(image_overrides)
-    cfg_overrides = [*image_overrides, "container.runtime=apptainer", f"run_root={tmp_path / 'runs'}",
+    cfg_overrides = [*image_overrides, "container.runtime=apptainer", f"run_root={world_readable_tmp / 'runs'}",
                      "num_nodes=1", "num_device=1", "trainer.max_steps=4", "checkpoint.every_n_steps=2",
                      "model.step_time_s=0", "alerts.enabled=false"]
     p = submit.plan(CONF, cfg_overrides)
     submit.write(p)
     run = p.run.root
-    tmp_path.chmod(0o755)
-    subprocess.run(["chown", "-R", "nobody:nogroup", str(tmp_path / "runs")], check=True)
-    home = tmp_path / "home"
+    subprocess.run(["chown", "-R", "nobody:nogroup", str(world_readable_tmp / "runs")], check=True)
+    home = world_readable_tmp / "home"
     home.mkdir()
     shutil.chown(home, "nobody", "nogroup")
     argv = ["apptainer", "exec", "--bind", f"{run.parent}:{run.parent}", "--env", "RANK=0", "--env", "WORLD_SIZE=1",
