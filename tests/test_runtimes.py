@@ -177,8 +177,19 @@ def test_in_container_only_with_the_images_python(tmp_path: Path, monkeypatch: p
     container.PYTHON_PREFIX.write_text("/usr\n")
     assert container.inside() is (sys.prefix == "/usr")
     container.PYTHON_PREFIX.write_text(sys.prefix + "\n")
+    monkeypatch.delenv("APPTAINER_CONTAINER", raising=False)
+    monkeypatch.delenv("SINGULARITY_CONTAINER", raising=False)
     assert container.describe({"runtime": "podman", "image": "x"}) == {
-        "runtime": "podman", "image": "x", "in_container": True, "image_spec_hash": "abc"}
+        "runtime": "podman", "image": "x", "in_container": True, "image_spec_hash": "abc", "apptainer_container": None}
+    # Under Apptainer only with what a real Apptainer container has: its /.singularity.d and the starter's variable.
+    monkeypatch.setattr(container, "APPTAINER_DIR", tmp_path / ".singularity.d")
+    assert container.describe({"runtime": "apptainer", "image": "i.sif"})["in_container"] is False
+    container.APPTAINER_DIR.mkdir()
+    assert container.inside("apptainer") is False  # no APPTAINER_CONTAINER: not started by Apptainer
+    monkeypatch.setenv("APPTAINER_CONTAINER", "/images/i.sif")
+    assert container.describe({"runtime": "apptainer", "image": "i.sif"}) == {
+        "runtime": "apptainer", "image": "i.sif", "in_container": True, "image_spec_hash": "abc",
+        "apptainer_container": "/images/i.sif"}
 
 
 @pytest.mark.local
@@ -215,3 +226,29 @@ def test_a_helper_job_starts_python_in_the_image_as_a_command(runtime: str, head
         assert words[-1] == "python" and IMAGES[runtime] in " ".join(words)
     if runtime in ("podman", "pyxis"):
         assert "/work" in " ".join(words)
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["container.sign_key=KEY"], "container.verify_key: found None; expected the public key of container.sign_key"),
+    (["container.verify_key=KEY", "container.runtime=podman"],
+     "container.verify_key: found 'KEY'; expected container.runtime: apptainer or singularity"),
+    (["container.verify_key=missing.pub"], "container.verify_key: found 'missing.pub'; expected a PEM key file"),
+])
+def test_signing_keys_are_checked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, overrides: list[str],
+                                  message: str) -> None:
+    from runner.errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "KEY").write_text("")
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        spec.load(GOLDEN_CONF, overrides)
+
+
+def test_a_verify_key_renders_the_jobs_signature_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "k.pub").write_text("")
+    cfg = spec.load(GOLDEN_CONF, ["container.verify_key=k.pub"])
+    script = render.sbatch(cfg, Path(RUN_DIR), "/images/x.sif")
+    verify = f'"$RUNNER_PY" -m runner.host.jobhook verify --key {tmp_path / "k.pub"} "$RUN_DIR"'
+    assert verify in script and script.index(verify) < script.index("srun --kill-on-bad-exit")  # before any rank
+    assert "jobhook verify" not in render.sbatch(spec.load(GOLDEN_CONF), Path(RUN_DIR), "/images/x.sif")

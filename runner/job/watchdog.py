@@ -265,15 +265,16 @@ class Watchdog:
         start = time.monotonic()
         reports: dict[int, dict[str, Any]] = {}
         while len(reports) < self.world:
-            reports = {int(p.stem.split("-")[1]): rep for p in self.reports.glob("rank-*.json")
-                       if isinstance(rep := read_json(p), dict)}
+            reports = self._reports()
             waited = time.monotonic() - start
             if waited >= 10 * self.interval_s or (waited >= 3 * self.interval_s
                                                   and not self._beating(set(reports), asked)):
                 break
             time.sleep(0.2)
-        if not reports or min(reports) != self.rank:
+        if not reports or (min(reports) != self.rank and self._summary_written()):
             return
+        if min(reports) != self.rank:  # the lowest reporter died before its summary (its peers' exits end it)
+            reports = self._reports()
         summary = summarize(reports, self.world, rank_hosts(self.rd, self.attempt))
         summary.update(step=max(int(r.get("step", -1)) for r in reports.values()), attempt=self.attempt,
                        time=time.time(), world=self.world)
@@ -285,6 +286,22 @@ class Watchdog:
                                                     "restart_count": os.environ.get("SLURM_RESTART_COUNT", "0")})
                      + "\n")
         log.error("%s", summary["summary"])
+
+    def _reports(self) -> dict[int, dict[str, Any]]:
+        return {int(p.stem.split("-")[1]): rep for p in self.reports.glob("rank-*.json")
+                if isinstance(rep := read_json(p), dict)}
+
+    def _summary_written(self) -> bool:
+        """Whether the lowest reporting rank wrote this hang's summary, waiting up to ``10 x interval``: a rank that
+        exits at once closes its connections, and a peer still gathering reports dies of that in its collective
+        before it can write one (seen under Apptainer: no summary at all)."""
+        deadline = time.monotonic() + 10 * self.interval_s
+        while time.monotonic() < deadline:
+            h = read_json(self.rd.hang)
+            if isinstance(h, dict) and h.get("attempt") == self.attempt:
+                return True
+            time.sleep(0.2)
+        return False
 
     def _beating(self, reported: set[int], since: float) -> bool:
         """Whether a rank that has not reported wrote a heartbeat of this attempt within an interval of ``since``."""
