@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Make the wheelhouse for offline image builds (container.wheelhouse): every wheel the training image
 # installs, made here where the package index is reachable, so the build itself needs no network.
-# torch is pinned (an unpinned torch pulls the newest CUDA build; 2.13.0 from PyPI is its CUDA build, which runs on the
-# CPU); runner's own wheel is
+# torch is pinned to the CPU build (an unpinned torch pulls GBs of CUDA wheels); runner's own wheel is
 # built from this checkout; torchdata is the resumable loader of tests/programs/lightning_train.py (the program-mode
 # tests' image installs it). The image's Python is Debian 12's 3.11: run this with a Python 3.11.
 #
