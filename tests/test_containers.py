@@ -137,6 +137,23 @@ def assert_same_weights(run: Path, reference: list[Any]) -> None:
         assert all(torch.equal(mine[k], ref[k]) for k in ref)
 
 
+def preempt_and_resume(env: dict[str, str], run: Path, reference: list[Any]) -> str:
+    """A USR2 notice at step 20 to the batch shell only: it must reach every rank inside the containers, each rank
+    checkpoints (exit 75), the host-side hook requeues (the image has no scontrol) and the run ends bitwise equal to
+    runtime none. Returns the first job's id."""
+    wait_for("checkpoint 20", lambda: checkpoint_done(run, 20), 300, run)
+    first = job_id(run)
+    subprocess.run(["scancel", "--batch", "--signal=USR2", first], env=env, check=True, timeout=30)
+    wait_for("the requeued job to finish", lambda: (run / "finished").exists(), 300, run)
+    assert_same_weights(run, reference)
+    attempt1 = sorted((run / "logs" / "attempt-1").glob("rank-*.log"))
+    assert len(attempt1) == 4 and all("received SIGUSR2" in f.read_text() for f in attempt1)
+    exits = [e for e in events(run) if e["event"] == "exit"]
+    assert exits[0]["exit_code"] == 75, exits
+    assert "requeued" in [e["event"] for e in events(run)]
+    return first
+
+
 def test_podman_trains_inside_is_preempted_resumes_bitwise(slurm_cluster: devcluster.Cluster,
                                                            image_overrides: list[str], reference: list[Any],
                                                            tmp_path: Path) -> None:
@@ -151,18 +168,7 @@ def test_podman_trains_inside_is_preempted_resumes_bitwise(slurm_cluster: devclu
     assert manifest["runtime"] == "podman" and manifest["image"] == build.image_path(cfg)
     assert manifest["spec_hash"] == render.spec_hash(cfg, build.image_code_files(cfg))
 
-    wait_for("checkpoint 20", lambda: checkpoint_done(run, 20), 240, run)
-    first = job_id(run)
-    # The preemption notice goes to the batch shell only; it must reach every rank inside the containers.
-    subprocess.run(["scancel", "--batch", "--signal=USR2", first], env=env, check=True, timeout=30)
-    wait_for("the requeued job to finish", lambda: (run / "finished").exists(), 300, run)
-    assert_same_weights(run, reference)
-
-    attempt1 = sorted((run / "logs" / "attempt-1").glob("rank-*.log"))
-    assert len(attempt1) == 4 and all("received SIGUSR2" in f.read_text() for f in attempt1)
-    exits = [e for e in events(run) if e["event"] == "exit"]
-    assert exits[0]["exit_code"] == 75, exits  # every rank checkpointed on the signal
-    assert "requeued" in [e["event"] for e in events(run)]  # by the host-side hook (the image has no scontrol)
+    first = preempt_and_resume(env, run, reference)
     assert [e["event"] for e in events(run)].count("train_start") == 2
     for r in ranks(run):
         assert (r["runtime"], r["image"], r["in_container"]) == ("podman", manifest["image"], True), r
@@ -222,15 +228,7 @@ def test_apptainer_trains_inside_is_preempted_and_resumes_bitwise(slurm_cluster:
     sif = sif_of(image_overrides)
     run = submit_run(env, tmp_path / "runs", *image_overrides, "container.runtime=apptainer",
                      "env.NCCL_IB_TIMEOUT=22")
-    wait_for("checkpoint 20", lambda: checkpoint_done(run, 20), 300, run)
-    first = job_id(run)
-    subprocess.run(["scancel", "--batch", "--signal=USR2", first], env=env, check=True, timeout=30)
-    wait_for("the requeued job to finish", lambda: (run / "finished").exists(), 300, run)
-    assert_same_weights(run, reference)
-    attempt1 = sorted((run / "logs" / "attempt-1").glob("rank-*.log"))
-    assert len(attempt1) == 4 and all("received SIGUSR2" in f.read_text() for f in attempt1)
-    assert [e["exit_code"] for e in events(run) if e["event"] == "exit"][0] == 75
-    assert "requeued" in [e["event"] for e in events(run)]
+    preempt_and_resume(env, run, reference)
     for r in ranks(run):
         # in_container: runner's image with its Python, /.singularity.d and the starter's APPTAINER_CONTAINER
         assert (r["runtime"], r["image"], r["in_container"]) == ("apptainer", str(sif), True), r

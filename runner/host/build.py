@@ -208,6 +208,7 @@ class BuildPlan:
     values: dict[str, str] = field(default_factory=dict)
     previous: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    sign_key: str | None = None  # container.sign_key, absolute: the key the SIF is (to be) signed with
 
     def __str__(self) -> str:
         lines = [f"config:      {self.config_name}", f"spec hash:   {self.spec_hash}",
@@ -317,7 +318,7 @@ SIF_ONLY = ("sif", "test", "sign", "sqsh")  # steps that only read an image alre
 
 
 def sign_step(tool: str, p: Paths, sign_key: str) -> Step:
-    return Step("sign", "sign the SIF", [tool, "sign", "--key", str(Path(sign_key).resolve()), str(p.sif)],
+    return Step("sign", "sign the SIF", [tool, "sign", "--key", sign_key, str(p.sif)],
                 timeout_s=300)
 
 
@@ -377,10 +378,10 @@ def plan_config(cfg: Config, force: bool = False) -> BuildPlan:
                      if LABEL_PREFIX + key in recorded}
     missing_sif = (f"apptainer not found: the docker-archive {p.archive} is ready for the cluster. There run: "
                    f"apptainer build {p.sif.name} docker-archive:{p.archive.name}")
-    sign_key = c["sign_key"] if wants_sif else None
-    unsigned = bool(sign_key) and record.get("signed_with") != str(Path(sign_key or ".").resolve())
-    if done and wants_sif and p.sif.is_file() and unsigned and tool:
-        bp.steps = [sign_step(tool, p, str(sign_key))]
+    sign_key = str(Path(c["sign_key"]).resolve()) if wants_sif and c["sign_key"] else None
+    bp.sign_key = sign_key
+    if done and wants_sif and p.sif.is_file() and sign_key and record.get("signed_with") != sign_key and tool:
+        bp.steps = [sign_step(tool, p, sign_key)]
         bp.notes.append(f"the SIF exists for spec {h}; only its signature is added")
     elif done and wants_sif and p.sif.is_file():
         bp.up_to_date = f"image {p.sif} is up to date (spec {h}); nothing to do (--force rebuilds)"
@@ -582,11 +583,8 @@ def execute(bp: BuildPlan, out: TextIO | None = None) -> int:
             values["base_digest"] = _base_digest(stdout)
     p.definition.write_text(fill(bp.files["apptainer.def"].decode(), values))
     sif_built = any(s.name == "sif" for s in bp.steps) or bool(record.get("sif"))
-    if any(s.name == "sif" for s in bp.steps):  # a new SIF carries no signature until a sign step adds one
-        record["signed_with"] = None
-    for step in bp.steps:
-        if step.name == "sign":
-            record["signed_with"] = step.argv[3]
+    if any(s.name in ("sif", "sign") for s in bp.steps):  # a new SIF carries no signature until it is signed
+        record["signed_with"] = bp.sign_key if any(s.name == "sign" for s in bp.steps) else None
     record.update(bp.provenance)
     record.update({"tag": bp.tag, "builder": bp.builder, "base_digest": values.get("base_digest"),
                    "labels": dict((k, fill(v, values)) for k, v in labels(bp.provenance)),

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from runner import ledger, policy
+from runner import ledger, policy, proc
 from runner import log as runner_log
 from runner.alerts import causes
 from runner.errors import RunnerError
@@ -247,11 +247,8 @@ def verify(run: RunDir, key: str) -> int:
     cfg = read_resolved(run.config)
     image = str((read_json(run.manifest, {}) or {}).get("image") or "")
     tool = cfg["container"]["runtime"]
-    try:
-        out = subprocess.run([tool, "verify", "--key", key, image], capture_output=True, text=True, timeout=300)
-        rc, said = out.returncode, out.stdout + out.stderr
-    except (OSError, subprocess.TimeoutExpired) as e:
-        rc, said = 1, str(e)
+    out = proc.run([tool, "verify", "--key", key, image], timeout=300, check=False)  # 127 missing, 124 timed out
+    rc, said = out.returncode, out.stdout + out.stderr
     if rc == 0:
         log.info("image %s: its signature verifies with %s", image, key)
         return 0
