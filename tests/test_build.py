@@ -126,7 +126,7 @@ def test_dry_run_prints_every_step_exactly_and_writes_nothing(tmp_path: Path, fa
         "[3/7] base: podman image inspect localhost/runner-test-base:bookworm",
         f"[5/7] save: podman save --format docker-archive --output {p.archive} {tag}",
         # The Apptainer steps: the SIF from the rendered definition, which bootstraps from the archive, then its %test.
-        f"[6/7] sif: apptainer build --force --notest {p.sif} {p.build_dir}/apptainer.def",
+        f"[6/7] sif: apptainer build --force --notest --disable-cache {p.sif} {p.build_dir}/apptainer.def",
         f"[7/7] test: apptainer test {p.sif}",
     ]
     for line in expected:
@@ -153,7 +153,7 @@ def test_apptainer_command_lines(tmp_path: Path, fake_bin: Path) -> None:
     install(fake_bin, "podman", "apptainer")
     bp = build.plan(write_config(tmp_path))
     assert [s.argv for s in bp.steps[-2:]] == [
-        ["apptainer", "build", "--force", "--notest", str(bp.paths.sif), str(bp.paths.definition)],
+        ["apptainer", "build", "--force", "--notest", "--disable-cache", str(bp.paths.sif), str(bp.paths.definition)],
         ["apptainer", "test", str(bp.paths.sif)]]
     key = tmp_path / "k.pem"
     key.write_text("")
@@ -270,6 +270,8 @@ def test_execute_fills_provenance_and_second_run_does_nothing(tmp_path: Path, fa
     record = json.loads(p.record.read_text())
     assert record["spec_hash"] == bp.spec_hash and record["pip_freeze"] == ["PyYAML==6.0", "requests==2.28.1"]
     assert record["labels"]["runner.pip_freeze"] == freeze and record["sif"] == str(p.sif)
+    # The docker-archive was the SIF's way there: once the SIF is built it goes (it is as large as the image).
+    assert not p.archive.exists() and record["archive"] is None
     assert record["base_digest"] == "base@sha256:222" and set(record["durations"]) == {
         "image", "freeze", "base", "label", "save", "sif", "test"}
     assert (p.build_dir / "image.json").read_text() == p.record.read_text()
@@ -333,7 +335,7 @@ def test_without_apptainer_the_archive_is_the_result(tmp_path: Path, fake_bin: P
     bp = build.plan(cfg)
     assert [s.name for s in bp.steps] == ["sif", "test"] and bp.problem is None
     assert cli.main(["build", str(cfg)]) == 0
-    assert calls(tmp_path)[-2:] == [f"apptainer build --force --notest {p.sif} {p.definition}",
+    assert calls(tmp_path)[-2:] == [f"apptainer build --force --notest --disable-cache {p.sif} {p.definition}",
                                     f"apptainer test {p.sif}"]
     assert '["PyYAML==6.0","requests==2.28.1"]' in p.definition.read_text()
     record = json.loads(p.record.read_text())
@@ -464,9 +466,12 @@ def podman(*args: str, timeout: float = 300) -> str:
     return out.stdout
 
 
-def runner_build(cfg: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def runner_build(cfg: Path, *args: str, apptainer: bool = True) -> subprocess.CompletedProcess[str]:
     # The same runner as this process (its files are in the spec hash), whatever the venv has installed.
     env = {**os.environ, "PYTHONPATH": str(Path(build.__file__).resolve().parents[1])}
+    if not apptainer:  # a build host without it: the docker-archive is what the build leaves
+        where = Path(shutil.which("apptainer") or "/nonexistent").parent
+        env["PATH"] = os.pathsep.join(d for d in env["PATH"].split(os.pathsep) if Path(d) != where)
     return subprocess.run([sys.executable, "-m", "runner", "build", str(cfg), *args], capture_output=True, text=True,
                           timeout=600, cwd=cfg.parent, env=env)
 
@@ -484,7 +489,7 @@ def real(podman_base_image: str, tmp_path_factory: pytest.TempPathFactory) -> An
     commit = subprocess.run(git[:3] + ["rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
     cfg.write_text(cfg.read_text() + "# edited, not committed\n")
     t0 = time.monotonic()
-    result = runner_build(cfg, "--force")
+    result = runner_build(cfg, "--force", apptainer=False)
     seconds = time.monotonic() - t0
     bp = build.plan(cfg)
     yield {"cfg": cfg, "result": result, "plan": bp, "commit": commit, "seconds": seconds}
@@ -540,12 +545,18 @@ def test_real_archive_is_ready_for_apptainer(real: Any) -> None:
     assert manifest[0]["RepoTags"] == [bp.tag]
     assert image_config["Shell"] == ["/bin/bash", "-o", "pipefail", "-c"]
     assert image_config["Labels"]["runner.spec_hash"] == bp.spec_hash
-    if shutil.which("apptainer") is None:
-        assert f"docker-archive:{bp.paths.archive.name}" in result.stdout and not bp.paths.sif.exists()
-    else:
-        assert bp.paths.sif.exists()
+    assert f"docker-archive:{bp.paths.archive.name}" in result.stdout and not bp.paths.sif.exists()
     definition = bp.paths.definition.read_text()
     assert f"From: {bp.paths.archive}\n" in definition and "@{" not in definition and "{{" not in definition
+    if shutil.which("apptainer") is None:
+        return
+    # Where Apptainer is, the next build makes only the SIF, and the archive (the image's second copy) goes.
+    sif = runner_build(real["cfg"])
+    assert sif.returncode == 0, sif.stdout + sif.stderr
+    assert "[1/2] sif: " in sif.stdout and bp.paths.sif.is_file() and not bp.paths.archive.exists()
+    labels = json.loads(subprocess.run(["apptainer", "inspect", "--json", "--labels", str(bp.paths.sif)],
+                                       capture_output=True, text=True, timeout=60, check=True).stdout)
+    assert labels["data"]["attributes"]["labels"]["runner.spec_hash"] == bp.spec_hash
 
 
 @pytest.mark.podman
@@ -562,8 +573,8 @@ def test_real_second_build_does_nothing(real: Any) -> None:
 @pytest.mark.podman
 def test_real_force_rebuilds_from_the_layer_cache(real: Any) -> None:
     bp = real["plan"]
-    before = bp.paths.archive.stat().st_mtime_ns
-    result = runner_build(real["cfg"], "--force")
+    before = bp.paths.record.stat().st_mtime_ns
+    result = runner_build(real["cfg"], "--force", apptainer=False)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "[1/" in result.stdout and bp.paths.archive.stat().st_mtime_ns > before  # the archive is rewritten
     assert "Using cache" in (bp.paths.logs / "image.log").read_text()

@@ -40,6 +40,9 @@ CONF = REPO / "conf" / "slurm-2node-podman.yaml"
 CACHE = Path("/var/tmp/runner-test-cache")
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 BUILD_TIMEOUT_S = 1200
+# The training image's pip line, the same in every image the tests build on the Debian base (program mode's too):
+# the same line on the same base is one layer in podman's storage (5 GB with PyPI's CUDA torch), not one per image.
+IMAGE_PIP = ["torch==2.13.0", "lightning==2.6.*", "torchdata==0.11.0", "runner[train]"]
 
 
 def _source_key() -> str:
@@ -76,28 +79,31 @@ def image_overrides(podman_base_image: str) -> list[str]:
             shutil.rmtree(old, ignore_errors=True)
     _run([str(REPO / "containers" / "wheelhouse.sh"), str(wheelhouse)], "containers/wheelhouse.sh",
          env={**os.environ, "PYTHON": sys.executable})
-    overrides = [f"container.wheelhouse={wheelhouse}", f"container.image_dir={CACHE / 'images'}"]
+    overrides = [f"container.wheelhouse={wheelhouse}", f"container.image_dir={CACHE / 'images'}",
+                 f"container.pip={json.dumps(IMAGE_PIP)}"]
+    cfg = spec.load(CONF, overrides)
+    _prune(CACHE / "images", render.spec_hash(cfg, build.image_code_files(cfg)))  # before: the disk is not endless
     cli = [sys.executable, "-m", "runner", "build", str(CONF), *overrides]
     _run(cli, "runner build (podman)")
     _run([*cli, "container.runtime=apptainer"], "runner build (the SIF)")
-    cfg = spec.load(CONF, overrides)
-    _prune(CACHE / "images", render.spec_hash(cfg, build.image_code_files(cfg)))
     return overrides
 
 
 def _prune(images: Path, keep: str, stem: str = CONF.stem) -> None:
-    """Older specs' images of config ``stem`` (a GB each): their archive, SIF, record, build directory and podman
-    tag."""
-    for record in images.glob(f"{stem}-*.json"):
-        h = record.stem.rsplit("-", 1)[1]
-        if h == keep:
+    """Other specs' images of config ``stem`` (GBs each), before this spec's is built: their archive, SIF, record,
+    build directory (a failed build's too) and podman tag, then the layers no image uses any more."""
+    if not images.is_dir():
+        return
+    for d in [*images.glob(f"{stem}-*.json"), *(images / "build").glob(f"{stem}-*")]:
+        name = d.name.removesuffix(".json")
+        if name.rsplit("-", 1)[1] == keep:
             continue
-        tag = (json.loads(record.read_text()) or {}).get("tag")
-        if tag:
-            subprocess.run(["podman", "rmi", "--force", tag], capture_output=True, timeout=300, check=False)
-        for f in (record.with_suffix(".tar"), record.with_suffix(".sif"), record):
+        tag = f"localhost/runner-{stem}:{name.rsplit('-', 1)[1]}"
+        subprocess.run(["podman", "rmi", "--force", tag], capture_output=True, timeout=300, check=False)
+        for f in (images / f"{name}.tar", images / f"{name}.sif", images / f"{name}.json"):
             f.unlink(missing_ok=True)
-        shutil.rmtree(images / "build" / record.stem, ignore_errors=True)
+        shutil.rmtree(images / "build" / name, ignore_errors=True)
+    subprocess.run(["podman", "image", "prune", "--force"], capture_output=True, timeout=300, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -219,16 +225,18 @@ def test_the_sif_is_real_apptainer_with_runner_labels_and_its_test_ran(image_ove
 
 
 def test_apptainer_trains_inside_is_preempted_and_resumes_bitwise(slurm_cluster: devcluster.Cluster,
-                                                                  image_overrides: list[str], reference: list[Any],
-                                                                  tmp_path: Path) -> None:
-    """The srun line as rendered, with real `apptainer exec`: a USR2 notice reaches every rank through Apptainer's
-    starter, the host-side hook requeues (the image has no scontrol), the run resumes bitwise equal to runtime none;
-    no container process outlives the job."""
+                                                                  image_overrides: list[str], signing: list[str],
+                                                                  reference: list[Any], tmp_path: Path) -> None:
+    """The srun line as rendered, with real `apptainer exec` of the signed SIF: each job verifies its signature
+    first; a USR2 notice reaches every rank through Apptainer's starter, the host-side hook requeues (the image has
+    no scontrol), the run resumes bitwise equal to runtime none; no container process outlives the job."""
     env = cluster_env(slurm_cluster)
     sif = sif_of(image_overrides)
-    run = submit_run(env, tmp_path / "runs", *image_overrides, "container.runtime=apptainer",
-                     "env.NCCL_IB_TIMEOUT=22")
+    run = submit_run(env, tmp_path / "runs", *signing, "env.NCCL_IB_TIMEOUT=22")
     preempt_and_resume(env, run, reference)
+    pub = next(o.split("=", 1)[1] for o in signing if o.startswith("container.verify_key="))
+    said = "".join(f.read_text(errors="replace") for f in run.rglob("*.out"))
+    assert said.count(f"image {sif}: its signature verifies with {pub}") == 2, said[-3000:]  # both jobs
     for r in ranks(run):
         # in_container: runner's image with its Python, /.singularity.d and the starter's APPTAINER_CONTAINER
         assert (r["runtime"], r["image"], r["in_container"]) == ("apptainer", str(sif), True), r
@@ -258,53 +266,69 @@ def test_apptainer_killed_rank_is_resubmitted_by_cron(slurm_cluster: devcluster.
     wait_for("the job's containers to be gone", lambda: not container_processes(sif), 30, run)
 
 
-@pytest.fixture(scope="module")
-def signed(image_overrides: list[str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The cached SIF and its record copied to an image directory of its own, and a key pair: `runner build` with
-    container.sign_key finds the SIF built and only signs it."""
-    d = tmp_path_factory.mktemp("signed")
-    sif = sif_of(image_overrides)
-    (d / "images").mkdir()
-    for f in (sif, sif.with_suffix(".json")):
-        shutil.copy2(f, d / "images" / f.name)
-    subprocess.run(["openssl", "genpkey", "-algorithm", "ed25519", "-out", str(d / "key.pem")], check=True)
-    subprocess.run(["openssl", "pkey", "-in", str(d / "key.pem"), "-pubout", "-out", str(d / "key.pub")], check=True)
-    keys = [f"container.sign_key={d / 'key.pem'}", f"container.verify_key={d / 'key.pub'}"]
-    overrides = [*image_overrides, "container.runtime=apptainer", f"container.image_dir={d / 'images'}", *keys]
-    out = subprocess.run([sys.executable, "-m", "runner", "build", str(CONF), *overrides], capture_output=True,
-                         text=True, timeout=600, cwd=REPO)
-    assert out.returncode == 0 and "sign: sign the SIF" in out.stdout, out.stdout + out.stderr
-    assert "[1/1]" in out.stdout  # the SIF was not rebuilt
-    return {"dir": d, "sif": d / "images" / sif.name, "pub": d / "key.pub", "overrides": overrides}  # type: ignore
+@pytest.fixture(scope="session")
+def signing(image_overrides: list[str]) -> list[str]:
+    """A key pair kept beside the cached images, and the cached SIF signed with it in place: `runner build` with
+    container.sign_key finds the SIF of the spec built and only adds the signature. Overrides that sign and verify."""
+    keys = CACHE / "keys"
+    if not (keys / "key.pub").is_file():
+        keys.mkdir(exist_ok=True)
+        subprocess.run(["openssl", "genpkey", "-algorithm", "ed25519", "-out", str(keys / "key.pem")], check=True)
+        subprocess.run(["openssl", "pkey", "-in", str(keys / "key.pem"), "-pubout", "-out", str(keys / "key.pub")],
+                       check=True)
+    overrides = [*image_overrides, "container.runtime=apptainer", f"container.sign_key={keys / 'key.pem'}",
+                 f"container.verify_key={keys / 'key.pub'}"]
+    out = _run([sys.executable, "-m", "runner", "build", str(CONF), *overrides], "runner build (sign the SIF)")
+    assert "[1/1] sign: sign the SIF" in out or "is up to date" in out, out  # never a rebuild
+    return overrides
 
 
-def test_signed_sif_verifies_and_a_changed_or_unsigned_one_is_refused_before_training(
-        slurm_cluster: devcluster.Cluster, signed: dict[str, Any], image_overrides: list[str], tmp_path: Path) -> None:
-    assert apptainer("verify", "--key", str(signed["pub"]), str(signed["sif"])).returncode == 0
-    again = subprocess.run([sys.executable, "-m", "runner", "build", str(CONF), *signed["overrides"]],
-                           capture_output=True, text=True, timeout=120, cwd=REPO)
-    assert "is up to date" in again.stdout, again.stdout  # signed once, with this key
-    tampered = tmp_path / "changed-image" / signed["sif"].name
-    tampered.parent.mkdir()
-    shutil.copy2(signed["sif"], tampered)
-    shutil.copy2(signed["sif"].with_suffix(".json"), tampered.with_suffix(".json"))
-    with tampered.open("r+b") as f:  # one byte in the middle of the root filesystem's squashfs
-        f.seek(tampered.stat().st_size // 2)
+def tiny_sif(d: Path, name: str) -> Path:
+    """A SIF of a few KB (one file in its root filesystem): enough for a signature check, which runs before any rank
+    and never looks inside."""
+    root = d / "root"
+    (root / "etc").mkdir(parents=True)
+    (root / "etc" / "hello").write_text("hello\n")
+    sif = d / name
+    apptainer("build", "--disable-cache", str(sif), str(root))
+    return sif
+
+
+def flip_a_byte_of_the_root_filesystem(sif: Path) -> None:
+    [fs] = [line.split("|") for line in apptainer("sif", "list", str(sif)).stdout.splitlines() if "|FS " in line]
+    start, end = (int(x) for x in fs[3].strip().split("-"))
+    with sif.open("r+b") as f:
+        f.seek((start + end) // 2)
         byte = f.read(1)
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([byte[0] ^ 1]))
+
+
+def test_a_changed_or_unsigned_sif_is_refused_before_any_rank_starts(
+        slurm_cluster: devcluster.Cluster, signing: list[str], image_overrides: list[str], tmp_path: Path) -> None:
+    """With container.verify_key every job verifies its SIF on the batch host before srun: an unsigned SIF and a
+    signed one with one byte of its root filesystem changed end the job with exit 77, the reason in preflight.json,
+    and no rank started. (The training test signs and verifies the real image: the job that passes.)"""
+    key = next(o.split("=", 1)[1] for o in signing if o.startswith("container.sign_key="))
+    pub = next(o.split("=", 1)[1] for o in signing if o.startswith("container.verify_key="))
+    name = sif_of(image_overrides).name  # named for the spec, so submit takes it without a record
+    (tmp_path / "unsigned").mkdir()
+    (tmp_path / "changed").mkdir()
+    unsigned = tiny_sif(tmp_path / "unsigned", name)
+    changed = tiny_sif(tmp_path / "changed", name)
+    apptainer("sign", "--key", key, str(changed))
+    assert apptainer("verify", "--key", pub, str(changed)).returncode == 0
+    flip_a_byte_of_the_root_filesystem(changed)
     env = cluster_env(slurm_cluster)
-    cases = {"tampered": (tampered, "data object integrity compromised"),
-             "unsigned": (sif_of(image_overrides), "signature not found")}
-    for name, (image, why) in cases.items():
-        root = tmp_path / name
-        run = submit_run(env, root, *signed["overrides"], f"container.image={image}")
-        wait_for(f"the {name} image to be refused", lambda run=run: status(env, run)["state"] == "failed", 90, run)
+    cases = {"changed": (changed, "data object integrity compromised"), "unsigned": (unsigned, "signature not found")}
+    for what, (image, why) in cases.items():
+        run = submit_run(env, tmp_path / f"{what}-runs", *signing, f"container.image={image}")
+        wait_for(f"the {what} image to be refused", lambda run=run: status(env, run)["state"] == "failed", 90, run)
         exits = [e for e in events(run) if e["event"] == "exit"]
         assert exits and exits[-1]["exit_code"] == 77, exits
         assert "train_start" not in [e["event"] for e in events(run)]
         summary = json.loads((run / "preflight.json").read_text())["summary"]
-        assert summary.startswith(f"image signature: {image} does not verify with {signed['pub']}") and why in summary
+        assert summary.startswith(f"image signature: {image} does not verify with {pub}") and why in summary, summary
         assert not list((run / "ranks").glob("rank-*.json"))  # no rank started
 
 

@@ -49,7 +49,7 @@ SETTINGS: dict[str, Any] = {
 }
 PODMAN = {"runtime": "podman", "builder": "podman", "base_image": "localhost/runner-test-base:bookworm",
           "python": "python3", "install_lightning": False,
-          "pip": ["torch==2.13.0", "lightning==2.6.*", "torchdata==0.11.0", "runner[train]"]}
+          "pip": test_containers.IMAGE_PIP}  # the training image's line: one layer for both images
 
 
 def program(work: Path, flags: str, name: str = "program-cluster", block: bool = True,
@@ -133,15 +133,15 @@ def podman_image(podman_base_image: str, tmp_path_factory: pytest.TempPathFactor
     overrides = [f"container.wheelhouse={wheelhouse}", f"container.image_dir={cache / 'images'}"]
     conf = program(tmp_path_factory.mktemp("podman-build"), FLAGS, name="program-podman", block=False,
                    container=PODMAN)
-    out = subprocess.run([sys.executable, "-m", "runner", "build", str(conf), *overrides], capture_output=True,
-                         text=True, timeout=test_containers.BUILD_TIMEOUT_S, cwd=conf.parent)
-    if out.returncode != 0:
-        unavailable(f"runner build (program, podman) failed:\n{out.stdout[-3000:]}{out.stderr[-3000:]}")
     from runner import spec
     from runner.host import build, render
 
     cfg = spec.load(conf, overrides)
     test_containers._prune(cache / "images", render.spec_hash(cfg, build.image_code_files(cfg)), stem="program-podman")
+    out = subprocess.run([sys.executable, "-m", "runner", "build", str(conf), *overrides], capture_output=True,
+                         text=True, timeout=test_containers.BUILD_TIMEOUT_S, cwd=conf.parent)
+    if out.returncode != 0:
+        unavailable(f"runner build (program, podman) failed:\n{out.stdout[-3000:]}{out.stderr[-3000:]}")
     return overrides
 
 

@@ -9,8 +9,10 @@
 4. ``label``:   a one-line build ``FROM`` the image that only adds the provenance labels, so that the
                 Dockerfile (and with it the layer cache) does not change with every commit.
 5. ``save``:    ``save`` as a docker-archive (``IMAGE_DIR/<name>-<hash>.tar``), for Apptainer.
-6. ``sif``:     ``apptainer build --force IMAGE.sif apptainer.def`` (``Bootstrap: docker-archive``), whose
-                ``%labels`` carry the same provenance.
+6. ``sif``:     ``apptainer build --force --disable-cache IMAGE.sif apptainer.def`` (``Bootstrap: docker-archive``),
+                whose ``%labels`` carry the same provenance. Once the SIF is built the archive, a second copy of the
+                image as large as it, is removed; so are Apptainer's layer cache entries (``--disable-cache``: a
+                local archive gains nothing from a cache that would hold a third copy of every layer).
 
 Values that exist only after a step ran (the pip freeze, the base digest) appear in the plan as
 ``@{pip_freeze}`` and ``@{base_digest}`` and are filled in when the step before has run.
@@ -308,8 +310,8 @@ def sif_steps(tool: str, p: Paths, sign_key: str | None) -> list[Step]:
     """The SIF from the definition, its ``%test`` run as a step of its own (``apptainer build`` would run it with
     every capability requested, which fails where root's bounding set lacks one; ``apptainer test`` keeps to the
     site's configuration, as the ranks will), and with ``container.sign_key`` Apptainer's signature."""
-    steps = [Step("sif", "build the SIF", [tool, "build", "--force", "--notest", str(p.sif), str(p.definition)],
-                  timeout_s=SAVE_TIMEOUT_S),
+    sif = [tool, "build", "--force", "--notest", "--disable-cache", str(p.sif), str(p.definition)]
+    steps = [Step("sif", "build the SIF", sif, timeout_s=SAVE_TIMEOUT_S),
              Step("test", "run the image's %test", [tool, "test", str(p.sif)], timeout_s=300)]
     return steps + ([sign_step(tool, p, sign_key)] if sign_key else [])
 
@@ -583,12 +585,14 @@ def execute(bp: BuildPlan, out: TextIO | None = None) -> int:
             values["base_digest"] = _base_digest(stdout)
     p.definition.write_text(fill(bp.files["apptainer.def"].decode(), values))
     sif_built = any(s.name == "sif" for s in bp.steps) or bool(record.get("sif"))
+    if any(s.name == "sif" for s in bp.steps):
+        p.archive.unlink(missing_ok=True)  # the SIF holds the image now; the archive was only its way there
     if any(s.name in ("sif", "sign") for s in bp.steps):  # a new SIF carries no signature until it is signed
         record["signed_with"] = bp.sign_key if any(s.name == "sign" for s in bp.steps) else None
     record.update(bp.provenance)
     record.update({"tag": bp.tag, "builder": bp.builder, "base_digest": values.get("base_digest"),
                    "labels": dict((k, fill(v, values)) for k, v in labels(bp.provenance)),
-                   "archive": str(p.archive) if bp.wants_sif else None, "sif": str(p.sif) if sif_built else None,
+                   "archive": str(p.archive) if p.archive.is_file() else None, "sif": str(p.sif) if sif_built else None,
                    "build_dir": str(p.build_dir), "built": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                    "host": socket.gethostname(), "durations": durations})
     text = json.dumps(record, indent=2) + "\n"

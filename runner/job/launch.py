@@ -27,7 +27,7 @@ from typing import Any
 from runner import __version__
 from runner.job import callback, container, internals
 from runner.log import setup as setup_logging
-from runner.rundir import EXIT_PREFLIGHT, EXIT_TERMINATED, RunDir, atomic_write, read_json
+from runner.rundir import EXIT_PREFLIGHT, EXIT_REQUEUE, EXIT_TERMINATED, RunDir, atomic_write, read_json
 from runner.spec.typed import Trainer as TrainerConfig
 from runner.spec.typed import read_resolved
 
@@ -194,6 +194,15 @@ def train(rd: RunDir) -> int:
     return 0
 
 
+def _release_process_group() -> None:
+    """Destroy the process group this rank's training (or the program) left alive. An interpreter that exits with a
+    gloo group alive can die in its C++ teardown with SIGABRT ("terminate called without an active exception",
+    pytorch/pytorch#190489): a rank that stopped cleanly with exit 75 then ends 134, and its stop reads as a crash."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m runner.job.launch", description=__doc__)
     parser.add_argument("run_dir", nargs="?", type=Path)
@@ -210,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
         attempt = {"code": code, "job_id": os.environ.get("SLURM_JOB_ID"), "time": time.time(),
                    "restart_count": os.environ.get("SLURM_RESTART_COUNT", "0")}
         atomic_write(rd.last_exit, json.dumps(attempt) + "\n")
+    if code in (0, EXIT_REQUEUE):  # every rank agreed to end here, so none waits on another's group
+        _release_process_group()
     return code
 
 
