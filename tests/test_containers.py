@@ -266,6 +266,25 @@ def test_apptainer_killed_rank_is_resubmitted_by_cron(slurm_cluster: devcluster.
     wait_for("the job's containers to be gone", lambda: not container_processes(sif), 30, run)
 
 
+def test_apptainer_stopped_rank_is_named_with_its_node(slurm_cluster: devcluster.Cluster,
+                                                       image_overrides: list[str], tmp_path: Path) -> None:
+    """A rank SIGSTOPped inside its container (a hung kernel, as the ranks see it): the others' watchdogs name it and
+    its node, the job ends as a hang, and no container process outlives it (Slurm kills the stopped one too)."""
+    env = cluster_env(slurm_cluster)
+    sif = sif_of(image_overrides)
+    run = submit_run(env, tmp_path / "runs", *image_overrides, "container.runtime=apptainer", "watchdog.floor_s=5")
+    wait_for("checkpoint 20", lambda: checkpoint_done(run, 20), 300, run)
+    victim = ranks(run)[3]
+    os.kill(victim["pid"], signal.SIGSTOP)  # the rank's own process: Apptainer shares the host's PID namespace
+    wait_for("the hang to be named", lambda: any(e["event"] == "exit" and e["outcome"] == "hang"
+                                                 for e in events(run)), 120, run)
+    row = status(env, run)
+    assert row["last_outcome"] == "hang" and f"rank 3 on {victim['hostname']}" in row["last_cause"], row
+    hang = json.loads((run / "hang.json").read_text())
+    assert [(s["rank"], s["node"]) for s in hang["suspects"]] == [(3, victim["hostname"])], hang
+    wait_for("the job's containers to be gone", lambda: not container_processes(sif), 60, run)
+
+
 @pytest.fixture(scope="session")
 def signing(image_overrides: list[str]) -> list[str]:
     """A key pair kept beside the cached images, and the cached SIF signed with it in place: `runner build` with

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -30,6 +31,7 @@ from tests.ci import unavailable
 from tests.test_failures import checkpoint_done, events, final_weights, job_id, runner, status, wait_for
 
 pytestmark = pytest.mark.slurm
+image_overrides = test_containers.image_overrides  # the fixture: the training image and its SIF
 
 REPO = Path(__file__).resolve().parents[1]
 PROGRAM = REPO / "tests" / "programs" / "lightning_train.py"
@@ -53,13 +55,14 @@ PODMAN = {"runtime": "podman", "builder": "podman", "base_image": "localhost/run
 
 
 def program(work: Path, flags: str, name: str = "program-cluster", block: bool = True,
-            container: dict[str, Any] | None = None) -> Path:
+            container: dict[str, Any] | None = None, **extra: Any) -> Path:
     """``work/train.py`` (the script, unchanged) and ``work/program.yaml`` that runs it on 2 nodes x 2 ranks."""
     work.mkdir(parents=True, exist_ok=True)
     shutil.copy(PROGRAM, work / "train.py")
     settings = {"name": name, **SETTINGS, "container": container or SETTINGS["container"]}
     doc: dict[str, Any] = {"num_nodes": 2, "num_device": 2,
-                           "command": f"python train.py --devices ${{num_device}} --num_nodes ${{num_nodes}} {flags}"}
+                           "command": f"python train.py --devices ${{num_device}} --num_nodes ${{num_nodes}} {flags}",
+                           **extra}
     doc.update({"runner": settings} if block else settings)
     (work / "program.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     return work / "program.yaml"
@@ -189,6 +192,39 @@ def test_the_script_trains_inside_podman(slurm_cluster: devcluster.Cluster, podm
     assert end["outcome"] == "completed" and (run / "finished").exists(), end
     assert all(f"trained to step {STEPS}" in rank_log(run, r, 1) for r in range(4))
     assert len(final_weights(run)) == len(final_weights(undisturbed)) == 4
+
+
+@pytest.mark.podman
+def test_the_script_trains_inside_the_sif(slurm_cluster: devcluster.Cluster, image_overrides: list[str],
+                                          tmp_path: Path) -> None:
+    """Program mode inside real Apptainer. The image is the training image's SIF: program mode's container settings
+    here are the same spec (one image serves both; `container.image` names it, and runner checks its recorded spec
+    hash all the same). ``${container_python}`` in the program's config starts Python in that SIF, as the ranks run,
+    for jobs the program starts itself (ESPnet3's Dask workers)."""
+    sif = test_containers.sif_of(image_overrides)
+    work = tmp_path / "work"
+    program(work, FLAGS, name="program-sif", block=False, container={**PODMAN, "runtime": "apptainer"},
+            helper_python="${container_python}")
+    run = submit(cluster_env(slurm_cluster), work, tmp_path / "runs", *image_overrides, f"container.image={sif}",
+                 block=False)
+    wait_for("the Apptainer run to end", lambda: ended(run), 240, run)
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert (manifest["runtime"], manifest["image"]) == ("apptainer", str(sif))
+    for r in ranks(run):
+        assert (r["runtime"], r["image"], r["in_container"]) == ("apptainer", str(sif), True), r
+        assert r["apptainer_container"] == str(sif)
+    [end] = exits(run)
+    assert end["outcome"] == "completed" and (run / "finished").exists(), end
+    assert all(f"trained to step {STEPS}" in rank_log(run, r, 1) for r in range(4))
+    assert complete_steps(run) == list(range(EVERY, STEPS + 1, EVERY))
+    assert not test_containers.container_processes(sif)
+
+    python = yaml.safe_load((run / "program" / "program.yaml").read_text())["helper_python"]
+    probe = "import os, sys, runner; print(sys.prefix, os.environ['APPTAINER_CONTAINER'], os.getcwd())"
+    out = subprocess.run([*shlex.split(python), "-c", probe], capture_output=True, text=True, timeout=120,
+                         env=cluster_env(slurm_cluster))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.split() == ["/usr", str(sif), str(work)], out.stdout
 
 
 def test_a_preemption_notice_checkpoints_requeues_and_resumes_bitwise(slurm_cluster: devcluster.Cluster,

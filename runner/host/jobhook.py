@@ -39,7 +39,7 @@ from runner.rundir import ATTEMPT_ENV, EXIT_PREFLIGHT, EXIT_SUPERSEDED, SUCCESSO
 from runner.spec.typed import read_resolved
 
 ALERT_BUDGET_S = 15.0  # the background sender's time; what it cannot send stays queued for runner cron
-log = logging.getLogger(__name__)
+log = logging.getLogger("runner.host.jobhook")  # not __name__: run with -m, this module is __main__
 
 
 def launcher_code(run: RunDir, rc: int, job: str | None) -> int:

@@ -157,16 +157,18 @@ def spec_hash(cfg: Config, code_files: dict[str, bytes]) -> str:
 Prefix = Callable[[Container, str, list[str], list[str], str], str]
 
 
-def _apptainer(c: Container, image: str, binds: list[str], env_names: list[str], run_dir: str) -> str:
+def _apptainer(c: Container, image: str, binds: list[str], env_names: list[str], workdir: str) -> str:
+    # --pwd as podman's --workdir and pyxis's --container-workdir: Apptainer would otherwise start in the caller's
+    # directory (mounted by default), which for a helper job the program starts is wherever that job began.
     parts = [c["runtime"], "exec", "--nv"]
     if binds:
         parts += ["--bind", q(",".join(f"{b}:{b}" for b in binds))]
     for name in env_names:
         parts += ["--env", f'"{name}=${name}"']
-    return " ".join([*parts, q(image), q(c["python"])])
+    return " ".join([*parts, "--pwd", q(workdir), q(image), q(c["python"])])
 
 
-def _podman(c: Container, image: str, binds: list[str], env_names: list[str], run_dir: str) -> str:
+def _podman(c: Container, image: str, binds: list[str], env_names: list[str], workdir: str) -> str:
     # --cgroupns=private: runc mounts the container's own cgroup view instead of bind-mounting the caller's
     # cgroup paths, which fail where a node's cgroup tree is itself a subtree (the dev cluster, nested setups).
     parts = ["podman", "run", "--rm", "--network=host", "--ipc=host", "--uts=host", "--pid=host", "--cgroupns=private",
@@ -175,16 +177,16 @@ def _podman(c: Container, image: str, binds: list[str], env_names: list[str], ru
         parts += ["--volume", q(f"{b}:{b}")]
     for name in env_names:
         parts += ["--env", name]  # NAME alone: podman takes the value from its own environment
-    return " ".join([*parts, "--workdir", q(run_dir), q(image), q(c["python"])])
+    return " ".join([*parts, "--workdir", q(workdir), q(image), q(c["python"])])
 
 
-def _pyxis(c: Container, image: str, binds: list[str], env_names: list[str], run_dir: str) -> str:
+def _pyxis(c: Container, image: str, binds: list[str], env_names: list[str], workdir: str) -> str:
     mounts = ",".join(f"{b}:{b}" for b in binds)
     return " ".join([q(f"--container-image={image}"), q(f"--container-mounts={mounts}"),
-                     q(f"--container-workdir={run_dir}"), q(c["python"])])
+                     q(f"--container-workdir={workdir}"), q(c["python"])])
 
 
-def _none(c: Container, image: str, binds: list[str], env_names: list[str], run_dir: str) -> str:
+def _none(c: Container, image: str, binds: list[str], env_names: list[str], workdir: str) -> str:
     return q(sys.executable)
 
 
@@ -193,10 +195,11 @@ RUNTIMES: dict[str, Prefix] = {"apptainer": _apptainer, "singularity": _apptaine
                                "pyxis": _pyxis, "none": _none}
 
 
-def exec_prefix(cfg: Config, image: str, binds: list[str], env_names: list[str], run_dir: str) -> str:
-    """The part of the srun line that differs between runtimes; everything else in the script is shared."""
+def exec_prefix(cfg: Config, image: str, binds: list[str], env_names: list[str], workdir: str) -> str:
+    """The part of the srun line that differs between runtimes (the process starts in ``workdir``); everything else
+    in the script is shared."""
     c = cfg.data["container"]
-    return RUNTIMES[c["runtime"]](c, image, binds, env_names, run_dir)
+    return RUNTIMES[c["runtime"]](c, image, binds, env_names, workdir)
 
 
 # Variables the launcher needs inside the container. Apptainer passes the host environment through by
