@@ -89,8 +89,8 @@ def config_secrets(cfg: Mapping[str, Any]) -> list[str]:
     """The webhook URLs a run's config leads to, from every source; never raises, never validates (an alert does)."""
     alerts: Mapping[str, Any] = cfg["alerts"] if isinstance(cfg.get("alerts"), Mapping) else {}
     env: Mapping[str, Any] = cfg["env"] if isinstance(cfg.get("env"), Mapping) else {}
-    name = str(alerts["url_env"]) if isinstance(alerts.get("url_env"), str) else "RUNNER_WEBHOOK_URL"
-    found = [os.environ.get(name, ""), os.environ.get("RUNNER_WEBHOOK_URL", ""), str(env.get(name) or "")]
+    name = str(alerts["url_env"]) if isinstance(alerts.get("url_env"), str) else DEFAULT_URL_ENV
+    found = [os.environ.get(name, ""), os.environ.get(DEFAULT_URL_ENV, ""), str(env.get(name) or "")]
     found += [str(v) for v in env.values() if isinstance(v, str) and SLACK_HOOK_RE.search(v)]
     url_file = alerts.get("url_file")
     if isinstance(url_file, str) and url_file:
@@ -104,6 +104,20 @@ def config_secrets(cfg: Mapping[str, Any]) -> list[str]:
         except Exception:  # noqa: S110 -- no file, no secret from it; resolve_url says what is wrong when sending
             pass
     return [f for f in found if f.strip()]
+
+
+DEFAULT_URL_ENV = "RUNNER_WEBHOOK_URL"
+
+
+def webhook_names(cfg: Mapping[str, Any]) -> list[str]:
+    """The environment variables that carry the webhook URL to runner's own alerts (``alerts.url_env`` and the
+    default): the one rule for what a rank and its program never inherit from the shell that submitted. A program
+    printing its environment, or an exception quoting it, would put the URL in a rank log. A run that wants such a
+    variable in its ranks names it in ``env:`` (kept out of the run's readable files by ``secret.env``)."""
+    alerts: Mapping[str, Any] = cfg["alerts"] if isinstance(cfg.get("alerts"), Mapping) else {}
+    env: Mapping[str, Any] = cfg["env"] if isinstance(cfg.get("env"), Mapping) else {}
+    name = alerts.get("url_env")
+    return sorted({DEFAULT_URL_ENV, *([name] if isinstance(name, str) and name else [])} - set(env))
 
 
 def remember_config(cfg: Mapping[str, Any], run_dir: Path | None = None) -> None:

@@ -103,7 +103,7 @@ def test_sbatch_layout_follows_config() -> None:
                  "#SBATCH --requeue", "#SBATCH --signal=B:USR2@180", "#SBATCH --open-mode=append",
                  f"#SBATCH --output={RUN_DIR}/logs/slurm-%j.out", "#SBATCH --partition=gpu"):
         assert line in text.splitlines()
-    srun = next(line for line in text.splitlines() if line.startswith("srun "))
+    srun = next(line for line in text.splitlines() if line.startswith("env -u RUNNER_WEBHOOK_URL srun "))
     assert "apptainer exec --nv --bind" in srun and "/shared/images/ngc-4x8gpu-GOLDEN.sif" in srun
     assert '--env "MASTER_ADDR=$MASTER_ADDR"' in srun
 
@@ -112,7 +112,7 @@ def test_runtimes_differ_only_in_exec_prefix() -> None:
     a = artifacts(["container.runtime=apptainer"])["job.sbatch"].splitlines()
     b = artifacts(["container.runtime=none"])["job.sbatch"].splitlines()
     changed = [(x, y) for x, y in zip(a, b, strict=True) if x != y]
-    assert len(changed) == 1 and changed[0][0].startswith("srun ") and changed[0][1].startswith("srun ")
+    assert len(changed) == 1 and all(x.startswith("env -u RUNNER_WEBHOOK_URL srun ") for x in changed[0])
     assert changed[0][1].split(" -m runner.job.launch")[1] == changed[0][0].split(" -m runner.job.launch")[1]
 
 

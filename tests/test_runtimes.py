@@ -31,8 +31,12 @@ def sbatch(runtime: str, *overrides: str) -> str:
     return render.sbatch(cfg, RUN_DIR, IMAGES[runtime]).replace(render.q(sys.executable), "PYTHON")
 
 
+STEP = "env -u RUNNER_WEBHOOK_URL srun "  # the training step: no rank inherits the webhook's variable
+
+
 def srun_line(text: str) -> str:
-    return next(line for line in text.splitlines() if line.startswith("srun "))
+    """The training step's srun command (after the `env -u` that keeps the webhook's variables from the ranks)."""
+    return next(line for line in text.splitlines() if line.startswith(STEP)).removeprefix("env -u RUNNER_WEBHOOK_URL ")
 
 
 def check_golden(name: str, text: str, request: pytest.FixtureRequest) -> None:
@@ -58,7 +62,7 @@ def test_shellcheck(runtime: str, tmp_path: Path) -> None:
 def test_runtimes_change_only_the_exec_prefix(runtime: str) -> None:
     a, b = sbatch(runtime).splitlines(), sbatch("none").splitlines()
     changed = [(x, y) for x, y in zip(a, b, strict=True) if x != y]
-    assert len(changed) == 1 and changed[0][0].startswith("srun ")
+    assert len(changed) == 1 and changed[0][0].startswith(STEP)
     assert changed[0][0].endswith(' -m runner.job.launch "$RUN_DIR" &')
 
 

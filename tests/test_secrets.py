@@ -213,3 +213,64 @@ def test_a_local_run_gets_an_env_secret_that_no_file_of_the_run_holds(webhook: W
     assert stat.S_IMODE((run / "secret.env").stat().st_mode) == 0o600
     for name in ("config.yaml", "job.sbatch", "manifest.json", "ledger.jsonl"):
         assert found_in((run / name).read_text(), webhook.url) == [], name
+
+
+@pytest.mark.parametrize("alerts_url_env, env, dropped", [
+    (None, {}, ["RUNNER_WEBHOOK_URL"]),
+    ("MY_SLACK", {}, ["MY_SLACK", "RUNNER_WEBHOOK_URL"]),
+    ("RUNNER_WEBHOOK_URL", {"OTHER": "x"}, ["RUNNER_WEBHOOK_URL"]),
+    # named in env: the run asked for it in its ranks (its value then travels in secret.env, not in readable files)
+    ("MY_SLACK", {"MY_SLACK": "https://hooks.slack.com/services/T/B/abcdefgh"}, ["RUNNER_WEBHOOK_URL"]),
+    (None, {"RUNNER_WEBHOOK_URL": "https://example.com/hook/abcdefgh"}, []),
+    ("", {}, ["RUNNER_WEBHOOK_URL"]),  # not a name: never crashes, the default stays out
+])
+def test_the_webhook_variables_no_rank_inherits(alerts_url_env: str | None, env: dict[str, str],
+                                                dropped: list[str]) -> None:
+    from runner import redaction
+
+    cfg: dict[str, Any] = {"env": env, "alerts": {} if alerts_url_env is None else {"url_env": alerts_url_env}}
+    assert redaction.webhook_names(cfg) == dropped
+
+
+def test_the_batch_script_starts_the_ranks_without_the_webhook_variables() -> None:
+    """The exit hook (host side) keeps the URL it alerts with; srun, and so every rank, container and program, gets
+    an environment without it."""
+    from runner.host import render
+
+    cfg = spec.load(CONF, ["alerts.url_env=MY_SLACK"], run_dir="/shared/runs/x")
+    script = render.sbatch(cfg, Path("/shared/runs/x"), "/shared/x.sif")
+    step = next(line for line in script.splitlines() if " srun --kill-on-bad-exit=1 " in line)
+    assert step.startswith("env -u MY_SLACK -u RUNNER_WEBHOOK_URL srun "), step
+    assert "hook exit --rc" in script  # the exit hook (a trap) runs in the batch shell, which keeps the variables
+    assert "unset" not in script and "MY_SLACK=" not in script
+
+
+ENV_DUMP = """import os, sys
+print(dict(os.environ))
+print(open("/proc/self/environ", "rb").read().replace(b"\\0", b"\\n").decode())
+"""
+
+
+@pytest.mark.local
+@pytest.mark.parametrize("command", ["python dump.py", "bash -c 'env; python dump.py'"])
+def test_a_program_printing_its_environment_writes_no_webhook_url(tmp_path: Path, command: str) -> None:
+    """The submitting shell holds the webhook URL (the default variable and a config's own url_env); the program,
+    in process or as a child, prints its whole environment: the URL is in no file under the run root and not in
+    what `runner submit` printed."""
+    (tmp_path / "dump.py").write_text(ENV_DUMP)
+    url = "https://hooks.slack.com/services/T0000/B0000/s3cr3tt0k3nvalue"
+    conf = tmp_path / "dump.yaml"
+    conf.write_text(yaml.safe_dump({
+        "num_nodes": 1, "num_device": 2, "command": command,
+        "runner": {"name": "dump", "scheduler": "local", "run_root": str(tmp_path / "runs"),
+                   "container": {"runtime": "none"}, "alerts": {"url_env": "TEAM_HOOK", "enabled": False}}}))
+    env = {**os.environ, "RUNNER_WEBHOOK_URL": url, "TEAM_HOOK": url, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-m", "runner", "submit", str(conf)], env=env, capture_output=True,
+                         text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    [run] = (tmp_path / "runs").iterdir()
+    logs = sorted((run / "logs").rglob("rank-*.log"))
+    assert len(logs) == 2 and all("'MASTER_PORT'" in f.read_text() for f in logs)  # the dump ran, in every rank
+    for f in [p for p in run.rglob("*") if p.is_file()]:
+        assert found_in(f.read_text(errors="replace"), url) == [], f
+    assert found_in(out.stdout + out.stderr, url) == []

@@ -79,7 +79,7 @@ def test_apptainer_and_none_differ_only_in_the_exec_prefix() -> None:
     changed = [(a, b) for a, b in zip(none, app, strict=True) if a != b]
     assert len(changed) == 1, changed
     a, b = changed[0]
-    assert a.startswith("srun ") and b.startswith("srun ")
+    assert a.startswith("env -u RUNNER_WEBHOOK_URL srun ") and b.startswith("env -u RUNNER_WEBHOOK_URL srun ")
     prefix_none, _, tail_none = a.partition(" -m runner.job.launch ")
     prefix_app, _, tail_app = b.partition(" -m runner.job.launch ")
     assert tail_none == tail_app == '"$RUN_DIR" &'

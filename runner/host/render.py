@@ -18,7 +18,7 @@ from typing import Any
 
 import jinja2
 
-from runner import __version__
+from runner import __version__, redaction
 from runner.errors import BuildError
 from runner.rundir import ATTEMPT_ENV
 from runner.spec import Config
@@ -212,8 +212,6 @@ IFNAME_ENV = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")  # passed only when ne
 def secret_env(env: dict[str, object]) -> dict[str, str]:
     """The ``env:`` values that hold a secret this process knows (the webhook URL, ``runner.redaction``): they never
     land in the batch script (mode 0755) or config.yaml, but in ``RUN/secret.env`` (0600), which the script sources."""
-    from runner import redaction
-
     return {k: str(v) for k, v in env.items() if redaction.redact(str(v)) != str(v)}
 
 
@@ -260,7 +258,8 @@ def sbatch(cfg: Config, run_dir: Path, image: str, program_dir: str | None = Non
                   cpus_per_task=s["cpus_per_task"], time=s["time"], sbatch_flags=flags, requeue=s["requeue"],
                   signal=s["signal"], signal_lead_s=s["signal_lead_s"], run_dir=str(run_dir), env=env,
                   host_python=sys.executable, ifname=ifname, successor=d["resume"]["successor"],
-                  verify_key=verify_key(cfg), exec_prefix=exec_prefix(cfg, image, binds, env_names, str(run_dir)))
+                  verify_key=verify_key(cfg), exec_prefix=exec_prefix(cfg, image, binds, env_names, str(run_dir)),
+                  unset=redaction.webhook_names(cfg.data))
 
 
 def verify_key(cfg: Config) -> str | None:

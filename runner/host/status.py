@@ -18,14 +18,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from runner import checkpoint, goodput, policy, stragglers
+from runner import checkpoint, goodput, policy, redaction, stragglers
 from runner import log as runner_log
 from runner.errors import InputError, RunnerError
 from runner.host import observe
 from runner.rundir import RunDir, read_json
 
 log = logging.getLogger(__name__)
-DEFAULT_URL_ENV = "RUNNER_WEBHOOK_URL"  # alerts.url_env's default
+DEFAULT_URL_ENV = redaction.DEFAULT_URL_ENV  # alerts.url_env's default
 
 
 _STAMPED = re.compile(r"(?P<name>.+)-(?P<stamp>\d{8}-\d{6})(?:-(?P<n>\d+))?")

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runner import __version__
+from runner import __version__, redaction
 from runner.job import callback, container, internals
 from runner.log import setup as setup_logging
 from runner.rundir import EXIT_PREFLIGHT, EXIT_REQUEUE, EXIT_TERMINATED, RunDir, atomic_write, read_json
@@ -111,6 +111,8 @@ def _write_rank_info(rd: RunDir, rank: int, local: int, node: int, world: int, a
 def train(rd: RunDir) -> int:
     """Run this rank's training (runner's own mode) or the config's program (``command:``); returns the exit code."""
     cfg = read_resolved(rd.config)
+    for name in redaction.webhook_names(cfg):  # a second wall: a site whose srun exports the batch shell's variables
+        os.environ.pop(name, None)
     # The signal handlers first of all: Slurm may send the time-limit signal seconds after the job starts (its
     # timer has a 60 s grain), and a rank without a handler dies of it (SIGUSR2's default) instead of stopping
     # at its first step with a checkpoint.
