@@ -253,6 +253,74 @@ def test_fuzz_never_a_traceback(cmd: str, examples: int, tmp_path: Path, monkeyp
     assert not list(tmp_path.glob("runs*")) and not list(tmp_path.glob("images*"))
 
 
+PROGRAM = {"num_nodes": 1, "num_device": 2, "stages": "train",
+           "command": "python train.py --devices ${num_device} --num_nodes ${num_nodes} --config ${program_config}",
+           "dataloader": {"train": {"batch_size": 4}}, "trainer": {"max_epochs": 2},
+           "runner": {"name": "prog", "scheduler": "slurm", "container": {"runtime": "none"}}}
+PROGRAM_KEYS = ["num_nodes", "num_device", "command", "stages", "dataloader", "dataloader.train",
+                "dataloader.train.dist_world_size", "dataloader.train.total_shards", "trainer", "trainer.devices",
+                "trainer.num_nodes", "runner", "runner.name", "runner.scheduler", "runner.container",
+                "runner.container.runtime", "runner.container.image", "runner.slurm.time", "runner.env.X",
+                "runner.alerts.url_env", "runner.checkpoint.every_n_steps", "runner.parallel", "parallel",
+                "parallel.options.python", "runner.num_nodes", "runner.command", "seed", "runner.seed"]
+COUNT_VALUES = st.sampled_from([None, 0, -1, 1, 2, 3, 1e309, -1e309, float("nan"), 2.0, 2.5, True, "2", "x", [1, 2],
+                                {"a": 1}, 2 ** 70, "${num_nodes}", "${num_device * 2}", "${nope}"])
+
+
+@st.composite
+def program_configs(draw: st.DrawFn) -> str:
+    """Program mode (``command:``, runner's settings in a ``runner:`` block): the counts and keys runner reads from
+    the program's own config, odd, missing or hostile."""
+    data = copy.deepcopy(PROGRAM)
+    for key in ("num_nodes", "num_device"):
+        if draw(st.booleans()):
+            _set(data, key, draw(COUNT_VALUES))
+    for _ in range(draw(st.integers(0, 3))):
+        _set(data, draw(st.sampled_from(PROGRAM_KEYS)), draw(VALUE | COUNT_VALUES))
+    if draw(st.booleans()):
+        data.pop(draw(st.sampled_from(["num_nodes", "num_device", "command", "runner"])), None)
+    return yaml.safe_dump(data, sort_keys=False) + draw(st.sampled_from(["", "", "seed: 1\n", "x: &a [*a]\n"]))
+
+
+PROGRAM_OVERRIDES = st.lists(st.builds(lambda k, v: f"{k}={v}", st.sampled_from(PROGRAM_KEYS),
+                                       (VALUE | COUNT_VALUES).map(_flow)), max_size=3)
+
+
+@pytest.mark.parametrize(("cmd", "examples"), [("validate", 900), ("submit", 700), ("build", 400)])
+def test_fuzz_program_mode_never_a_traceback(cmd: str, examples: int, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """2,000 program-mode configs and overrides (issue 39: a bad num_device gave KeyError 'dist_world_size')."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("print('train')\n")
+    t0 = time.monotonic()
+    flags = {"validate": [], "submit": ["--dry-run", "--allow-missing-image"], "build": ["--dry-run"]}[cmd]
+    last = {"validate": [], "submit": [f"runner.run_root={tmp_path}/runs"],
+            "build": [f"runner.container.image_dir={tmp_path}/images"]}[cmd]
+
+    @settings(max_examples=int(examples * SCALE), derandomize=True, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(text=program_configs(), overrides=PROGRAM_OVERRIDES)
+    def run(text: str, overrides: list[str]) -> None:
+        if time.monotonic() - t0 > BUDGET_S[cmd]:
+            COUNTS[f"program {cmd}: over budget, not run"] += 1
+            return
+        (tmp_path / "prog.yaml").write_text(text)
+        answer = counted_call(f"program {cmd}", [cmd, *flags, "prog.yaml", *overrides, *last])
+        if answer is None:
+            return
+        rc, out, err = answer
+        assert "Traceback" not in err + out, err
+        assert rc in (0, 2), (rc, err)
+        # one line a problem: what was found, what was expected, a hint
+        assert rc == 0 or all(line.startswith("runner: error: ") for line in err.strip().splitlines()), err
+
+    run()
+    print(f"fuzz program {cmd}: {dict(sorted(k for k in COUNTS.items() if k[0].startswith('program')))}")
+    assert not [k for k in COUNTS if "traceback" in k]
+    assert COUNTS[f"program {cmd}: cases"] >= min(200, examples * SCALE)
+    assert not list(tmp_path.glob("runs*")) and not list(tmp_path.glob("images*"))
+
+
 def _tool(name: str) -> str:
     exe = shutil.which(name, path=str(Path(sys.executable).parent)) or shutil.which(name)
     assert exe, f"{name} is a dev dependency (pip install -e .[dev])"

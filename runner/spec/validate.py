@@ -190,7 +190,7 @@ def check_rules(d: dict[str, Any], problems: Problems, base: Path | None = None,
             loader["dist_world_size"] = world
         if loader.get("total_shards") is None:
             loader["total_shards"] = loader.get("dist_world_size")
-        dws, shards = loader["dist_world_size"], loader["total_shards"]
+        dws, shards = loader.get("dist_world_size"), loader.get("total_shards")  # absent: world unknown
         if world is None or not _ints(dws, shards):
             continue
         if dws != world:
