@@ -514,12 +514,16 @@ class RunDir(Ledger):
         for line in lines:
             try:
                 event = json.loads(line)
-            except ValueError:
-                continue  # a torn last line after a crash is skipped, never fatal
-            if isinstance(event, dict) and isinstance(event.get("event"), str) and \
-                    isinstance(event.get("time"), (int, float)):
+            except (ValueError, RecursionError):
+                continue  # a torn last line after a crash (or a line nested past Python's depth) is skipped
+            if isinstance(event, dict) and isinstance(event.get("event"), str) and _a_time(event.get("time")):
                 out.append(normalize(event))  # anything else is not ours (a hand edit): skipped, never fatal
         return out
+
+
+def _a_time(t: Any) -> bool:
+    """A Unix time a ledger line can hold: a number a date can be made of (not NaN, not 1e308, not a bool)."""
+    return isinstance(t, (int, float)) and not isinstance(t, bool) and -1e11 < t < 1e11
 
 
 MAX_LEDGER = 256 << 20  # a ledger of years of events stays far below

@@ -449,6 +449,63 @@ def run_fuzz_once(template: Path, root: Path, files: list[tuple[str, str]], comm
     assert rc in (0, 1, 2), (rc, err)
 
 
+# Ledger lines that `status` took and `report`/`resume` tripped over (issue 39): times no date is made of, a line
+# nested past Python's depth, a time that is a bool.
+HOSTILE_LEDGER_LINES = ['{"event": "exit", "time": 1e308, "attempt": 1, "exit_code": 1}',
+                        '{"event": "start", "time": Infinity, "attempt": 2}', '{"event": "exit", "time": -1e308}',
+                        '{"event": "exit", "time": NaN, "attempt": 1}', '{"event": "start", "time": true}',
+                        '{"event": "x", "time": 1, "deep": ' + "[" * 2000 + "]" * 2000 + "}",
+                        '{"event": "exit", "time": 1795743981.6, "attempt": 1, "exit_code": 1e309, "step": -1e400}']
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("line", HOSTILE_LEDGER_LINES)
+def test_a_hostile_ledger_line_never_a_traceback(line: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Appended to a real run's ledger, under every command that reads it: a line that is not ours is skipped."""
+    from runner import proc
+
+    monkeypatch.setattr(proc, "run", _recorded_slurm)
+    monkeypatch.delenv("RUNNER_WEBHOOK_URL", raising=False)
+    template = _run_dir(tmp_path / "template")
+    with (template / "ledger.jsonl").open("a") as f:
+        f.write(line + "\n")
+    for command in RUN_COMMANDS:
+        root = tmp_path / "runs"
+        run = root / template.name
+        shutil.copytree(template, run, symlinks=True)
+        argv = [a.replace("RUN", str(run)).replace("OUT", str(root / "page.html")) for a in command]
+        try:
+            rc, out, err = call([*argv, "--root", str(root)])
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        assert "Traceback" not in out + err and rc in (0, 1, 2), (command, rc, err)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("damage, said", [
+    ("truncated manifest", "manifest.json is missing or unreadable"), ("no manifest", "manifest.json is missing"),
+    ("logs is a file", "logs is a file; expected a directory")])
+def test_resume_refuses_a_damaged_run_before_any_rank_starts(damage: str, said: str, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """What every rank reads first is checked before a job is submitted: no resubmission, one line."""
+    from runner import proc
+
+    calls: list[list[str]] = []
+    monkeypatch.setattr(proc, "run", lambda argv, *a, **kw: calls.append(argv) or _recorded_slurm(argv, *a, **kw))
+    run = _run_dir(tmp_path / "runs")
+    if damage == "truncated manifest":
+        run.joinpath("manifest.json").write_text(run.joinpath("manifest.json").read_text()[:60])
+    elif damage == "no manifest":
+        run.joinpath("manifest.json").unlink()
+    else:
+        shutil.rmtree(run / "logs")
+        (run / "logs").write_text("x\n")
+    rc, out, err = call(["resume", str(run)])
+    assert rc == 1 and said in err and "Traceback" not in err, (rc, err)  # refused, as a live job is
+    assert [line for line in err.splitlines() if line.startswith("runner: error:")] == [err.splitlines()[-1]]
+    assert not [c for c in calls if c[0] == "sbatch"] and "resubmitted" not in run.joinpath("ledger.jsonl").read_text()
+
+
 @pytest.mark.unit
 def test_fuzz_run_directories_never_a_traceback_or_a_hang(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every run file a command reads (manifests, config, job_id, ledger, progress, checkpoint and chunk files, crash

@@ -402,6 +402,19 @@ def resize(run: RunDir, overrides: list[str]) -> str:
     return change
 
 
+def _refuse_damaged(run: RunDir) -> None:
+    """What every rank of a resumed attempt reads or writes first, checked before one starts: a damaged manifest
+    would crash each rank at once (and its message would advise resuming again), a ``logs`` that is a file would
+    crash the launcher."""
+    if read_json(run.manifest, None) is None:
+        raise SubmitError(f"resume {run.name}: {run.manifest} is missing or unreadable (not the JSON object runner "
+                          "submit wrote); expected the run's manifest, which every rank reads. hint: restore it, or "
+                          f"submit the config again: runner submit {run.config}")
+    if run.logs.exists() and not run.logs.is_dir():
+        raise SubmitError(f"resume {run.name}: {run.logs} is a file; expected a directory (each attempt's rank logs "
+                          "go there). hint: move the file away")
+
+
 def resume(run: RunDir, overrides: list[str] | None = None, force: bool = False) -> int:
     """Start a stopped run again in its own directory; the launcher picks the newest complete checkpoint.
 
@@ -410,6 +423,7 @@ def resume(run: RunDir, overrides: list[str] | None = None, force: bool = False)
     """
     if not run.config.is_file():
         raise SubmitError(f"{run.root}: found no config.yaml; expected a run directory. hint: see `runner status`")
+    _refuse_damaged(run)
     from runner import policy
     from runner.host import observe
 

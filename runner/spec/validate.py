@@ -190,7 +190,8 @@ def check_rules(d: dict[str, Any], problems: Problems, base: Path | None = None,
             loader["dist_world_size"] = world
         if loader.get("total_shards") is None:
             loader["total_shards"] = loader.get("dist_world_size")
-        dws, shards = loader.get("dist_world_size"), loader.get("total_shards")  # absent: world unknown
+        dws: Any = loader.get("dist_world_size")  # absent when the world is unknown (a bad num_device)
+        shards: Any = loader.get("total_shards")
         if world is None or not _ints(dws, shards):
             continue
         if dws != world:
