@@ -534,6 +534,9 @@ REPORT_PAGE = "report.html"  # RunDir.report_page; the run root's index links to
 # Whoever starts the ranks of an attempt (the batch script, or `runner submit` locally) claims N and exports it.
 ATTEMPT_PREFIX = "attempt-"
 ATTEMPT_ENV = "RUNNER_ATTEMPT"
+# A local run's owner lock (runner.host.local), open in every rank: its descriptor number, so that a program the rank
+# starts as a child process holds the lock too, and the run stays owned while any process of it lives.
+OWNER_FD_ENV = "RUNNER_OWNER_FD"
 # Set (by sbatch's environment) only in a successor job (resume.successor): the job it follows.
 SUCCESSOR_ENV = "RUNNER_SUCCESSOR_OF"
 

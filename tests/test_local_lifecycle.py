@@ -6,8 +6,10 @@ killed run is not `running` forever, and the first rank to fail is the cause on 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -251,3 +253,67 @@ def test_a_rank_that_dies_as_a_resume_starts_ends_the_attempt_with_its_cause(tmp
     assert not any(alive(p) for p in ranks)
     row = status(run)
     assert row["state"] == "failed" and row["last_cause"].startswith("rank 0 on ") and "SIGKILL" in row["last_cause"]
+
+
+SLEEPER = """import os, sys, time
+open(sys.argv[1], "w").write(str(os.getpid()))
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("command", [
+    "bash -c 'exec python sleeper.py PIDFILE'",  # the program as the rank's child process
+    "bash -c 'python sleeper.py PIDFILE & wait'",  # a shell that forks a grandchild
+])
+def test_no_process_of_a_program_outlives_its_rank_or_lets_a_second_trainer_in(tmp_path: Path, command: str) -> None:
+    """Issue 39's two trainers: the rank launcher is SIGKILLed while its program (a child, or a shell's grandchild)
+    trains. The program dies with its rank; and with the driver killed too, the program holds the run's lock:
+    `runner resume` is refused while it lives, and taken once it is gone."""
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    pidfile = tmp_path / "program.pid"
+    conf = tmp_path / "prog.yaml"
+    conf.write_text(json.dumps({
+        "num_nodes": 1, "num_device": 1, "command": command.replace("PIDFILE", str(pidfile)),
+        "runner": {"name": "prog", "scheduler": "local", "run_root": str(tmp_path / "runs"),
+                   "container": {"runtime": "none"}, "alerts": {"enabled": False}}}))
+
+    def started() -> tuple[subprocess.Popen[str], Path, int, int]:
+        pidfile.unlink(missing_ok=True)
+        proc = subprocess.Popen([sys.executable, "-m", "runner", "submit", str(conf)], env=env(), text=True,
+                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        wait_for(pidfile, proc)
+        while not pidfile.read_text():
+            time.sleep(0.05)
+        [run] = (tmp_path / "runs").iterdir()
+        return proc, run, owner(run, 1)["ranks"][0], int(pidfile.read_text())
+
+    proc, run, launcher, program = started()
+    os.kill(launcher, signal.SIGKILL)  # the rank dies; the driver sees it
+    proc.communicate(timeout=60)
+    deadline = time.monotonic() + 10
+    while alive(program):
+        assert time.monotonic() < deadline, "the program outlived its rank"
+        time.sleep(0.05)
+
+    shutil.rmtree(tmp_path / "runs")
+    proc, run, launcher, program = started()
+    proc.kill()  # the driver first, then the rank: nobody is left to end the program
+    proc.communicate(timeout=30)
+    os.kill(launcher, signal.SIGKILL)
+    while alive(launcher):
+        time.sleep(0.05)
+    assert alive(program)
+    refused = runner("resume", str(run))
+    assert refused.returncode != 0 and "one trainer per run directory" in refused.stderr, refused.stderr
+    assert RunDir(run).attempts() == [1]
+    os.kill(program, signal.SIGKILL)
+    while alive(program):
+        time.sleep(0.05)
+    pidfile.unlink()
+    again = start("resume", str(run))
+    wait_for(pidfile, again)  # taken over: the program runs again, as the run's one trainer
+    again.kill()
+    again.communicate(timeout=30)
+    for pid in [*owner(run, 2)["ranks"], int(pidfile.read_text())]:
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)

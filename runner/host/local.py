@@ -37,7 +37,7 @@ from typing import Any
 from runner import alerts, ledger, policy, redaction
 from runner.alerts.causes import RankExit, first_failure
 from runner.errors import SubmitError
-from runner.rundir import ATTEMPT_ENV, RunDir, atomic_write, read_json
+from runner.rundir import ATTEMPT_ENV, OWNER_FD_ENV, RunDir, atomic_write, read_json
 from runner.spec.typed import read_resolved
 
 log = logging.getLogger(__name__)
@@ -258,7 +258,8 @@ def _start(run: RunDir, world_size: int, per_node: int, attempt: int, owner: Own
         env = {**inherited, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world_size),
                "RANK": str(rank), "LOCAL_RANK": str(rank % per_node), "NODE_RANK": str(rank // per_node),
                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "RUNNER_RUN_DIR": str(run.root),
-               "RUNNER_PREFLIGHT_PORT": str(preflight_port), ATTEMPT_ENV: str(attempt)}
+               "RUNNER_PREFLIGHT_PORT": str(preflight_port), ATTEMPT_ENV: str(attempt),
+               OWNER_FD_ENV: str(owner.fd)}
         for key in [k for k in env if k.startswith("SLURM_")]:
             del env[key]
         env.update({k: str(v) for k, v in cfg.get("env", {}).items()})
@@ -377,6 +378,8 @@ def _supervise(att: _Attempt, progress: Callable[[], None] = lambda: None) -> No
 
     def waiter(rank: int, p: subprocess.Popen[bytes]) -> None:
         code = p.wait()
+        with contextlib.suppress(OSError):  # what the rank started dies with it (a program's child, its children)
+            os.killpg(p.pid, signal.SIGKILL)  # the launcher led its own session: its group outlives it
         oom = code == -signal.SIGKILL and ooms is not None and (oom_kills() or 0) > ooms
         done.put(RankExit(rank=rank, code=code, time=time.time(), node=socket.gethostname(), oom=oom))
 

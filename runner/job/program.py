@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.job import callback, guards
-from runner.rundir import EXIT_PROGRAM, RunDir, read_json
+from runner.rundir import EXIT_PROGRAM, OWNER_FD_ENV, RunDir, read_json
 from runner.spec.typed import RunConfig
 
 log = logging.getLogger(__name__)
@@ -142,8 +142,18 @@ def _run_here(command: list[str], cwd: Path) -> int:
     return 0
 
 
+def _owner_fds() -> tuple[int, ...]:
+    """A local run's owner lock, open in this rank (``OWNER_FD_ENV``): handed to the program's process, so that the
+    run stays owned (``runner resume`` refused) while the program or anything it started lives."""
+    fd = os.environ.get(OWNER_FD_ENV, "")
+    try:
+        return (int(fd),) if fd.isdigit() and os.fstat(int(fd)) else ()
+    except OSError:
+        return ()
+
+
 def _run_child(command: list[str], cwd: Path, signals: list[int]) -> int:
-    child = subprocess.Popen(command, cwd=cwd)  # noqa: S603 -- the user's own command, an argv list
+    child = subprocess.Popen(command, cwd=cwd, pass_fds=_owner_fds())  # noqa: S603 -- the user's own command
 
     def forward(signum: int, frame: Any) -> None:
         child.send_signal(signum)
