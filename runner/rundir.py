@@ -292,6 +292,10 @@ class RunDir(Ledger):
         return self.root / "owner.lock"
 
     @property
+    def cancel_lock(self) -> Path:  # held (flock) by the `runner cancel` of a local run that is under way
+        return self.root / "cancel.lock"
+
+    @property
     def local_owner(self) -> Path:  # the processes of the local run that holds owner.lock (runner.host.local)
         return self.root / "owner.json"
 

@@ -317,3 +317,23 @@ def test_no_process_of_a_program_outlives_its_rank_or_lets_a_second_trainer_in(t
     for pid in [*owner(run, 2)["ranks"], int(pidfile.read_text())]:
         with contextlib.suppress(OSError):
             os.killpg(pid, signal.SIGKILL)
+
+
+def test_a_second_cancel_waits_for_the_first_and_the_ranks_still_checkpoint(tmp_path: Path) -> None:
+    """Issue 39: two `runner cancel`s at once. The second does not escalate (a second SIGTERM is the driver's "stop at
+    once"): it waits for the first; the ranks checkpoint at the step they agree on, as with one cancel."""
+    proc, run = submit(tmp_path, "trainer.max_steps=100000")
+    wait_for(run / "checkpoints" / "step-0000010" / "COMPLETE", proc)
+    first = start("cancel", str(run))
+    assert first.stdout is not None and first.stdout.readline().startswith("cancelling ")  # it is under way
+    second = runner("cancel", str(run))
+    out, _ = first.communicate(timeout=120)
+    assert first.returncode == 0 and second.returncode == 0, out + second.stderr
+    assert "s after SIGTERM" in out and "killed" not in out, out
+    assert "stopped by the cancel already under way" in second.stdout, second.stdout
+    proc.communicate(timeout=30)
+    log = (run / "logs" / "attempt-1" / "rank-00000.log").read_text()
+    assert "stopped on signal at step" in log, log[-2000:]
+    step = int(log.split("stopped on signal at step ")[1].split(";")[0])
+    assert (run / "checkpoints" / f"step-{step:07d}" / "COMPLETE").exists()  # the stop's own checkpoint
+    assert status(run)["state"] == "cancelled"

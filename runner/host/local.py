@@ -29,7 +29,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -188,6 +188,38 @@ def cancel(run: RunDir, wait_s: float = CANCEL_WAIT_S) -> str:
     if not pids:
         host = owner.get("host") if isinstance(owner, dict) else None
         return f"its processes run on {host or 'another host'}: stop them there"
+    with _cancel_under_way(run) as mine:
+        if not mine:  # a second SIGTERM would be the driver's "stop at once": wait for the first cancel instead
+            start = time.monotonic()
+            if _wait_free(run, wait_s + 15):
+                return f"stopped by the cancel already under way, {time.monotonic() - start:.1f} s later"
+            return "a cancel is under way and its processes have not stopped yet: see `runner status`"
+        return _stop(run, pids, wait_s)
+
+
+@contextlib.contextmanager
+def _cancel_under_way(run: RunDir) -> Iterator[bool]:
+    """Whether this cancel is the run's only one (it holds ``cancel_lock`` until it returns)."""
+    try:
+        fd = os.open(run.cancel_lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError:
+        yield True
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        except OSError:
+            pass  # a filesystem without locks: as before, no check
+        yield True
+    finally:
+        os.close(fd)
+
+
+def _stop(run: RunDir, pids: list[int], wait_s: float) -> str:
+    """SIGTERM (the driver forwards it; the ranks checkpoint and exit), then SIGKILL for what is left after wait_s."""
     start = time.monotonic()
     driver, ranks = pids[0], pids[1:]
     for pid in [driver] if _alive(driver) else ranks:  # the driver forwards it to every rank, and records the end
