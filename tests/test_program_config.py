@@ -396,19 +396,3 @@ def test_runner_block_in_own_mode_gives_the_flat_files_config(tmp_path: Path) ->
     assert cfg.data["program"] == {"seed": "the program's", "slurm": {"time": "9:00:00"}}
     assert cfg.notes == ["slurm: at the top level it is your program's (this config has a runner: block); "
                          "runner reads runner.slurm"]
-
-
-@pytest.mark.parametrize("name", ["my prog.yaml", "it's.yaml", "a$(id)b.yaml"])
-def test_a_command_is_split_as_written_then_each_word_filled_in(tmp_path: Path, name: str) -> None:
-    """Issue 39: the config's own name, a value with spaces or quotes, land each in the one word they were written
-    in; the command is never split again after ``${...}`` is filled in."""
-    path = write(tmp_path, (
-        "num_nodes: 1\nnum_device: 2\ntag: \"a b 'c'\"\n"
-        "command: python train.py --config ${program_config} --tag ${tag} --devices=${num_device} 'two words'\n"
-        "runner:\n  scheduler: local\n  container: {runtime: none}\n"), name=name)
-    cfg = spec.load(path, run_dir="/runs/r 1")
-    assert cfg.data["command"] == ["python", "train.py", "--config", f"/runs/r 1/program/{name}", "--tag", "a b 'c'",
-                                   "--devices=2", "two words"]
-    # an override with spaces is one value too
-    cfg = spec.load(path, ["tag=x y"], run_dir="/runs/r")
-    assert cfg.data["command"][5] == "x y"

@@ -11,7 +11,6 @@ import hashlib
 import json
 import operator
 import re
-import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +22,7 @@ from runner import redaction
 from runner.errors import ConfigError
 from runner.rundir import RunDir
 from runner.spec import parallel, split, validate
-from runner.spec.schema import BLOCK, CONTROL, PROGRAM, PROGRAM_TRAINER, SCHEMA, SCHEMA_PROGRAM, SHARDING
+from runner.spec.schema import BLOCK, PROGRAM, PROGRAM_TRAINER, SCHEMA, SCHEMA_PROGRAM, SHARDING
 from runner.spec.typed import RunConfig, view
 from runner.spec.validate import Problems, Said
 
@@ -496,18 +495,6 @@ def _resolve_all(node: Any, interp: _Interp, problems: Problems, path: str,
         return node
 
 
-def _words(command: Any) -> Any:
-    """A command line split as written, before any ``${...}`` is filled in, so that each value lands in the word it
-    was written in (a config path with a space stays one argument). A line shlex cannot split, or one with control
-    characters, is left whole for ``validate.check_command`` to name."""
-    if not isinstance(command, str) or CONTROL.search(command):
-        return command
-    try:
-        return shlex.split(command)
-    except ValueError:
-        return command
-
-
 def fill_builtins(value: Any, builtins: dict[str, str]) -> Any:
     """``${run_dir}``, ``${program_config}`` and ``${container_python}`` written out in the program's config: they
     are runner's names, which the program cannot resolve; every other ``${...}`` stays for the program."""
@@ -557,8 +544,6 @@ def load(path: str | Path, overrides: list[str] | None = None, run_dir: str = "$
     # ${container_python} needs the image: `runner submit` writes it out (render.program_python); kept until then.
     builtins = {"run_dir": run_dir, "program_config": str(RunDir(Path(run_dir)).program_config(path.name)),
                 "container_python": "${container_python}"}
-    if program:
-        parts.own["command"] = _words(parts.own["command"])
     own = _resolve_all(parts.own, _Interp(data, builtins), problems, "", _programs if program else lambda p: False)
     if own.get("name") is None:
         own["name"] = re.sub(r"[^A-Za-z0-9_.\-]", "-", path.stem)[:100] or "run"
