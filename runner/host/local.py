@@ -484,6 +484,8 @@ def _record_end(run_dir: RunDir, cfg: Any, att: _Attempt, attempt: int) -> int:
     if event == "hang" and isinstance(hang := read_json(run_dir.hang), dict) and \
             hang.get("attempt") == attempt:
         cause = str(hang.get("summary") or cause)
+    if event == "preflight_failed" and isinstance(pf := read_json(run_dir.preflight), dict):
+        cause = str(pf.get("summary") or cause)  # the ranks send no alert (no webhook there): the driver says why
     secrets = alerts.secrets_of(cfg["alerts"])
     atomic_write(run_dir.exit_status, json.dumps({"exit_code": rc, "codes": codes, "event": event, "attempt": attempt,
                                                   "time": time.time()}) + "\n")

@@ -428,11 +428,6 @@ def _finish(job: _Job, checks: list[Check], extra: dict[str, Any], store: Any = 
     atomic_write(job.rd.preflight_table, table(report))
     log.info("preflight report:\n%s", table(report).rstrip("\n"))
     job.rd.record("preflight", status=status, duration_s=round(report["duration_s"], 2), summary=text)
-    if status == FAIL and "SLURM_JOB_ID" not in os.environ:  # under Slurm the batch script's exit hook alerts
-        from runner import alerts
-
-        alerts.notify(job.rd.root, job.cfg["alerts"], "preflight_failed", exit_code=EXIT_PREFLIGHT, cause=text,
-                      extra={"report": "preflight.txt"})
     atomic_write(job.rd.preflight, json.dumps(report, indent=2) + "\n")
     if store is not None and status == FAIL:
         store.set("final", status)
