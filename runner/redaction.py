@@ -85,11 +85,12 @@ def remember(secrets: Iterable[str]) -> None:
         _VARIANTS[:] = secret_variants(_KNOWN)
 
 
+DEFAULT_URL_ENV = "RUNNER_WEBHOOK_URL"  # alerts.url_env's default
+
+
 def config_secrets(cfg: Mapping[str, Any]) -> list[str]:
     """The webhook URLs a run's config leads to, from every source; never raises, never validates (an alert does)."""
-    alerts: Mapping[str, Any] = cfg["alerts"] if isinstance(cfg.get("alerts"), Mapping) else {}
-    env: Mapping[str, Any] = cfg["env"] if isinstance(cfg.get("env"), Mapping) else {}
-    name = str(alerts["url_env"]) if isinstance(alerts.get("url_env"), str) else DEFAULT_URL_ENV
+    alerts, env, name = _webhook_settings(cfg)
     found = [os.environ.get(name, ""), os.environ.get(DEFAULT_URL_ENV, ""), str(env.get(name) or "")]
     found += [str(v) for v in env.values() if isinstance(v, str) and SLACK_HOOK_RE.search(v)]
     url_file = alerts.get("url_file")
@@ -106,18 +107,22 @@ def config_secrets(cfg: Mapping[str, Any]) -> list[str]:
     return [f for f in found if f.strip()]
 
 
-DEFAULT_URL_ENV = "RUNNER_WEBHOOK_URL"
-
-
 def webhook_names(cfg: Mapping[str, Any]) -> list[str]:
     """The environment variables that carry the webhook URL to runner's own alerts (``alerts.url_env`` and the
     default): the one rule for what a rank and its program never inherit from the shell that submitted. A program
     printing its environment, or an exception quoting it, would put the URL in a rank log. A run that wants such a
     variable in its ranks names it in ``env:`` (kept out of the run's readable files by ``secret.env``)."""
+    _, env, name = _webhook_settings(cfg)
+    return sorted({DEFAULT_URL_ENV, name} - set(env))
+
+
+def _webhook_settings(cfg: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any], str]:
+    """A config's ``alerts`` and ``env`` sections (empty where they are not mappings) and the variable that holds the
+    webhook URL (``alerts.url_env``, or the default where it is not a name)."""
     alerts: Mapping[str, Any] = cfg["alerts"] if isinstance(cfg.get("alerts"), Mapping) else {}
     env: Mapping[str, Any] = cfg["env"] if isinstance(cfg.get("env"), Mapping) else {}
     name = alerts.get("url_env")
-    return sorted({DEFAULT_URL_ENV, *([name] if isinstance(name, str) and name else [])} - set(env))
+    return alerts, env, name if isinstance(name, str) and name else DEFAULT_URL_ENV
 
 
 def remember_config(cfg: Mapping[str, Any], run_dir: Path | None = None) -> None:

@@ -285,8 +285,9 @@ def _start(run: RunDir, world_size: int, per_node: int, attempt: int, owner: Own
         s2.bind(("127.0.0.1", 0))
         port, preflight_port = s.getsockname()[1], s2.getsockname()[1]
     procs = []
+    secret = redaction.webhook_names(cfg)
+    inherited = {k: v for k, v in os.environ.items() if k not in secret}
     for rank in range(world_size):
-        inherited = {k: v for k, v in os.environ.items() if k not in redaction.webhook_names(cfg)}
         env = {**inherited, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world_size),
                "RANK": str(rank), "LOCAL_RANK": str(rank % per_node), "NODE_RANK": str(rank // per_node),
                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "RUNNER_RUN_DIR": str(run.root),
