@@ -41,10 +41,12 @@ if [ "$(apptainer version 2>/dev/null)" = "$VERSION" ]; then fit_capabilities; f
 command -v go >/dev/null || die "no go on PATH: Apptainer $VERSION builds with Go >= 1.25.7"
 
 # Build packages (INSTALL.md) and the tools Apptainer runs: mksquashfs/unsquashfs, squashfuse_ll and fuse2fs for
-# mounting images as a non-root user, fuse-overlayfs, newuidmap for --fakeroot, cryptsetup for encrypted images.
+# mounting images as a non-root user, fuse-overlayfs, newuidmap for --fakeroot, cryptsetup for encrypted images,
+# openssl for the PEM keys of container.sign_key/verify_key (`openssl genpkey -algorithm ed25519`; not in a minimal
+# Debian).
 "$(dirname "$0")/install-apt.sh" - build-essential pkg-config libseccomp-dev libtalloc-dev libattr1-dev \
   libprotobuf-c-dev libsubid-dev uidmap fakeroot cryptsetup squashfs-tools squashfuse fuse2fs fuse-overlayfs \
-  libfuse3-dev
+  libfuse3-dev openssl
 
 tree=$CACHE/$VERSION
 if [ ! -e "$tree/.done" ]; then
