@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from runner.host import cron, observe, submit
+from runner.host import cron, observe, scheduler
 from runner.rundir import RunDir
 from tests.test_slurm_parsers import MANY_SACCT, MANY_SQUEUE, fake_slurm, make_run
 
@@ -30,7 +30,7 @@ def test_cron_decides_and_acts_on_one_read_of_the_ledger(tmp_path: Path, monkeyp
     """The look, and the straggler queue's own read under its lock (the exit hook may queue at the same time)."""
     run = make_run(tmp_path, "c-failed", "4", "start", "exit")
     resubmitted: list[str] = []
-    monkeypatch.setattr(submit, "resubmit", lambda run, cfg, reason: resubmitted.append(reason))
+    monkeypatch.setattr(scheduler.SLURM, "resubmit", lambda run, cfg, reason: resubmitted.append(reason))
     fake_slurm(monkeypatch, {"sacct": MANY_SACCT, "squeue": MANY_SQUEUE})
     jobs = observe.ask([observe.look(run, observe.unsettled)])
     reads = count_ledger_reads(monkeypatch)

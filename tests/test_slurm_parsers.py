@@ -18,7 +18,7 @@ import pytest
 
 from runner import proc
 from runner.errors import SubmitError
-from runner.host import slurm, status
+from runner.host import scheduler, slurm, status
 from runner.job import ifname
 from runner.rundir import RunDir
 
@@ -478,7 +478,7 @@ def test_status_asks_slurm_once_for_all_runs(tmp_path: Path, monkeypatch: pytest
 def test_cron_asks_slurm_once_and_a_broken_run_stops_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                              capsys: pytest.CaptureFixture[str],
                                                              caplog: pytest.LogCaptureFixture) -> None:
-    from runner.host import cron, submit
+    from runner.host import cron
 
     make_run(tmp_path, "a-done", "3", "start", "finished", "exit", finished=True)
     make_run(tmp_path, "b-cancelled", "5", "start", "cancelled")
@@ -487,7 +487,8 @@ def test_cron_asks_slurm_once_and_a_broken_run_stops_nothing(tmp_path: Path, mon
     make_run(tmp_path, "e-local", None, scheduler="local")
     make_run(tmp_path, "f-broken", "2", "start").config.write_text("slurm: [")  # NODE_FAIL, no exit recorded
     resubmitted: list[str] = []
-    monkeypatch.setattr(submit, "resubmit", lambda run, cfg, reason: resubmitted.append(f"{run.name}: {reason}"))
+    monkeypatch.setattr(scheduler.SLURM, "resubmit",
+                        lambda run, cfg, reason: resubmitted.append(f"{run.name}: {reason}"))
     calls = fake_slurm(monkeypatch, {"sacct": MANY_SACCT, "squeue": MANY_SQUEUE})
     assert cron.run_once([tmp_path]) == 0
     # one sacct for c, d, f; squeue for d (not in accounting yet); c's resubmission is confirmed with a fresh sacct

@@ -21,7 +21,7 @@ from typing import Any
 
 from runner import log as runner_log
 from runner import policy, proc
-from runner.host import observe
+from runner.host import observe, scheduler
 from runner.host.observe import manifest_of
 from runner.rundir import RunDir, locked
 from runner.spec.typed import RunConfig, read_resolved
@@ -58,7 +58,7 @@ def handle(run: RunDir, jobs: Mapping[str, policy.JobInfo] | None = None, asked:
     asks once for all of them and calls again with ``fresh=True`` and that answer). ``seen``: the caller's look at
     the run, the one ``jobs`` answers (read here when not given)."""
     from runner import alerts
-    from runner.host import notices, submit
+    from runner.host import notices
 
     seen = seen or observe.look(run, observe.unsettled)  # the ledger, read once
     settled = policy.settled(seen.records)
@@ -75,7 +75,7 @@ def handle(run: RunDir, jobs: Mapping[str, policy.JobInfo] | None = None, asked:
         d = decide(run, cfg)  # a fresh look: the ledger and Slurm again, right before acting
     if d.action == "resubmit":
         _remember_failed_node(run, (jobs or {}).get(seen.records.job_id or ""))
-        submit.resubmit(run, cfg, d.reason)
+        scheduler.SLURM.resubmit(run, cfg, d.reason)
     elif d.action == "give_up":
         run.record("gave_up", reason=d.reason)
         alerts.notify(run.root, cfg["alerts"], "gave_up", attempt=seen.attempt,
@@ -117,7 +117,7 @@ def _is_slurm_run(path: Path) -> bool:
     """A Slurm run directory; raises (one line, logged by the caller) when its manifest cannot be read."""
     if not RunDir(path).manifest.is_file():
         return False
-    return manifest_of(RunDir(path)).get("scheduler") == "slurm"
+    return scheduler.of_manifest(manifest_of(RunDir(path))).queue
 
 
 def runs_under(root: Path) -> list[RunDir]:

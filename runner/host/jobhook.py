@@ -196,10 +196,10 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
     elif decision.action == "stop":
         run.record("stopped", job_id=job, reason=decision.reason)
     elif decision.action == "resubmit":  # without the nodes it named; the new job owns the run from now on
-        from runner.host import submit
+        from runner.host import scheduler
 
         try:
-            submit.resubmit(run, cfg, decision.reason)
+            scheduler.SLURM.resubmit(run, cfg, decision.reason)
         except RunnerError as e:
             log.warning("resubmission failed: %s; runner cron tries again", e)
     log.info("exit %s: %s: %s; next: %s", rc, event, decision.reason, step)

@@ -20,7 +20,7 @@ from typing import Any
 
 from runner import policy
 from runner.errors import RunnerError
-from runner.host import slurm, successor
+from runner.host import scheduler, slurm, successor
 from runner.rundir import RunDir, read_json, read_regular
 from runner.spec.typed import RunConfig, read_resolved
 
@@ -41,12 +41,12 @@ def unsettled(rec: policy.Records, manifest: Mapping[str, Any]) -> bool:
 
 def resumable(rec: policy.Records, manifest: Mapping[str, Any]) -> bool:
     """``runner resume``: whether the run's Slurm job may still be alive (one job trains a run at a time)."""
-    return bool(rec.job_id) and not rec.finished and manifest.get("scheduler") == "slurm"
+    return bool(rec.job_id) and not rec.finished and scheduler.of_manifest(manifest).queue
 
 
 def shown(rec: policy.Records, manifest: Mapping[str, Any]) -> bool:
     """``runner status``: whether Slurm's view can change the state shown (``policy.asks_slurm``)."""
-    return manifest.get("scheduler") == "slurm" and policy.asks_slurm(rec)
+    return scheduler.of_manifest(manifest).queue and policy.asks_slurm(rec)
 
 
 def records(run: RunDir, job: str | None = None) -> policy.Records:

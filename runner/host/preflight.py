@@ -16,7 +16,7 @@ from pathlib import Path
 from runner import spec
 from runner.checks import FAIL, table
 from runner.errors import PreflightError
-from runner.host import submit
+from runner.host import scheduler, submit
 from runner.rundir import EXIT_PREFLIGHT, read_json
 
 
@@ -27,13 +27,12 @@ def cli(path: Path, overrides: list[str], wait_s: float = 600) -> int:
              "slurm.requeue=false", "resume.enabled=false", "resume.successor=false"]
     p = submit.plan(path, [*overrides, *extra])
     rd = p.run
-    if p.scheduler == "slurm":
+    if scheduler.of(p.scheduler).detached:
         submit.execute(p)
         print(f"preflight job {rd.job_id()}: waiting for {rd.preflight}", flush=True)
     else:
-        submit.write(p)
-        with contextlib.redirect_stdout(io.StringIO()):
-            submit.run_local(rd, p.world_size)
+        with contextlib.redirect_stdout(io.StringIO()):  # the table below says it all
+            submit.execute(p)
     deadline = time.monotonic() + wait_s
     while not rd.preflight.exists():
         if rd.exit_status.exists() and not rd.preflight.exists():

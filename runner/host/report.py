@@ -23,7 +23,7 @@ from typing import Any
 
 from runner import alerts, checkpoint, goodput, stragglers
 from runner.errors import RunnerError
-from runner.host import nodes, observe, status
+from runner.host import nodes, observe, scheduler, status
 from runner.rundir import MAX_LEDGER, REPORT_PAGE, RunDir, Unreadable, atomic_write, read_json, read_regular
 from runner.spec.typed import read_resolved
 
@@ -441,7 +441,8 @@ def collect(run: RunDir) -> Report:
         keep_s = float(read_resolved(run.config)["resume"]["exclude_nodes_s"])
     except Exception:  # the config is said missing above; the default then
         keep_s = 21600.0
-    excluded = _excluded(run.root.parent, runs, keep_s, missing) if manifest.get("scheduler") == "slurm" else {}
+    excluded = _excluded(run.root.parent, runs, keep_s, missing) if scheduler.of_manifest(manifest).queue \
+        else {}
     ranks, rank_attempt = _ranks(run)
     pre = read_json(run.preflight)
     pre = pre if isinstance(pre, dict) else {}

@@ -21,7 +21,7 @@ from typing import Any, Literal
 from runner import checkpoint, goodput, policy, redaction, stragglers
 from runner import log as runner_log
 from runner.errors import InputError, RunnerError
-from runner.host import observe
+from runner.host import observe, scheduler
 from runner.rundir import RunDir, read_json
 
 log = logging.getLogger(__name__)
@@ -95,11 +95,8 @@ def _row(seen: observe.Observation, last: tuple[int, Path] | None | Literal["fin
     if last == "find":
         last = checkpoint.latest(run.checkpoints, cfg_hash) if run.checkpoints.is_dir() else None
     events = list(rec.events)
-    state = policy.run_state(rec, info, heir)
-    if manifest.get("scheduler") == "local" and not _is_parallel(manifest):  # its processes hold its lock
-        from runner.host import local
-
-        state = policy.local_run_state(rec, local.held(run))
+    state = policy.run_state(rec, info, heir) if _is_parallel(manifest) else \
+        scheduler.of_manifest(manifest).state(run, rec, info, heir)
     return {"run": run.name, "path": str(run.root), "state": state, "job_id": rec.job_id,
             "last_checkpoint_step": last[0] if last else None,
             "restarts": policy.restarts_used(events),
@@ -300,18 +297,8 @@ def ended(run: RunDir) -> bool | None:
     events = run.events()
     if events and events[-1]["event"] in ("exit", "cancelled", "finished", "gave_up"):
         return True
-    job = run.job_id()
-    scheduler = (read_json(run.manifest, {}) or {}).get("scheduler")
-    if scheduler == "local" and not is_parallel(run):  # its processes hold its owner lock while any lives
-        from runner.host import local
-
-        return bool(events) and not local.held(run)
-    if job and scheduler == "slurm":
-        from runner.host import slurm
-
-        info = slurm.query(job)
-        return None if info is None else info.terminal
-    return False
+    manifest = read_json(run.manifest, {}) or {}
+    return False if _is_parallel(manifest) else scheduler.of_manifest(manifest).ended(run, run.job_id())
 
 
 def log_path(run: RunDir, rank: int | None, attempt: int | None = None) -> Path:
@@ -370,7 +357,7 @@ def logs(run: RunDir, rank: int | None, follow: bool, poll_s: float = 0.2, attem
 
 
 def cancel(run: RunDir, wait_s: float = 30) -> int:
-    """Cancel the run's Slurm job (every rank gets SIGTERM) and wait until Slurm says it ended.
+    """Cancel the run through its scheduler (every rank gets SIGTERM and checkpoints) and wait until it ended.
 
     The ``cancelled`` marker is written first: the batch script's exit hook and ``runner cron`` read it and
     must not requeue or resubmit a job the user cancelled, however its launcher exited. A successor queued behind
@@ -389,27 +376,5 @@ def cancel(run: RunDir, wait_s: float = 30) -> int:
         gone = _parallel_store(run).stop_driver(wait_s)
         print(f"cancelled {run.name}" + ("" if gone else "; its driver runs on another host: stop it there"))
         return 0
-    if job and manifest.get("scheduler") == "slurm":
-        from runner.host import slurm, successor
-
-        heir = successor.queued(run)
-        if heir is not None:
-            successor.cancel(run, heir["job_id"], "cancelled by the user")
-        complaint = slurm.cancel(job)
-        deadline = time.monotonic() + wait_s
-        info = slurm.query(job)
-        while info is not None and not info.terminal and time.monotonic() < deadline:
-            time.sleep(0.25)
-            info = slurm.query(job)
-        state = info.state if info else "unknown to Slurm"
-        note = f"; scancel said: {complaint}" if complaint else ""
-        print(f"cancelled {run.name} (job {job}: {state}){note}")
-        return 0
-    from runner.host import local
-
-    print(f"cancelling {run.name}: its ranks checkpoint at the next step and exit", flush=True)
-    stopped = local.cancel(run, wait_s)  # the driver, when alive, records the end as cancelled
-    status = read_json(run.exit_status, {}) or {}
-    atomic_write(run.exit_status, json.dumps({**status, "cancelled": True, "time": time.time()}) + "\n")
-    print(f"cancelled {run.name}: {stopped}")
+    scheduler.of_manifest(manifest).cancel(run, job, wait_s)
     return 0

@@ -12,9 +12,7 @@ import logging
 import os
 import re
 import shlex
-import shutil
 import socket
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,13 +20,13 @@ from typing import Any
 
 import yaml
 
-from runner import __version__, alerts, ledger, policy, spec
+from runner import __version__, alerts, policy, spec
 from runner.errors import ConfigError, SubmitError
-from runner.host import build, nodes, render, slurm
+from runner.host import build, render, scheduler
 from runner.host.provenance import git_provenance
 from runner.rundir import RunDir, atomic_write, read_json
 from runner.spec.load import fill_builtins
-from runner.spec.typed import RunConfig, read_resolved
+from runner.spec.typed import read_resolved
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +89,8 @@ def check_image(cfg: spec.Config, image: str, allow_missing: bool = False) -> st
     when there is a problem; ``--dry-run`` shows it. ``--allow-missing-image`` or
     ``container.allow_missing_image: true`` turn the check off (an image that exists only on the cluster).
     """
-    c = cfg.data["container"]
-    if c["runtime"] == "none" or cfg.data["scheduler"] != "slurm" or allow_missing or c["allow_missing_image"]:
+    if not scheduler.of(cfg.data["scheduler"]).uses_image(cfg) or allow_missing or \
+            cfg.data["container"]["allow_missing_image"]:
         return None
     problem = build.image_problem(cfg, image)
     if problem is None:
@@ -115,11 +113,9 @@ def plan(path: Path, overrides: list[str], allow_missing_image: bool = False) ->
     run = new_run_dir(cfg)
     rd_path = run.root
     cfg = spec.load(path, overrides, run_dir=str(rd_path))
-    if cfg.data["scheduler"] == "local":
-        from runner.host import local
-
-        if why := local.runtime_refusal(cfg.path, cfg.data["container"]["runtime"]):
-            raise ConfigError([why])
+    sched = scheduler.of(cfg.data["scheduler"])
+    if why := sched.refusal(cfg):
+        raise ConfigError([why])
     image = build.image_path(cfg)
     image_problem = check_image(cfg, image, allow_missing_image)
     git = git_provenance(path.resolve().parent)
@@ -139,24 +135,14 @@ def plan(path: Path, overrides: list[str], allow_missing_image: bool = False) ->
         python = render.program_python(cfg, rd_path, image, os.getcwd())
         files[str(run.program_config(cfg.path.name).relative_to(run.root))] = \
             spec.dump(fill_builtins(cfg.document, {"container_python": python}))
-    extra: list[str] = []
-    if cfg.data["scheduler"] == "slurm":
-        extra = nodes.exclude_args(rd_path.parent, cfg.data["resume"]["exclude_nodes_s"])
-        argv = slurm.sbatch_argv(str(RunDir(rd_path).script), extra)  # what nodes.submit runs first
-    else:
-        argv = [sys.executable, "-m", "runner.job.launch", str(rd_path)]
+    argv, launch_notes = sched.launch(run, cfg)
     notes = [f"global batch:  {cfg.global_batch} = {cfg.local_batch} x {cfg.world_size} ranks x "
              f"{cfg.accumulate} accumulation" if cfg.takes_dataloader is not False else
              "global batch:  the data module's own (it does not take runner's dataloader settings)"]
     if cfg.data["command"] is not None:
         notes = [f"program:       {shlex.join(cfg.data['command'])} (on every rank; its config: "
                  f"program/{cfg.path.name})", "global batch:  the program's own"]
-    if extra:
-        notes.append(f"bad nodes:     {extra[0].split('=', 1)[1]} left out (`runner nodes` lists why); where sbatch "
-                     "refuses that, the oldest are let back in one by one (ledger: bad_nodes_let_in)")
-    if cfg.data["scheduler"] == "slurm" and cfg.data["resume"]["successor"]:
-        notes.append("successor:     the next attempt is queued behind each job (sbatch --dependency=afternotok:JOB "
-                     "--kill-on-invalid-dep=yes, resume.successor)")
+    notes += launch_notes
     if image_problem:
         notes.append(f"image check:   {image_problem} (runner submit refuses without --allow-missing-image)")
     notes += [f"note:          {n}" for n in cfg.notes]
@@ -202,97 +188,14 @@ def write(p: Plan) -> Plan:
 
 
 def execute(p: Plan) -> int:
-    """Write the run directory and start the run; returns the exit code for the CLI."""
+    """Write the run directory and start the run under its scheduler; returns the exit code for the CLI."""
     if p.image_problem:
         raise SubmitError(p.image_problem)
-    if p.scheduler == "slurm":
-        return submit_slurm(p)
     p = write(p)
-    from runner.host import local
-
-    owner = local.acquire(p.run)  # before the ledger says submitted: a live run always holds its lock
-    p.run.record("submitted", scheduler="local", world_size=p.world_size)
-    return local.run(p.run, p.world_size, owner)
-
-
-def submit_slurm(p: Plan) -> int:
-    """Write the run directory, ``sbatch`` its script, record the job id.
-
-    The directory exists before sbatch runs (the job may start within a second and writes into it); when
-    sbatch refuses, it is removed again, so no run directory without a job id ever looks submitted.
-    """
-    p = write(p)
-    cfg = read_resolved(p.run.config)
-    try:
-        job_id, let_in = nodes.submit(str(p.run.script), p.run.root.parent, cfg["resume"]["exclude_nodes_s"])
-    except BaseException as e:
-        shutil.rmtree(p.run.root, ignore_errors=True)
-        if isinstance(e, SubmitError):
-            raise refused(e, "compare the config's num_nodes, num_device and slurm: block with "
-                             "`sinfo -N -o '%N %c %G'`") from None
-        raise
-    atomic_write(p.run.job_id_file, job_id + "\n")
-    from runner.host import successor
-
-    successor.queue(p.run, cfg, job_id)
-    fields: ledger.Submitted = {"scheduler": "slurm", "job_id": job_id, "world_size": p.world_size}
-    if let_in:
-        fields["bad_nodes_let_in"] = let_in
-    p.run.record("submitted", **fields)
-    print(f"submitted job {job_id}: {p.run.root}")
-    return 0
-
-
-def refused(e: SubmitError, hint: str) -> SubmitError:
-    """sbatch's refusal in one line: a controller that cannot be reached is named as such (the config is not to
-    blame), anything else with ``hint``."""
-    text = str(e)
-    if not slurm.unreachable(text):
-        return SubmitError(f"sbatch refused the job: {text}. hint: {hint}")
-    conf = os.environ.get("SLURM_CONF")
-    where = (f"SLURM_CONF={conf}: check that it names the cluster's slurm.conf and that its slurmctld runs "
-             "(`scontrol ping`)" if conf else "SLURM_CONF is not set and no controller was found without it: export "
-             "SLURM_CONF=/path/to/slurm.conf (`runner dev-cluster up` prints the line), or submit where Slurm is "
-             "set up (`scontrol ping` answers)")
-    return SubmitError(f"no Slurm controller answers: sbatch said: {text}. hint: {where}")
-
-
-def run_local(run: RunDir, world_size: int, num_device: int | None = None) -> int:
-    """Run an attempt of a local run here, holding its owner lock (``runner.host.local``); returns its exit code."""
-    from runner.host import local
-
-    return local.run(run, world_size, local.acquire(run), num_device)
+    return scheduler.of(p.scheduler).start(p.run, p.world_size)
 
 
 RESIZABLE = ("num_nodes", "num_device")
-
-
-def resubmit(run: RunDir, cfg: RunConfig, reason: str, by: policy.By = "cron") -> str:
-    """sbatch the run's script again, make the new job the run's owner, record it and alert; returns the id.
-
-    A successor still queued behind an earlier job is cancelled (it would step aside anyway); with
-    resume.successor the new job gets its own."""
-    from runner import alerts
-    from runner.host import successor
-
-    attempt = policy.attempt(run.events()) + 1
-    try:
-        job_id, let_in = nodes.submit(str(run.script), run.root.parent, cfg["resume"]["exclude_nodes_s"])
-    except SubmitError as e:
-        raise refused(e, "check the slurm: block against `sinfo`") from None
-    atomic_write(run.job_id_file, job_id + "\n")
-    stale = successor.queued(run)
-    if stale is not None:
-        successor.cancel(run, stale["job_id"], f"job {job_id} was resubmitted")
-    successor.queue(run, cfg, job_id)
-    fields: ledger.Resubmitted = {"job_id": job_id, "reason": reason, "attempt": attempt, "by": by}
-    if let_in:
-        fields["bad_nodes_let_in"] = let_in
-    run.record("resubmitted", **fields)
-    alerts.notify(run.root, cfg["alerts"], "resubmitted", job_id=job_id, attempt=attempt,
-                  next_step=policy.next_step("resubmitted", policy.Decision("resubmit", reason), attempt,
-                                             by=by, job_id=job_id))
-    return job_id
 
 
 _LAYOUT_REF = re.compile(r"\$\{[^}]*\b(num_nodes|num_device)\b")
@@ -424,7 +327,6 @@ def resume(run: RunDir, overrides: list[str] | None = None, force: bool = False)
     if not run.config.is_file():
         raise SubmitError(f"{run.root}: found no config.yaml; expected a run directory. hint: see `runner status`")
     _refuse_damaged(run)
-    from runner import policy
     from runner.host import observe
 
     seen = observe.observe(run, observe.resumable)
@@ -434,20 +336,9 @@ def resume(run: RunDir, overrides: list[str] | None = None, force: bool = False)
     if decision.action == "skip":
         print(f"run {run.root} {decision.reason}")
         return 0
-    owner = None
-    if seen.config["scheduler"] != "slurm":  # one trainer per run directory: refused while one lives
-        from runner.host import local
-
-        owner = local.acquire(run)
+    sched = scheduler.of(seen.config["scheduler"])
+    owner = sched.hold(run)  # a local run: one trainer per run directory, refused while one lives
     change = resize(run, overrides) if overrides else None
     cfg = read_resolved(run.config)
     run.cancelled.unlink(missing_ok=True)  # resuming is the user's word: a cancel before it no longer holds
-    if cfg["scheduler"] == "slurm":
-        job_id = resubmit(run, cfg, change or decision.reason, by="user")
-        print(f"resubmitted job {job_id}: {run.root}")
-        return 0
-    run.record("resubmitted", scheduler="local", by="user")
-    from runner.host import local
-
-    assert owner is not None
-    return local.run(run, cfg["num_nodes"] * cfg["num_device"], owner)
+    return sched.restart(run, cfg, change or decision.reason, owner)

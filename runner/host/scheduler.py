@@ -1,0 +1,243 @@
+"""The scheduler seam: where a run's attempts run, as one interface with two implementations (TorchX's scheduler
+plugins).
+
+``local`` runs the ranks on this machine under a driver that holds the run's owner lock; ``slurm`` queues a batch
+job (and its successor) and asks Slurm about it. ``of`` is the one place a scheduler's name is compared: every other
+module asks the scheduler it was given. A manifest that names neither (torn, hand-made, older) gets ``RECORDS``, which
+says what the run directory alone can say and queues nothing.
+
+    sched = scheduler.of(manifest.get("scheduler"))
+    sched.state(run, records, job, heir)     # what status shows
+    sched.cancel(run, wait_s)                # what `runner cancel` does
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from typing import Any, ClassVar
+
+from runner import alerts, ledger, policy, spec
+from runner.errors import SubmitError
+from runner.host import local, nodes, slurm, successor
+from runner.host.local import Owner
+from runner.rundir import RunDir, atomic_write, read_json
+from runner.spec.typed import RunConfig, read_resolved
+
+
+class Scheduler:
+    """What a run directory alone can say of a run (its ledger and the local owner lock); the base of both schedulers.
+
+    ``queue``: a queue outside the run directory knows the run's jobs: status and resume ask it, ``runner cron`` watches
+    the run, bad nodes are left out of its jobs. ``detached``: ``start`` returns once the job is queued, not once the
+    attempt has ended."""
+
+    name: ClassVar[str] = "records"
+    queue: ClassVar[bool] = False
+    detached: ClassVar[bool] = False
+
+    def refusal(self, cfg: spec.Config) -> str | None:
+        """Why ``cfg`` cannot run under this scheduler (one line, found when planning), or None."""
+        return None
+
+    def uses_image(self, cfg: spec.Config) -> bool:
+        """Whether an attempt runs in the config's image (``runner submit`` then checks the image first)."""
+        return False
+
+    def launch(self, run: RunDir, cfg: spec.Config) -> tuple[list[str], list[str]]:
+        """The command that starts an attempt, and what the plan says about it (``--dry-run`` prints both)."""
+        raise SubmitError(f"{run.root}: no scheduler to start it under; expected scheduler: local or slurm")
+
+    def start(self, run: RunDir, world_size: int) -> int:
+        """Start the first attempt of a written run directory; returns the CLI's exit code."""
+        raise SubmitError(f"{run.root}: no scheduler to start it under; expected scheduler: local or slurm")
+
+    def hold(self, run: RunDir) -> Owner | None:
+        """Before a resume changes anything: the run's owner lock where this scheduler's attempts hold one."""
+        return None
+
+    def restart(self, run: RunDir, cfg: RunConfig, reason: str, owner: Owner | None) -> int:
+        """Start the next attempt of a stopped run (``runner resume``); returns the CLI's exit code."""
+        raise SubmitError(f"{run.root}: no scheduler to start it under; expected scheduler: local or slurm")
+
+    def state(self, run: RunDir, rec: policy.Records, job: policy.JobInfo | None,
+              heir: policy.JobInfo | None) -> str:
+        """The run's state as ``runner status`` shows it, from its records and the queue's answer (when asked)."""
+        return policy.run_state(rec, job, heir)
+
+    def ended(self, run: RunDir, job: str | None) -> bool | None:
+        """Whether anything more will be written to the run's logs; None when the queue cannot say (see
+        ``status.ended``). Called once the records do not settle it."""
+        return False
+
+    def cancel(self, run: RunDir, job: str | None, wait_s: float) -> None:
+        """Stop what runs of the run, and say so; the ``cancelled`` marker and ledger line are already written."""
+        print(f"cancelling {run.name}: its ranks checkpoint at the next step and exit", flush=True)
+        stopped = local.cancel(run, wait_s)  # the driver, when alive, records the end as cancelled
+        status = read_json(run.exit_status, {}) or {}
+        atomic_write(run.exit_status, json.dumps({**status, "cancelled": True, "time": time.time()}) + "\n")
+        print(f"cancelled {run.name}: {stopped}")
+
+
+class Local(Scheduler):
+    """The ranks on this machine, started by a driver that holds the run's owner lock while any of them lives."""
+
+    name = "local"
+
+    def refusal(self, cfg: spec.Config) -> str | None:
+        return local.runtime_refusal(cfg.path, cfg.data["container"]["runtime"])
+
+    def launch(self, run: RunDir, cfg: spec.Config) -> tuple[list[str], list[str]]:
+        return [sys.executable, "-m", "runner.job.launch", str(run.root)], []
+
+    def start(self, run: RunDir, world_size: int) -> int:
+        owner = local.acquire(run)  # before the ledger says submitted: a live run always holds its lock
+        run.record("submitted", scheduler="local", world_size=world_size)
+        return local.run(run, world_size, owner)
+
+    def hold(self, run: RunDir) -> Owner | None:
+        return local.acquire(run)  # one trainer per run directory: refused while one lives
+
+    def restart(self, run: RunDir, cfg: RunConfig, reason: str, owner: Owner | None) -> int:
+        assert owner is not None, "Local.hold before Local.restart"
+        run.record("resubmitted", scheduler="local", by="user")
+        return local.run(run, cfg["num_nodes"] * cfg["num_device"], owner)
+
+    def state(self, run: RunDir, rec: policy.Records, job: policy.JobInfo | None,
+              heir: policy.JobInfo | None) -> str:
+        return policy.local_run_state(rec, local.held(run))  # its processes hold its lock while any lives
+
+    def ended(self, run: RunDir, job: str | None) -> bool | None:
+        return bool(run.events()) and not local.held(run)
+
+
+class Slurm(Scheduler):
+    """A batch job per attempt (``sbatch``), a successor queued behind it (resume.successor), Slurm's word on both."""
+
+    name = "slurm"
+    queue = True
+    detached = True
+
+    def uses_image(self, cfg: spec.Config) -> bool:
+        return cfg.data["container"]["runtime"] != "none"
+
+    def launch(self, run: RunDir, cfg: spec.Config) -> tuple[list[str], list[str]]:
+        extra = nodes.exclude_args(run.root.parent, cfg.data["resume"]["exclude_nodes_s"])
+        notes = []
+        if extra:
+            notes.append(f"bad nodes:     {extra[0].split('=', 1)[1]} left out (`runner nodes` lists why); where "
+                         "sbatch refuses that, the oldest are let back in one by one (ledger: bad_nodes_let_in)")
+        if cfg.data["resume"]["successor"]:
+            notes.append("successor:     the next attempt is queued behind each job (sbatch --dependency=afternotok:"
+                         "JOB --kill-on-invalid-dep=yes, resume.successor)")
+        return slurm.sbatch_argv(str(run.script), extra), notes  # what nodes.submit runs first
+
+    def start(self, run: RunDir, world_size: int) -> int:
+        """``sbatch`` the run's script and record the job id.
+
+        The directory exists before sbatch runs (the job may start within a second and writes into it); when sbatch
+        refuses, it is removed again, so no run directory without a job id ever looks submitted."""
+        cfg = read_resolved(run.config)
+        try:
+            job_id, let_in = nodes.submit(str(run.script), run.root.parent, cfg["resume"]["exclude_nodes_s"])
+        except BaseException as e:
+            shutil.rmtree(run.root, ignore_errors=True)
+            if isinstance(e, SubmitError):
+                raise refused(e, "compare the config's num_nodes, num_device and slurm: block with "
+                                 "`sinfo -N -o '%N %c %G'`") from None
+            raise
+        atomic_write(run.job_id_file, job_id + "\n")
+        successor.queue(run, cfg, job_id)
+        fields: ledger.Submitted = {"scheduler": "slurm", "job_id": job_id, "world_size": world_size}
+        if let_in:
+            fields["bad_nodes_let_in"] = let_in
+        run.record("submitted", **fields)
+        print(f"submitted job {job_id}: {run.root}")
+        return 0
+
+    def restart(self, run: RunDir, cfg: RunConfig, reason: str, owner: Owner | None) -> int:
+        job_id = self.resubmit(run, cfg, reason, by="user")
+        print(f"resubmitted job {job_id}: {run.root}")
+        return 0
+
+    def resubmit(self, run: RunDir, cfg: RunConfig, reason: str, by: policy.By = "cron") -> str:
+        """sbatch the run's script again, make the new job the run's owner, record it and alert; returns the id.
+
+        A successor still queued behind an earlier job is cancelled (it would step aside anyway); with
+        resume.successor the new job gets its own."""
+        attempt = policy.attempt(run.events()) + 1
+        try:
+            job_id, let_in = nodes.submit(str(run.script), run.root.parent, cfg["resume"]["exclude_nodes_s"])
+        except SubmitError as e:
+            raise refused(e, "check the slurm: block against `sinfo`") from None
+        atomic_write(run.job_id_file, job_id + "\n")
+        stale = successor.queued(run)
+        if stale is not None:
+            successor.cancel(run, stale["job_id"], f"job {job_id} was resubmitted")
+        successor.queue(run, cfg, job_id)
+        fields: ledger.Resubmitted = {"job_id": job_id, "reason": reason, "attempt": attempt, "by": by}
+        if let_in:
+            fields["bad_nodes_let_in"] = let_in
+        run.record("resubmitted", **fields)
+        alerts.notify(run.root, cfg["alerts"], "resubmitted", job_id=job_id, attempt=attempt,
+                      next_step=policy.next_step("resubmitted", policy.Decision("resubmit", reason), attempt,
+                                                 by=by, job_id=job_id))
+        return job_id
+
+    def ended(self, run: RunDir, job: str | None) -> bool | None:
+        if not job:
+            return False
+        info = slurm.query(job)
+        return None if info is None else info.terminal
+
+    def cancel(self, run: RunDir, job: str | None, wait_s: float) -> None:
+        """scancel the job (every rank gets SIGTERM) and wait until Slurm says it ended; a successor queued behind it
+        is cancelled first, so that it never starts."""
+        if not job:
+            super().cancel(run, job, wait_s)
+            return
+        heir = successor.queued(run)
+        if heir is not None:
+            successor.cancel(run, heir["job_id"], "cancelled by the user")
+        complaint = slurm.cancel(job)
+        deadline = time.monotonic() + wait_s
+        info = slurm.query(job)
+        while info is not None and not info.terminal and time.monotonic() < deadline:
+            time.sleep(0.25)
+            info = slurm.query(job)
+        state = info.state if info else "unknown to Slurm"
+        note = f"; scancel said: {complaint}" if complaint else ""
+        print(f"cancelled {run.name} (job {job}: {state}){note}")
+
+
+def refused(e: SubmitError, hint: str) -> SubmitError:
+    """sbatch's refusal in one line: a controller that cannot be reached is named as such (the config is not to
+    blame), anything else with ``hint``."""
+    text = str(e)
+    if not slurm.unreachable(text):
+        return SubmitError(f"sbatch refused the job: {text}. hint: {hint}")
+    conf = os.environ.get("SLURM_CONF")
+    where = (f"SLURM_CONF={conf}: check that it names the cluster's slurm.conf and that its slurmctld runs "
+             "(`scontrol ping`)" if conf else "SLURM_CONF is not set and no controller was found without it: export "
+             "SLURM_CONF=/path/to/slurm.conf (`runner dev-cluster up` prints the line), or submit where Slurm is "
+             "set up (`scontrol ping` answers)")
+    return SubmitError(f"no Slurm controller answers: sbatch said: {text}. hint: {where}")
+
+
+RECORDS = Scheduler()
+LOCAL = Local()
+SLURM = Slurm()
+_BY_NAME: dict[object, Scheduler] = {s.name: s for s in (LOCAL, SLURM)}
+
+
+def of(name: object) -> Scheduler:
+    """The scheduler a config or manifest names (``scheduler:``); ``RECORDS`` for anything else."""
+    return _BY_NAME.get(name, RECORDS) if isinstance(name, str) else RECORDS
+
+
+def of_manifest(manifest: Any) -> Scheduler:
+    """The scheduler a run's manifest names (a dict as ``observe.manifest_of`` reads it)."""
+    return of(manifest.get("scheduler") if isinstance(manifest, dict) else None)

@@ -1,0 +1,118 @@
+"""The scheduler seam (runner/host/scheduler.py): one interface, two schedulers, chosen in one place."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from runner import policy, spec
+from runner.host import scheduler, status, submit
+from runner.rundir import RunDir
+
+pytestmark = pytest.mark.unit
+
+RUNNER = Path(__file__).resolve().parents[1] / "runner"
+
+
+@pytest.mark.parametrize(("name", "chosen"), [
+    ("local", scheduler.LOCAL),
+    ("slurm", scheduler.SLURM),
+    ("SLURM", scheduler.RECORDS),  # names are exact, as the schema's choices
+    ("pbs", scheduler.RECORDS),
+    (None, scheduler.RECORDS),  # a manifest without the key (torn, hand-made)
+    (["slurm"], scheduler.RECORDS),  # a hostile manifest: never a TypeError
+    ({"a": 1}, scheduler.RECORDS),
+    (3, scheduler.RECORDS),
+])
+def test_a_name_chooses_one_scheduler(name: object, chosen: scheduler.Scheduler) -> None:
+    assert scheduler.of(name) is chosen
+    assert scheduler.of_manifest({"scheduler": name}) is chosen
+
+
+@pytest.mark.parametrize("manifest", [None, [], "slurm", 7])
+def test_a_manifest_that_is_no_object_has_no_scheduler(manifest: object) -> None:
+    assert scheduler.of_manifest(manifest) is scheduler.RECORDS
+
+
+@pytest.mark.parametrize(("sched", "queue", "detached"), [
+    (scheduler.LOCAL, False, False),  # the attempt runs here; its lock, not a queue, says it lives
+    (scheduler.SLURM, True, True),  # sbatch returns once queued; squeue/sacct know the job
+    (scheduler.RECORDS, False, False),  # nothing to ask but the run directory
+])
+def test_what_each_scheduler_can_answer(sched: scheduler.Scheduler, queue: bool, detached: bool) -> None:
+    assert (sched.queue, sched.detached) == (queue, detached)
+
+
+QUICKSTART = RUNNER.parent / "conf" / "quickstart.yaml"
+
+
+def _config(tmp_path: Path, *overrides: str) -> spec.Config:
+    return spec.load(QUICKSTART, [f"run_root={tmp_path / 'runs'}", *overrides])
+
+
+@pytest.mark.parametrize(("overrides", "uses"), [
+    (["scheduler=slurm", "container.runtime=apptainer"], True),
+    (["scheduler=slurm", "container.runtime=none"], False),  # the job runs on the hosts' own Python
+    (["scheduler=local"], False),  # a local run starts the launcher here
+])
+def test_only_a_slurm_job_in_a_container_uses_the_image(tmp_path: Path, overrides: list[str], uses: bool) -> None:
+    cfg = _config(tmp_path, *overrides)
+    assert scheduler.of(cfg.data["scheduler"]).uses_image(cfg) is uses
+
+
+@pytest.mark.local  # plan() asks git for the provenance
+def test_the_dry_run_names_the_command_each_scheduler_starts(tmp_path: Path) -> None:
+    local = submit.plan(QUICKSTART, [f"run_root={tmp_path / 'runs'}"])
+    assert local.argv[1:] == ["-m", "runner.job.launch", str(local.run.root)]
+    slurm = submit.plan(QUICKSTART, [f"run_root={tmp_path / 'runs'}", "scheduler=slurm",
+                                                 "container.runtime=none", "resume.successor=true"])
+    assert slurm.argv[0] == "sbatch" and slurm.argv[-1] == str(slurm.run.script)
+    assert any(n.startswith("successor:") for n in slurm.notes)
+    assert not any(n.startswith("successor:") for n in local.notes)
+
+
+def test_a_local_run_without_its_lock_is_not_running(tmp_path: Path) -> None:
+    """Its processes hold the owner lock while any lives: none holds it, so the ledger's start is history."""
+    run = RunDir(tmp_path / "r")
+    run.root.mkdir()
+    run.record("start", attempt=1)
+    rec = policy.Records(events=run.events(), exit_status=None, finished=False)
+    assert scheduler.LOCAL.state(run, rec, None, None) == policy.local_run_state(rec, False)
+    assert scheduler.LOCAL.ended(run, None) is True
+    assert scheduler.RECORDS.ended(run, None) is False  # nothing known ends it: status keeps following
+
+
+def test_a_slurm_run_without_a_job_id_has_not_ended(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "r")
+    run.root.mkdir()
+    assert scheduler.SLURM.ended(run, None) is False
+
+
+def test_status_asks_the_scheduler_the_manifest_names(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "r")
+    run.root.mkdir()
+    run.manifest.write_text('{"scheduler": "local"}')
+    run.record("start", attempt=1)
+    assert status.ended(run) is True  # no process holds the lock
+    run.manifest.write_text('{"scheduler": ["local"]}')
+    assert status.ended(run) is False
+
+
+_COMPARISON = re.compile(r"""scheduler["'\]\)]*\s*[!=]=|[!=]=\s*["'](?:local|slurm)["']\s*(?:#|$|\)|:| and| or)""")
+
+
+def test_no_module_but_the_seam_compares_scheduler_names() -> None:
+    """The seam is the one place a scheduler's name is compared; everything else asks the scheduler it was given."""
+    found = [f"{p.relative_to(RUNNER)}:{n}: {line.strip()}"
+             for p in sorted(RUNNER.rglob("*.py")) if p.name != "scheduler.py"
+             for n, line in enumerate(p.read_text().splitlines(), 1)
+             if "scheduler" in line and _COMPARISON.search(line)]
+    assert found == []
+
+
+def test_the_guard_finds_a_comparison() -> None:
+    for line in ('if p.scheduler == "slurm":', 'x = manifest.get("scheduler") == "local"',
+                 'if cfg.data["scheduler"] != "slurm" or y:'):
+        assert _COMPARISON.search(line), line
