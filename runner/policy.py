@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from runner.ledger import Outcome
+from runner.records import ExitStatus
 from runner.rundir import EXIT_HANG, EXIT_NONFINITE, EXIT_PREFLIGHT, EXIT_PROGRAM, EXIT_REQUEUE, EXIT_SUPERSEDED
 from runner.spec.typed import RunConfig
 
@@ -106,7 +107,7 @@ class Records:
     """What a run directory says about itself (the caller reads it; see ``runner.rundir.RunDir``)."""
 
     events: Sequence[Mapping[str, Any]] = ()  # the ledger, oldest first
-    exit_status: Mapping[str, Any] | None = None  # exit_status.json; None when missing or unreadable
+    exit_status: ExitStatus | None = None  # exit_status.json; None when missing or unreadable
     finished: bool = False  # the `finished` marker: training reached its end
     job_id: str | None = None  # the run's current Slurm job
     successor: str | None = None  # the job queued to follow ``job_id`` (resume.successor), if any
@@ -439,13 +440,14 @@ def next_action(rec: Records, job: JobInfo | None, limits: Limits, now: float, a
         return Decision("skip", f"job {name} is {job.state}")
     if rec.successor and heir is not None and not heir.terminal:
         return Decision("skip", f"job {name} ended; its successor job {rec.successor} is {heir.state} and takes over")
-    status = rec.exit_status or {}
+    status = rec.exit_status
     state = job.state if job is not None else "UNKNOWN"
-    if state == "CANCELLED" and status.get("event") not in ("timeout", "preempted"):
+    if state == "CANCELLED" and (status.get("event") if status else None) not in ("timeout", "preempted"):
         return Decision("skip", f"job {name} was cancelled (scancel)")
     if state not in RESUBMIT_STATES and state not in ("COMPLETED", "CANCELLED", "UNKNOWN"):
         return Decision("skip", f"job {name} is {state}")
-    reason = f"job {name} ended {state}" + (f" (exit {status['exit_code']})" if "exit_code" in status else "")
+    code = status.get("exit_code") if status else None
+    reason = f"job {name} ended {state}" + (f" (exit {code})" if code is not None else "")
     ended = max((e["time"] for e in rec.events if e["event"] == "exit"), default=0.0)
     if state in SLURM_REQUEUES and limits.requeue and now < ended + REQUEUE_GRACE_S:
         # Slurm requeues a --requeue job itself after a node failure; resubmitting too would run it twice.

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from runner import redaction
+from runner import records, redaction
 from runner.errors import RunnerError
 from runner.ledger import EventName, Ledger, normalize
+from runner.records import ExitStatus
 
 log = logging.getLogger(__name__)
 
@@ -274,6 +275,14 @@ class RunDir(Ledger):
     @property
     def exit_status(self) -> Path:
         return self.root / "exit_status.json"
+
+    def exit_status_record(self) -> ExitStatus | None:
+        """``exit_status.json`` as its type (``runner.records``); None when missing, damaged or without an exit code."""
+        return records.exit_status(read_json(self.exit_status))
+
+    def write_exit_status(self, status: ExitStatus) -> None:
+        """Write ``exit_status.json`` whole (atomically: a reader sees the old record or the new one)."""
+        atomic_write(self.exit_status, json.dumps(status) + "\n")
 
     @property
     def finished(self) -> Path:

@@ -23,6 +23,7 @@ import _posixsubprocess
 import logging
 import os
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -182,3 +183,30 @@ def _unit_starts_no_process(request: pytest.FixtureRequest) -> Iterator[None]:
     if started:
         pytest.fail(f"a unit test started {len(started)} process(es), first {started[0]}: mark it "
                     "`@pytest.mark.local` (or its module `pytestmark = pytest.mark.local`)", pytrace=False)
+
+
+TIME_KEY = pytest.StashKey[dict[str, list[float]]]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """Each test's whole time (setup, call, teardown) counts to its tier, for the summary below."""
+    start = time.monotonic()
+    try:
+        return (yield)
+    finally:
+        times = item.config.stash.setdefault(TIME_KEY, {})
+        times.setdefault(item.stash.get(TIER_KEY, "") or "none", []).append(time.monotonic() - start)
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """One line per tier: how many tests ran and how long they took, so that growth is seen (scripts/test.sh)."""
+    times = config.stash.get(TIME_KEY, {})
+    if not times:
+        return
+    terminalreporter.section("time per tier")
+    for tier in [*TIERS, *sorted(set(times) - set(TIERS))]:
+        if tier in times:
+            spent = times[tier]
+            terminalreporter.write_line(f"{tier:8} {len(spent):5} tests {sum(spent):8.1f} s"
+                                        f"  (slowest {max(spent):.1f} s)")

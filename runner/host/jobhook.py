@@ -176,9 +176,8 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
     queued = _alerts(run, event, decision, requeued, **common) if event != "cancelled" and \
         ledger.is_alert_event(event) else []
     secrets = alerts.secrets_of(cfg["alerts"])
-    status = {"exit_code": rc, "job_id": job, "attempt": attempt, "signal": signal_name, "event": event,
-              "time": time.time()}
-    atomic_write(run.exit_status, json.dumps(status) + "\n")
+    run.write_exit_status({"exit_code": rc, "job_id": job, "attempt": attempt, "signal": signal_name, "event": event,
+                           "time": time.time()})
     cause = queued[0].cause if queued else None
     ended: ledger.Exit = {"job_id": job, "exit_code": rc, "signal": signal_name, "outcome": event, "attempt": attempt,
                           "cause": cause, "crash": crash, "nodes": bad}

@@ -477,7 +477,7 @@ def _record_end(run_dir: RunDir, cfg: Any, att: _Attempt, attempt: int) -> int:
     crashes = {r: c for r in range(len(att.procs)) if isinstance(c := read_json(run_dir.crash_file(attempt, r)), dict)}
     failure = first_failure(att.exits, crashes, att.killed_by_us)
     rc = failure.exit_code if failure else next((128 - c if c < 0 else c for c in codes if c != 0), 0)  # 137: KILL
-    rec = policy.Records(events=run_dir.events(), exit_status=read_json(run_dir.exit_status),
+    rec = policy.Records(events=run_dir.events(), exit_status=run_dir.exit_status_record(),
                          finished=run_dir.finished.exists())
     event = outcome(rec, rc, att.stop, policy.Limits.of(cfg))
     why = failure.why if failure and event in ("failed", "hang") else None
@@ -488,8 +488,8 @@ def _record_end(run_dir: RunDir, cfg: Any, att: _Attempt, attempt: int) -> int:
     if event == "preflight_failed" and isinstance(pf := read_json(run_dir.preflight), dict):
         cause = str(pf.get("summary") or cause)  # the ranks send no alert (no webhook there): the driver says why
     secrets = alerts.secrets_of(cfg["alerts"])
-    atomic_write(run_dir.exit_status, json.dumps({"exit_code": rc, "codes": codes, "event": event, "attempt": attempt,
-                                                  "time": time.time()}) + "\n")
+    run_dir.write_exit_status({"exit_code": rc, "codes": codes, "event": event, "attempt": attempt,
+                               "time": time.time()})
     ended: ledger.Exit = {"exit_code": rc, "codes": codes, "outcome": event, "attempt": attempt, "cause": cause,
                           "crash": crashes.get(failure.rank) if failure else None, "scheduler": "local"}
     run_dir.record("exit", **alerts.redact_obj(ended, secrets))

@@ -53,7 +53,7 @@ def records(run: RunDir, job: str | None = None) -> policy.Records:
     """The run directory's facts, as ``runner.policy`` takes them: the ledger read once. ``job``: the job whose
     successor counts (the exit hook's own; default the run's job)."""
     job_id = run.job_id()
-    return policy.Records(events=run.events(), exit_status=read_json(run.exit_status), finished=run.finished.exists(),
+    return policy.Records(events=run.events(), exit_status=run.exit_status_record(), finished=run.finished.exists(),
                           job_id=job_id, successor=successor.following(run, job or job_id))
 
 

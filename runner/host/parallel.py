@@ -350,8 +350,7 @@ def execute(p: Plan) -> int:
                 signal.signal(signal.SIGTERM, previous)
             done, failures = store.summary()
             code, outcome, cause = (1, "failed", one_line(error)) if error else _report(p, done, failures, stopped)
-        atomic_write(p.run.exit_status, json.dumps({"exit_code": code, "cancelled": outcome == "cancelled",
-                                                    "time": time.time()}) + "\n")
+        p.run.write_exit_status({"exit_code": code, "cancelled": outcome == "cancelled", "time": time.time()})
         fields: ledger.Exit = {"outcome": outcome, "exit_code": code, "attempt": attempt, "items_done": done,
                                "items_failed": len(failures)}
         if cause:

@@ -38,7 +38,8 @@ def cli(path: Path, overrides: list[str], wait_s: float = 600) -> int:
         if rd.exit_status.exists() and not rd.preflight.exists():
             time.sleep(1.0)  # the report is written before the job exits; give a shared filesystem a moment
             if not rd.preflight.exists():
-                code = (read_json(rd.exit_status) or {}).get("exit_code")
+                status = rd.exit_status_record()
+                code = status["exit_code"] if status else None
                 raise PreflightError(f"preflight job ended (exit {code}) without a report in {rd.root}; expected "
                                      f"preflight.json. hint: runner logs {rd.root}")
         if time.monotonic() > deadline:

@@ -13,7 +13,6 @@ says what the run directory alone can say and queues nothing.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -24,7 +23,7 @@ from runner import alerts, ledger, policy, spec
 from runner.errors import SubmitError
 from runner.host import local, nodes, slurm, successor
 from runner.host.local import Owner
-from runner.rundir import RunDir, atomic_write, read_json
+from runner.rundir import RunDir, atomic_write
 from runner.spec.typed import RunConfig, read_resolved
 
 
@@ -77,8 +76,8 @@ class Scheduler:
         """Stop what runs of the run, and say so; the ``cancelled`` marker and ledger line are already written."""
         print(f"cancelling {run.name}: its ranks checkpoint at the next step and exit", flush=True)
         stopped = local.cancel(run, wait_s)  # the driver, when alive, records the end as cancelled
-        status = read_json(run.exit_status, {}) or {}
-        atomic_write(run.exit_status, json.dumps({**status, "cancelled": True, "time": time.time()}) + "\n")
+        status = run.exit_status_record() or {"exit_code": None, "time": 0.0}  # none of its processes ended yet
+        run.write_exit_status({**status, "cancelled": True, "time": time.time()})
         print(f"cancelled {run.name}: {stopped}")
 
 
