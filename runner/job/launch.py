@@ -11,6 +11,7 @@ what happened, because Lightning itself exits 0 on SIGTERM.
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib
 import inspect
 import io
@@ -226,5 +227,18 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+def exit_now(code: int) -> None:
+    """End the rank with ``code`` after Python's own exit work (atexit handlers: logging, loggers; stdio flushed) but
+    without the interpreter's C++ teardown, where a gloo thread still joinable aborts the process ("terminate called
+    without an active exception", pytorch/pytorch#190489) and a clean stop (75) would read as a crash (134)."""
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or stream: nothing more can reach it
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
