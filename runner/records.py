@@ -12,7 +12,7 @@ Standard library only: the login node, the batch host and the ranks import it.
 from __future__ import annotations
 
 import math
-from typing import Any, NotRequired, TypedDict
+from typing import Any, NotRequired, TypedDict, TypeGuard
 
 
 class ExitStatus(TypedDict):
@@ -31,6 +31,11 @@ class ExitStatus(TypedDict):
     cancelled: NotRequired[bool]  # the user's `runner cancel` (local), or a parallel run's end
 
 
+def is_number(value: object) -> TypeGuard[int | float]:
+    """A finite JSON number (not a bool, NaN or infinity): what a numeric field of a record may hold."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
@@ -44,8 +49,7 @@ def exit_status(raw: Any) -> ExitStatus | None:
     if code is None and raw.get("cancelled") is not True:
         return None
     when = raw.get("time")
-    ok_time = isinstance(when, int | float) and not isinstance(when, bool) and math.isfinite(when)
-    status: ExitStatus = {"exit_code": code, "time": float(when) if ok_time and when is not None else 0.0}
+    status: ExitStatus = {"exit_code": code, "time": float(when) if is_number(when) else 0.0}
     if isinstance(event := raw.get("event"), str):
         status["event"] = event
     if (attempt := _int(raw.get("attempt"))) is not None:

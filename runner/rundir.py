@@ -206,8 +206,7 @@ def number(record: Any, key: str, default: float = 0) -> Any:
     """``record[key]`` where it is a finite number (not a bool), else ``default``: a field of a JSON record read from a
     run directory, whatever shape a damaged file gave it (``{"step": null}``, ``"7"``, ``[1]``)."""
     value = record.get(key) if isinstance(record, dict) else None
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) < float("inf")
-    return value if ok else default
+    return value if records.is_number(value) else default
 
 
 def read_json(path: Path, default: Any = None, shape: type | tuple[type, ...] = dict) -> Any:
@@ -536,7 +535,7 @@ class RunDir(Ledger):
 
 def _a_time(t: Any) -> bool:
     """A Unix time a ledger line can hold: a number a date can be made of (not NaN, not 1e308, not a bool)."""
-    return isinstance(t, (int, float)) and not isinstance(t, bool) and -1e11 < t < 1e11
+    return records.is_number(t) and -1e11 < t < 1e11
 
 
 MAX_LEDGER = 256 << 20  # a ledger of years of events stays far below

@@ -80,14 +80,14 @@ def test_a_local_run_without_its_lock_is_not_running(tmp_path: Path) -> None:
     run.record("start", attempt=1)
     rec = policy.Records(events=run.events(), exit_status=None, finished=False)
     assert scheduler.LOCAL.state(run, rec, None, None) == policy.local_run_state(rec, False)
-    assert scheduler.LOCAL.ended(run, None) is True
-    assert scheduler.RECORDS.ended(run, None) is False  # nothing known ends it: status keeps following
+    assert scheduler.LOCAL.ended(run, None, run.events()) is True
+    assert scheduler.RECORDS.ended(run, None, run.events()) is False  # nothing known ends it: status keeps following
 
 
 def test_a_slurm_run_without_a_job_id_has_not_ended(tmp_path: Path) -> None:
     run = RunDir(tmp_path / "r")
     run.root.mkdir()
-    assert scheduler.SLURM.ended(run, None) is False
+    assert scheduler.SLURM.ended(run, None, []) is False
 
 
 def test_status_asks_the_scheduler_the_manifest_names(tmp_path: Path) -> None:

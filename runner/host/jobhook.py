@@ -34,7 +34,7 @@ from runner import ledger, policy, proc
 from runner import log as runner_log
 from runner.alerts import causes
 from runner.errors import RunnerError
-from runner.host import nodes, notices, observe, slurm, successor
+from runner.host import nodes, notices, observe, scheduler, slurm, successor
 from runner.rundir import ATTEMPT_ENV, EXIT_PREFLIGHT, EXIT_SUPERSEDED, SUCCESSOR_ENV, RunDir, atomic_write, read_json
 from runner.spec.typed import read_resolved
 
@@ -195,8 +195,6 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
     elif decision.action == "stop":
         run.record("stopped", job_id=job, reason=decision.reason)
     elif decision.action == "resubmit":  # without the nodes it named; the new job owns the run from now on
-        from runner.host import scheduler
-
         try:
             scheduler.SLURM.resubmit(run, cfg, decision.reason)
         except RunnerError as e:

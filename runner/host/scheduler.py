@@ -8,7 +8,7 @@ says what the run directory alone can say and queues nothing.
 
     sched = scheduler.of(manifest.get("scheduler"))
     sched.state(run, records, job, heir)     # what status shows
-    sched.cancel(run, wait_s)                # what `runner cancel` does
+    sched.cancel(run, job, wait_s)           # what `runner cancel` does
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from runner import alerts, ledger, policy, spec
@@ -67,9 +68,9 @@ class Scheduler:
         """The run's state as ``runner status`` shows it, from its records and the queue's answer (when asked)."""
         return policy.run_state(rec, job, heir)
 
-    def ended(self, run: RunDir, job: str | None) -> bool | None:
+    def ended(self, run: RunDir, job: str | None, events: Sequence[Mapping[str, Any]]) -> bool | None:
         """Whether anything more will be written to the run's logs; None when the queue cannot say (see
-        ``status.ended``). Called once the records do not settle it."""
+        ``status.ended``). Called once the records (``events``, the ledger as read) do not settle it."""
         return False
 
     def cancel(self, run: RunDir, job: str | None, wait_s: float) -> None:
@@ -109,8 +110,8 @@ class Local(Scheduler):
               heir: policy.JobInfo | None) -> str:
         return policy.local_run_state(rec, local.held(run))  # its processes hold its lock while any lives
 
-    def ended(self, run: RunDir, job: str | None) -> bool | None:
-        return bool(run.events()) and not local.held(run)
+    def ended(self, run: RunDir, job: str | None, events: Sequence[Mapping[str, Any]]) -> bool | None:
+        return bool(events) and not local.held(run)
 
 
 class Slurm(Scheduler):
@@ -141,15 +142,12 @@ class Slurm(Scheduler):
         refuses, it is removed again, so no run directory without a job id ever looks submitted."""
         cfg = read_resolved(run.config)
         try:
-            job_id, let_in = nodes.submit(str(run.script), run.root.parent, cfg["resume"]["exclude_nodes_s"])
-        except BaseException as e:
+            job_id, let_in = _sbatch(run, cfg, "compare the config's num_nodes, num_device and slurm: block with "
+                                               "`sinfo -N -o '%N %c %G'`")
+        except BaseException:
             shutil.rmtree(run.root, ignore_errors=True)
-            if isinstance(e, SubmitError):
-                raise refused(e, "compare the config's num_nodes, num_device and slurm: block with "
-                                 "`sinfo -N -o '%N %c %G'`") from None
             raise
-        atomic_write(run.job_id_file, job_id + "\n")
-        successor.queue(run, cfg, job_id)
+        _own(run, cfg, job_id)
         fields: ledger.Submitted = {"scheduler": "slurm", "job_id": job_id, "world_size": world_size}
         if let_in:
             fields["bad_nodes_let_in"] = let_in
@@ -168,15 +166,8 @@ class Slurm(Scheduler):
         A successor still queued behind an earlier job is cancelled (it would step aside anyway); with
         resume.successor the new job gets its own."""
         attempt = policy.attempt(run.events()) + 1
-        try:
-            job_id, let_in = nodes.submit(str(run.script), run.root.parent, cfg["resume"]["exclude_nodes_s"])
-        except SubmitError as e:
-            raise refused(e, "check the slurm: block against `sinfo`") from None
-        atomic_write(run.job_id_file, job_id + "\n")
-        stale = successor.queued(run)
-        if stale is not None:
-            successor.cancel(run, stale["job_id"], f"job {job_id} was resubmitted")
-        successor.queue(run, cfg, job_id)
+        job_id, let_in = _sbatch(run, cfg, "check the slurm: block against `sinfo`")
+        _own(run, cfg, job_id)
         fields: ledger.Resubmitted = {"job_id": job_id, "reason": reason, "attempt": attempt, "by": by}
         if let_in:
             fields["bad_nodes_let_in"] = let_in
@@ -186,7 +177,7 @@ class Slurm(Scheduler):
                                                  by=by, job_id=job_id))
         return job_id
 
-    def ended(self, run: RunDir, job: str | None) -> bool | None:
+    def ended(self, run: RunDir, job: str | None, events: Sequence[Mapping[str, Any]]) -> bool | None:
         if not job:
             return False
         info = slurm.query(job)
@@ -210,6 +201,25 @@ class Slurm(Scheduler):
         state = info.state if info else "unknown to Slurm"
         note = f"; scancel said: {complaint}" if complaint else ""
         print(f"cancelled {run.name} (job {job}: {state}){note}")
+
+
+def _sbatch(run: RunDir, cfg: RunConfig, hint: str) -> tuple[str, list[str]]:
+    """sbatch the run's script, bad nodes left out; returns the job id and the bad nodes let back in. A refusal is
+    said in one line, with ``hint``."""
+    try:
+        return nodes.submit(str(run.script), run.root.parent, cfg["resume"]["exclude_nodes_s"])
+    except SubmitError as e:
+        raise refused(e, hint) from None
+
+
+def _own(run: RunDir, cfg: RunConfig, job_id: str) -> None:
+    """Make ``job_id`` the run's owner and queue its successor (resume.successor) in place of one still queued behind
+    an earlier job (it would step aside anyway)."""
+    atomic_write(run.job_id_file, job_id + "\n")
+    stale = successor.queued(run)
+    if stale is not None:
+        successor.cancel(run, stale["job_id"], f"job {job_id} was resubmitted")
+    successor.queue(run, cfg, job_id)
 
 
 def refused(e: SubmitError, hint: str) -> SubmitError:

@@ -298,7 +298,7 @@ def ended(run: RunDir) -> bool | None:
     if events and events[-1]["event"] in ("exit", "cancelled", "finished", "gave_up"):
         return True
     manifest = read_json(run.manifest, {}) or {}
-    return False if _is_parallel(manifest) else scheduler.of_manifest(manifest).ended(run, run.job_id())
+    return False if _is_parallel(manifest) else scheduler.of_manifest(manifest).ended(run, run.job_id(), events)
 
 
 def log_path(run: RunDir, rank: int | None, attempt: int | None = None) -> Path:
