@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
 import shutil
 import threading
@@ -184,16 +183,6 @@ def wait_for_files(paths: list[Path], timeout_s: float) -> list[Path]:
         time.sleep(0.05)
         missing = [p for p in missing if not p.exists()]
     return missing
-
-
-SLOW_WRITE_ENV = "RUNNER_TEST_SLOW_WRITE"  # tests only: "STEP:SECONDS", a slow disk from that step on
-
-
-def pause_for_tests(step: int) -> None:
-    """Between writing a checkpoint's files and publishing it, when a test asks for a slow disk."""
-    at, _, seconds = os.environ.get(SLOW_WRITE_ENV, "").partition(":")
-    if at.isdigit() and step >= int(at):
-        time.sleep(float(seconds or 0))
 
 
 class Writer:

@@ -14,6 +14,7 @@ from runner import checkpoint
 from runner.dev import devcluster
 from runner.host import nodes
 from runner.rundir import RunDir
+from tests import slow_disk
 from tests.conftest import fixture_tier
 from tests.test_failures import (
     BASE,
@@ -152,13 +153,13 @@ def test_fsdp_a_stopped_rank_is_named_and_its_node_left_out(slurm_cluster: devcl
 
 def test_fsdp_2x2_a_kill_during_the_sharded_write_keeps_the_previous_checkpoint(
         slurm_cluster: devcluster.Cluster, hook: Any, reference: list[Any], tmp_path: Path) -> None:
-    """Every rank's shard of step 20 is on disk, rank 0 is held before publishing it (a slow disk, the tests'
-    switch, passed to the job by sbatch's environment) and killed: step 20 never becomes complete, the resume
-    starts from the checkpoint before it and ends bitwise equal to the undisturbed run."""
+    """Every rank's shard of step 20 is on disk, rank 0 is held before publishing it (tests/slow_disk, a slow
+    disk's stand-in on the job's PYTHONPATH, passed to the ranks by sbatch's environment) and killed: step 20 never
+    becomes complete, the resume starts from the checkpoint before it and ends bitwise equal to the undisturbed run."""
     import torch
 
     env = env_for(slurm_cluster, hook)
-    run = submit({**env, "RUNNER_TEST_SLOW_WRITE": "20:120"}, tmp_path, *FSDP)
+    run = submit(slow_disk.env(20, 120, env), tmp_path, *FSDP)
     staging = run / "checkpoints" / ".staging-step-0000020"
     for name in [*(f"__{r}_0.distcp" for r in range(4)), ".metadata", "rng-rank00003.pt"]:
         wait_for(f"{name} of step 20", lambda name=name: (staging / name).exists(), 180, run)  # type: ignore[misc]

@@ -11,12 +11,14 @@ import subprocess
 import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
 
 from runner import checkpoint
 from runner.rundir import EXIT_HANG, RunDir
+from tests import slow_disk
 from tests.conftest import fixture_tier
 from tests.test_local_run import QUICKSTART, SLOW, STEPS, assert_bitwise, runner, start, wait_for
 from tests.test_resume_honesty import assert_resumed_honestly
@@ -132,11 +134,8 @@ def test_resume_on_another_world_size_reshards_and_keeps_the_global_batch(tmp_pa
 
 
 def test_a_kill_during_the_sharded_write_keeps_the_previous_checkpoint(tmp_path: Path, reference: tuple) -> None:
-    os.environ["RUNNER_TEST_SLOW_WRITE"] = "20:60"  # step 20's shards land, then its publication waits
-    try:
+    with mock.patch.dict(os.environ, slow_disk.env(20, 60)):  # step 20's shards land, then its publication waits
         proc, run = start(tmp_path, *FSDP)
-    finally:
-        del os.environ["RUNNER_TEST_SLOW_WRITE"]
     ckpts = run / "checkpoints"
     for name in ("__0_0.distcp", "__1_0.distcp", ".metadata", "rng-rank00001.pt"):
         wait_for(ckpts / ".staging-step-0000020" / name)

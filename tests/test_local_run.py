@@ -11,12 +11,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
 
 from runner import checkpoint
 from runner.rundir import RunDir
+from tests import slow_disk
 from tests.conftest import fixture_tier
 from tests.test_resume_honesty import assert_resumed_honestly
 
@@ -293,11 +295,8 @@ def test_a_module_that_keeps_zeroed_gradients_resumes_bitwise_on_three_ranks(tmp
 def test_kill_during_background_write_keeps_the_previous_checkpoint(tmp_path: Path, reference: list) -> None:
     """Checkpoints are written in the background; a kill mid-write leaves the previous one the newest complete
     one, and the resume (verified by rank 0 alone, the others take its verdict) ends bitwise equal."""
-    os.environ["RUNNER_TEST_SLOW_WRITE"] = "20:60"  # step 20's files land, then its publication waits
-    try:
+    with mock.patch.dict(os.environ, slow_disk.env(20, 60)):  # step 20's files land, then its publication waits
         proc, run = start(tmp_path)
-    finally:
-        del os.environ["RUNNER_TEST_SLOW_WRITE"]
     ckpts = run / "checkpoints"
     wait_for(ckpts / ".staging-step-0000020" / "model.ckpt")
     wait_for(ckpts / ".staging-step-0000020" / "rng-rank00001.pt")

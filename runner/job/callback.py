@@ -366,7 +366,6 @@ def make_checkpoint(rd: RunDir, cfg: RunConfig, cfg_hash: str, flag: StopFlag, a
                 save(rng, staging / f"rng-rank{rank:05d}.pt", sync_dir=rank == 0)
                 if rank != 0:
                     return
-                checkpoint.pause_for_tests(step)
                 expected = [staging / f"rng-rank{r:05d}.pt" for r in range(world)]
                 if shards is not None:
                     expected += [checkpoint.digest_file(staging, r) for r in range(world)]
