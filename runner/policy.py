@@ -6,8 +6,8 @@ Nothing here reads a file, runs a command or reads the clock: the callers gather
 run directory's ledger, exit status, ``finished`` marker and job id; ``JobInfo``: Slurm's answer or None;
 ``Limits``: the config's values; ``now``), then act on the ``Decision`` or state they get back:
 
-- the batch script's exit hook (``runner.host.jobhook``): ``classify`` the step's end, then ``after_exit``, and
-  ``next_step`` (what its alert says happens next, from the same decisions);
+- the batch script's exit hook (``runner.host.jobhook``): ``classify`` the step's end, then ``after_exit`` (its
+  alert's "Next:" line tells the decision in ``runner.alerts.nextstep``);
 - a successor job's batch script (``resume.successor``): ``take_over`` the run, or step aside;
 - ``runner cron``: ``next_action`` (``settled`` says which runs need no Slurm answer at all);
 - ``runner status``: ``run_state`` (``asks_slurm`` says whether Slurm's view can change it);
@@ -36,67 +36,11 @@ from typing import Any, Literal
 from runner.ledger import Outcome
 from runner.records import ExitStatus
 from runner.rundir import EXIT_HANG, EXIT_NONFINITE, EXIT_PREFLIGHT, EXIT_PROGRAM, EXIT_REQUEUE, EXIT_SUPERSEDED
+from runner.slurmstates import RESUBMIT_STATES, SLURM_REQUEUES, JobInfo, exit_code
 from runner.spec.typed import RunConfig
 
-# ---------------------------------------------------------------------------------------------------------------
-# Slurm's vocabulary
-
-# Slurm's job states (squeue/scontrol spelling) -> runner's states.
-SLURM_STATES = {
-    "PENDING": "pending", "CONFIGURING": "running", "RUNNING": "running", "COMPLETING": "running",
-    "STAGE_OUT": "running", "SIGNALING": "running", "RESIZING": "running", "SUSPENDED": "running",
-    "STOPPED": "running", "RESV_DEL_HOLD": "pending", "REQUEUED": "pending", "REQUEUE_HOLD": "pending",
-    "REQUEUE_FED": "pending", "SPECIAL_EXIT": "pending", "REVOKED": "cancelled",
-    "COMPLETED": "completed", "FAILED": "failed", "NODE_FAIL": "failed", "OUT_OF_MEMORY": "failed",
-    "BOOT_FAIL": "failed", "CANCELLED": "cancelled", "TIMEOUT": "timeout", "DEADLINE": "timeout",
-    "PREEMPTED": "preempted",
-}
-TERMINAL = frozenset({"COMPLETED", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "CANCELLED", "TIMEOUT",
-                      "DEADLINE", "PREEMPTED", "REVOKED"})
-# Ended states after which cron resubmits (CANCELLED only when the hook saw a time limit or preemption).
-RESUBMIT_STATES = ("FAILED", "NODE_FAIL", "TIMEOUT", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
-SLURM_REQUEUES = ("NODE_FAIL", "BOOT_FAIL")  # with --requeue, Slurm puts these back in the queue by itself
-REQUEUE_GRACE_S = 180.0  # how long cron leaves such a job to Slurm before resubmitting it itself
+REQUEUE_GRACE_S = 180.0  # how long cron leaves a job Slurm requeues itself (NODE_FAIL) before resubmitting it
 NEAR_LIMIT_S = 60.0  # an exit-75 this close to (signal_lead_s before) the time limit is the time limit's doing
-
-
-def base_state(raw: str) -> str:
-    """'CANCELLED by 0' -> 'CANCELLED'; 'COMPLETING+' -> 'COMPLETING' (sacct's and scontrol's decorations)."""
-    words = raw.strip().split()
-    return words[0].rstrip("+").upper() if words else ""
-
-
-def normalize(raw: str) -> str | None:
-    """Map a Slurm state ('CANCELLED by 0', 'RUNNING') to runner's states; None for an unknown word."""
-    return SLURM_STATES.get(base_state(raw))
-
-
-def exit_code(value: str | None) -> int | None:
-    """Slurm's "75:0" (exit code : signal) -> 75."""
-    head = (value or "").split(":")[0]
-    return int(head) if head.isdigit() else None
-
-
-@dataclass(frozen=True)
-class JobInfo:
-    """One job as a Slurm command reported it (``runner.host.slurm`` parses the commands into it)."""
-
-    job_id: str
-    state: str  # Slurm's own word: RUNNING, COMPLETED, CANCELLED, ...
-    source: str  # sacct, squeue or scontrol
-    exit_code: str | None = None  # "3:0" = exit code 3, signal 0
-    reason: str | None = None
-    nodes: str | None = None
-    restarts: int | None = None
-
-    @property
-    def runner_state(self) -> str | None:
-        return normalize(self.state)
-
-    @property
-    def terminal(self) -> bool:
-        return self.state in TERMINAL
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # The facts
@@ -295,106 +239,6 @@ def after_exit(outcome: str, attempt: int, job_id: str | None, limits: Limits,
     return Decision("skip", "failed: runner cron decides about resubmission (with backoff)")
 
 
-# What happens next after an alert's event, when nothing more is known (no decision was made for it).
-NEXT_STEPS: dict[str, str] = {  # keyed by every AlertEvent (tests/test_alerts.py)
-    "failed": "runner cron resubmits it from the last checkpoint while resume.max_restarts allows.",
-    "preempted": "The job is requeued and resumes from the last checkpoint.",
-    "requeued": "Waiting in the queue; it resumes from the last checkpoint when it starts.",
-    "timeout": "Resumes from the last checkpoint if attempts remain.",
-    "resubmitted": "A new job was submitted; it resumes from the last checkpoint.",
-    "gave_up": "No attempts left: needs a person.",
-    "completed": "Nothing: training finished.",
-    "cancelled": "Nothing: the job was cancelled.",
-    "preflight_failed": "Not retried (the same node would fail again): fix the failed check, then `runner resume`.",
-    "hang": "Resubmitted without the node it names, or by runner cron while resume.max_restarts allows.",
-    "nan": "Stopped, not retried: fix the model or data (learning rate?), then `runner resume`.",
-    "straggler": "Nothing automatic: training goes on at this rank's pace. `runner status RUN --ranks` compares "
-                 "every rank; check the node it names.",
-}
-
-# What to do about a cause (``runner.alerts.causes.Cause``), shown under it in an alert.
-CAUSE_STEPS: dict[str, str] = {  # keyed by every CauseKind (tests/test_alerts.py)
-    "oom": "Lower the memory a rank needs (batch size, precision, activation checkpointing), then `runner resume`.",
-    "node_failure": "Nothing by hand: the job is requeued or resubmitted, without the nodes Slurm reports unhealthy.",
-    "time_limit": "Nothing by hand: it resumes from the newest complete checkpoint; raise slurm.time if each attempt "
-                  "ends here.",
-    "preemption": "Nothing by hand: it resumes from the newest complete checkpoint when it runs again.",
-    "nccl_timeout": "Check the network between the nodes (`runner preflight`; network.debug: true) and the rank "
-                    "whose log ends first.",
-    "program": "Fix the command or the program it names, then `runner resume`.",
-    "exception": "Read the traceback in the rank log named here; fix the code, then `runner resume`.",
-    "crash_loop": "Not retried: the same exception ended two attempts in a row. Fix it, then `runner resume`.",
-    "bad_nodes": "Fix or drain the node it names; the run is resubmitted without it where attempts remain.",
-    "nan": "Fix the model or data (learning rate?), then `runner resume`.",
-    "hang": "hang.json names the ranks and where they stopped; the node it names is left out of the next attempt.",
-    "rank": "Read this rank's log: its end is the cause, the other ranks' errors are echoes of it.",
-    "hook": "See `runner logs RUN --batch`: the batch script's host-side hook failed there.",
-    "unknown": "Read the rank logs (`runner logs RUN`): no known sign of a cause was found.",
-}
-
-
-def cause_step(kind: str) -> str:
-    """What to do about a cause of ``kind``."""
-    return CAUSE_STEPS.get(kind, "")
-
-
-# Who acted and asks what comes next: the exit hook (``after_exit``), ``runner cron``, a person (``runner resume``),
-# a local run's driver, or ``runner parallel``'s.
-By = Literal["hook", "cron", "user", "local", "parallel"]
-
-
-def next_step(outcome: str, decision: Decision | None = None, attempt: int = 1, limits: Limits | None = None,
-              requeued: bool | None = None, events: Sequence[Mapping[str, Any]] | None = None, *, by: By = "hook",
-              run: str = "", job_id: str | None = None) -> str:
-    """The "Next:" line of every alert and console summary: the one author of what happens to a run next.
-
-    For the exit hook: what it did (``decision``; ``requeued`` whether ``scontrol requeue`` went through) and what
-    ``runner cron`` will do with the run (``next_action``). ``by="cron"`` or ``"user"`` with a ``resubmit`` decision
-    and the new ``job_id``: the resubmission; ``by="cron"`` with ``give_up``: cron's last word. ``by="local"`` and
-    ``"parallel"``: a run nothing resubmits by itself (``run`` names it). ``hook_failed``: a host-side hook of the
-    batch script that could not run. Without a ``decision``: what an alert of ``outcome`` means (``NEXT_STEPS``)."""
-    if by == "local":
-        return local_next_step(outcome, run)
-    if by == "parallel":
-        return parallel_next_step(outcome, run)
-    if outcome == "hook_failed":
-        return f"see `runner logs {run} --batch`; runner cron decides from Slurm's record"
-    if decision is None:
-        return NEXT_STEPS.get(outcome, "")
-    if decision.action == "resubmit" and job_id:
-        return f"resubmitted as job {job_id}; it resumes from the newest complete checkpoint ({decision.reason})"
-    if decision.action == "give_up" and by == "cron":
-        return f"no further submissions: {decision.reason}"
-    if limits is None:  # the exit hook's decisions are told against the run's own limits, never a default
-        raise TypeError("next_step: the exit hook's decision needs the run's limits")
-    if decision.action == "hand_over":
-        return f"{decision.reason}, as soon as this job ends; it resumes from the newest complete checkpoint"
-    if decision.action == "requeue":
-        if requeued:
-            return f"requeued as attempt {attempt + 1}; it resumes from the newest complete checkpoint"
-        return "scontrol requeue failed: runner cron resubmits it from the newest complete checkpoint"
-    if decision.action == "give_up":
-        return f"not retried: {decision.reason} (resume.max_restarts={limits.max_restarts}); `runner resume` it " \
-               "once the cause is fixed"
-    if decision.action == "stop":
-        return f"stopped, not retried: {decision.reason}. `runner resume` it once the cause is fixed"
-    if decision.action == "resubmit":
-        return f"resubmitted at once: {decision.reason}; it resumes from the newest complete checkpoint"
-    if outcome in ("timeout", "preempted"):  # left to cron; never limited by resume.max_restarts
-        return "runner cron resubmits it from the newest complete checkpoint (time limits and preemptions do not " \
-               "count against resume.max_restarts)"
-    if outcome in ("failed", "hang"):  # left to cron, which counts the same failures
-        failed = attempt if events is None else failures(events)  # without a ledger: every attempt failed
-        if failed <= limits.max_restarts:
-            return f"runner cron resubmits it from the newest complete checkpoint (restart {failed} of " \
-                   f"resume.max_restarts={limits.max_restarts})"
-        return f"not retried: {failed - 1} restarts used of resume.max_restarts={limits.max_restarts}; " \
-               "`runner resume` it once the cause is fixed"
-    if outcome == "preflight_failed":
-        return "not retried (the same node would fail again): fix the node or interface it names, then `runner resume`"
-    return f"nothing: {decision.reason}"
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # runner cron: resubmit, wait, give up or leave alone
 
@@ -501,30 +345,6 @@ def local_run_state(rec: Records, alive: bool) -> str:
     if rec.events and not ended:
         return "failed"
     return local_state(rec)
-
-
-def parallel_next_step(outcome: str, run: str) -> str:
-    """What happens next to a ``runner parallel`` run after ``outcome`` (its driver runs where it was typed: nothing
-    resubmits it)."""
-    if outcome == "completed":
-        return "nothing: every item is done (parallel/result.json)"
-    return f"nothing by itself (runner cron resubmits Slurm training runs only): `runner resume {run}` runs the " \
-           "items not done yet, the failed ones again, and skips the rest"
-
-
-def local_next_step(outcome: str, run: str) -> str:
-    """What happens next to a local run after ``outcome``: nothing by itself (``runner cron`` resubmits Slurm runs
-    only); the person who runs it resumes it."""
-    if outcome == "completed":
-        return "nothing: training finished"
-    if outcome == "nan":
-        return f"nothing by itself (a local run is not resubmitted): fix the model or data, then `runner resume {run}`"
-    if outcome == "preflight_failed":
-        return f"nothing by itself: fix the check it names, then `runner resume {run}`"
-    if outcome == "cancelled":
-        return f"nothing: cancelled; `runner resume {run}` starts it again from its newest complete checkpoint"
-    return f"nothing by itself (runner cron resubmits Slurm runs only): `runner resume {run}` continues from its " \
-           "newest complete checkpoint"
 
 
 def job_alive(events: Sequence[Mapping[str, Any]]) -> bool:

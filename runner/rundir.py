@@ -474,6 +474,11 @@ class RunDir(Ledger):
         """What one rank's training raised in one attempt (written by the launcher before it exits)."""
         return self.attempt_logs(attempt) / f"crash-{rank:05d}.json"
 
+    def crashes(self, attempt: int) -> dict[int, dict[str, Any]]:
+        """Every crash record of ``attempt``, by rank."""
+        return {int(p.stem.split("-")[1]): c for p in self.attempt_logs(attempt).glob("crash-*.json")
+                if p.stem.split("-")[1].isdigit() and isinstance(c := read_json(p), dict)}
+
     def first_crash(self, attempt: int) -> dict[str, Any] | None:
         """The earliest exception any rank of ``attempt`` recorded: the cause; the others' are its echoes
         (a collective that lost a peer)."""

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from runner import alerts, spec
-from runner.alerts import Alert, AlertConfigError, alert_from_run, flush_queue, guess_cause, send
+from runner.alerts import Alert, AlertConfigError, alert_from_run, flush_queue, guess_cause, nextstep, send
 from runner.errors import ConfigError
 from runner.rundir import RunDir
 from runner.spec import EVENTS
@@ -679,20 +679,20 @@ def test_every_alert_event_and_cause_kind_has_a_title_an_emoji_and_a_next_step()
     """A table over the Literals: an event or cause kind added without its words fails here, not in a job."""
     import typing
 
-    from runner import ledger, policy
+    from runner import ledger
     from runner.alerts import payload
 
     events = set(typing.get_args(ledger.AlertEvent))
     assert events == set(EVENTS)
-    for table in (payload._TITLES, payload._EMOJI, policy.NEXT_STEPS):
+    for table in (payload._TITLES, payload._EMOJI, nextstep.NEXT_STEPS):
         assert set(table) == events and all(table.values())
     kinds = set(typing.get_args(ledger.CauseKind))
-    for table in (payload.CAUSE_TITLES, payload.CAUSE_EMOJI, policy.CAUSE_STEPS):
+    for table in (payload.CAUSE_TITLES, payload.CAUSE_EMOJI, nextstep.CAUSE_STEPS):
         assert set(table) == kinds and all(table.values())
     for event in events:  # every event renders, with a Next: line of its own
         for kind in ("slack", "json"):
             body = payload.render_payload(make_alert(event, next_step=""), kind)
-            assert policy.NEXT_STEPS[event] in json.dumps(body)
+            assert nextstep.NEXT_STEPS[event] in json.dumps(body)
 
 
 @pytest.mark.parametrize("kind", ["slack", "json"])

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from runner import policy
+from runner import policy, slurmstates
+from runner.alerts import nextstep
 from runner.rundir import RunDir
 from tests.test_policy import Limits
 
@@ -112,7 +113,7 @@ def test_the_exit_hooks_move(outcome: str, events: list[dict[str, Any]], nodes: 
                              reason: str) -> None:
     d = policy.after_exit(outcome, policy.attempt(events), "7", L3, events, nodes)
     assert d.action == action and reason in d.reason, d
-    step = policy.next_step(outcome, d, policy.attempt(events), L3, True, events)
+    step = nextstep.next_step(outcome, d, policy.attempt(events), L3, True, events)
     if action in ("stop", "give_up"):
         assert "runner resume" in step, step
     if action == "resubmit":
@@ -131,7 +132,7 @@ def test_cron_leaves_a_stopped_run_alone_until_resume(events: list[dict[str, Any
 
 
 def test_cron_gives_up_on_failures_not_on_preemptions() -> None:
-    job = policy.JobInfo("9", "FAILED", "sacct", "1:0")
+    job = slurmstates.JobInfo("9", "FAILED", "sacct", "1:0")
     preempted = [SUB] + [START, _x("preempted"), CRON] * 5 + [START, _x("failed")]
     assert policy.next_action(policy.Records(events=preempted, job_id="9"), job, L3, now=1e9).action == "resubmit"
     failing = [SUB] + [START, _x("failed"), CRON] * 3 + [START, _x("failed")]

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from runner import policy
+from runner.alerts import nextstep
 from tests.ci import need
 from tests.test_policy import Limits
 
@@ -83,7 +84,7 @@ def slurm_next(outcome: str) -> str:
     events = [{"event": "submitted", "time": 0.0}, {**EXIT, "outcome": outcome}]
     decision = policy.after_exit(outcome, 1, "7", LIMITS, events)
     requeued = True if decision.action == "requeue" else None
-    return policy.next_step(outcome, decision, 1, LIMITS, requeued, events)
+    return nextstep.next_step(outcome, decision, 1, LIMITS, requeued, events)
 
 
 # (scheduler, workload, outcome) -> what the "Next:" line must say, and what it must not (a promise not kept there).
@@ -109,9 +110,9 @@ NEXT_STEPS = [
 def test_each_next_line_says_what_happens_next(scheduler: str, workload: str, outcome: str, says: str,
                                                never: str | None) -> None:
     if workload == "parallel":
-        text = policy.parallel_next_step(outcome, "run-x")
+        text = nextstep.parallel_next_step(outcome, "run-x")
     elif scheduler == "local":
-        text = policy.local_next_step(outcome, "run-x")
+        text = nextstep.local_next_step(outcome, "run-x")
     else:
         text = slurm_next(outcome)
     assert says in text, text

@@ -16,9 +16,11 @@ from typing import Any
 
 import pytest
 
-from runner import policy
+from runner import policy, slurmstates
+from runner.alerts import nextstep
 from runner.host import slurm
-from runner.policy import JobInfo, Records
+from runner.policy import Records
+from runner.slurmstates import JobInfo
 from runner.spec import schema
 
 
@@ -117,14 +119,15 @@ SLURM_WORDS = [
 
 @pytest.mark.parametrize("raw, state, terminal", SLURM_WORDS, ids=[w[0] or "empty" for w in SLURM_WORDS])
 def test_slurm_words(raw: str, state: str | None, terminal: bool) -> None:
-    assert policy.normalize(raw) == state
-    assert (policy.base_state(raw) in policy.TERMINAL) == terminal
-    assert JobInfo("1", policy.base_state(raw), "squeue").terminal == terminal
+    assert slurmstates.normalize(raw) == state
+    assert (slurmstates.base_state(raw) in slurmstates.TERMINAL) == terminal
+    assert JobInfo("1", slurmstates.base_state(raw), "squeue").terminal == terminal
 
 
 def test_every_terminal_word_is_a_state() -> None:
-    assert policy.TERMINAL <= set(policy.SLURM_STATES)
-    assert set(policy.RESUBMIT_STATES) <= policy.TERMINAL and set(policy.SLURM_REQUEUES) <= policy.TERMINAL
+    assert slurmstates.TERMINAL <= set(slurmstates.SLURM_STATES)
+    assert set(slurmstates.RESUBMIT_STATES) <= slurmstates.TERMINAL
+    assert set(slurmstates.SLURM_REQUEUES) <= slurmstates.TERMINAL
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -551,7 +554,7 @@ NEXT_STEP = [
 @pytest.mark.parametrize("outcome, attempt, limits, requeued, says", NEXT_STEP)
 def test_alert_says_what_happens_next(outcome: str, attempt: int, limits: Limits, requeued: bool | None,
                                       says: str) -> None:
-    step = policy.next_step(outcome, policy.after_exit(outcome, attempt, "4", limits), attempt, limits, requeued)
+    step = nextstep.next_step(outcome, policy.after_exit(outcome, attempt, "4", limits), attempt, limits, requeued)
     assert says in step, step
     assert "Not retried automatically" not in step
 
@@ -559,7 +562,7 @@ def test_alert_says_what_happens_next(outcome: str, attempt: int, limits: Limits
 def test_cron_does_what_the_failed_alert_says() -> None:
     """The alert of a failed run with restarts left promises a resubmission: cron's decision is a resubmission."""
     limits = Limits(max_restarts=3, backoff_s=0)
-    step = policy.next_step("failed", policy.after_exit("failed", 1, "4", limits), 1, limits)
+    step = nextstep.next_step("failed", policy.after_exit("failed", 1, "4", limits), 1, limits)
     assert "resubmits" in step
     assert policy.next_action(rec(FAILED), slurm_says("sacct_FAILED.txt"), limits, NOW).action == "resubmit"
 
@@ -634,7 +637,7 @@ def test_after_exit_with_a_successor(outcome: str, events: list[dict[str, Any]],
     # One restart at most: a hand-over never requeues, and every other decision cancels the successor.
     assert d.action != "requeue"
     if d.action == "hand_over":
-        step = policy.next_step(outcome, d, attempt, limits, None, events)
+        step = nextstep.next_step(outcome, d, attempt, limits, None, events)
         assert "job 5 takes over" in step and "as soon as this job ends" in step, step
     without = policy.after_exit(outcome, attempt, "4", limits, events, bad)  # none queued (or Slurm lost it)
     assert without.action != "hand_over" and (without.action == "requeue") == (outcome in ("preempted", "timeout")

@@ -15,9 +15,9 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from runner.alerts.nextstep import next_step
 from runner.alerts.payload import Alert, clip
 from runner.ledger import AlertEvent, CauseKind
-from runner.policy import next_step
 from runner.rundir import EXIT_NONFINITE, EXIT_REQUEUE, EXIT_SUPERSEDED, EXIT_TERMINATED, RunDir
 
 TAIL_LINES = 30  # log lines shown in an alert
@@ -213,7 +213,7 @@ def alert_from_run(run_dir: str | os.PathLike[str], event: AlertEvent, **fields:
     traceback/error) wins, lowest rank on ties, rank 0 when none shows an error. Any Alert field may be
     given in `fields` and wins over what is found; `job_id` and `nodes` default to $SLURM_JOB_ID and
     $SLURM_JOB_NODELIST, `run` to the directory name, `cause` to find_cause()'s sentence and `cause_kind` to its
-    kind (None for "completed"), `next_step` to ``policy.next_step(event)``. extra["log"] names the log used.
+    kind (None for "completed"), `next_step` to ``nextstep.next_step(event)``. extra["log"] names the log used.
     """
     names = {f.name for f in dataclasses.fields(Alert)} - {"event", "run_dir"}
     unknown = sorted(set(fields) - names)

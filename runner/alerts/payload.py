@@ -12,9 +12,9 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
+from runner.alerts.nextstep import NEXT_STEPS as NEXT_STEPS
+from runner.alerts.nextstep import cause_step, next_step
 from runner.ledger import CAUSE_KINDS, AlertEvent, CauseKind
-from runner.policy import NEXT_STEPS as NEXT_STEPS
-from runner.policy import cause_step, next_step
 from runner.redaction import redact as redact
 from runner.redaction import redact_obj as redact_obj
 from runner.spec.schema import EVENTS
@@ -53,7 +53,7 @@ _EMOJI: dict[AlertEvent, str] = {
     "straggler": ":snail:",
 }
 
-# A cause's title and emoji (its next step: ``policy.CAUSE_STEPS``).
+# A cause's title and emoji (its next step: ``nextstep.CAUSE_STEPS``).
 CAUSE_TITLES: dict[CauseKind, str] = {
     "oom": "out of memory",
     "node_failure": "a node failed",

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from runner import log as runner_log
-from runner import policy, proc
+from runner import policy, proc, slurmstates
+from runner.alerts import nextstep
 from runner.host import observe, scheduler
 from runner.host.observe import manifest_of
 from runner.rundir import RunDir, locked
@@ -29,7 +30,7 @@ from runner.spec.typed import RunConfig, read_resolved
 log = logging.getLogger(__name__)
 
 
-def decide(run: RunDir, cfg: RunConfig, jobs: Mapping[str, policy.JobInfo] | None = None,
+def decide(run: RunDir, cfg: RunConfig, jobs: Mapping[str, slurmstates.JobInfo] | None = None,
            now: float | None = None, asked: bool = True) -> policy.Decision:
     """Cron's decision for one run; ``jobs`` is Slurm's answer for many runs at once (asked here when not given),
     ``asked`` False when Slurm could not be asked (then a job the ledger shows alive is never resubmitted)."""
@@ -48,7 +49,7 @@ def _alerts_queued(run: RunDir) -> bool:
     return queue.is_dir() and any(queue.iterdir())
 
 
-def handle(run: RunDir, jobs: Mapping[str, policy.JobInfo] | None = None, asked: bool = True,
+def handle(run: RunDir, jobs: Mapping[str, slurmstates.JobInfo] | None = None, asked: bool = True,
            fresh: bool | None = None, seen: observe.Observation | None = None) -> policy.Decision:
     """Decide for one run and act; its alerts are queued (``run_once`` sends every run's after its pass, under one
     time budget and without the root's lock).
@@ -79,7 +80,7 @@ def handle(run: RunDir, jobs: Mapping[str, policy.JobInfo] | None = None, asked:
     elif d.action == "give_up":
         run.record("gave_up", reason=d.reason)
         alerts.notify(run.root, cfg["alerts"], "gave_up", attempt=seen.attempt,
-                      next_step=policy.next_step("gave_up", d, by="cron"))
+                      next_step=nextstep.next_step("gave_up", d, by="cron"))
     return d
 
 
@@ -98,14 +99,14 @@ def _alert_hook_failures(run: RunDir, cfg: RunConfig, events: Sequence[Mapping[s
                       cause=f"the batch script's host-side {str(e.get('hook'))[:20]} hook could not run (exit "
                             f"{e.get('exit_code')}): no exit record, requeue or alert came from the job itself",
                       cause_kind="hook",
-                      next_step=policy.next_step("hook_failed", by="cron", run=run.name))
+                      next_step=nextstep.next_step("hook_failed", by="cron", run=run.name))
 
 
-def _remember_failed_node(run: RunDir, job: policy.JobInfo | None) -> None:
+def _remember_failed_node(run: RunDir, job: slurmstates.JobInfo | None) -> None:
     """A job that ended NODE_FAIL: the nodes Slurm now reports unhealthy are left out of the resubmission."""
     from runner.host import nodes, slurm
 
-    if job is not None and policy.base_state(job.state) == "NODE_FAIL" and job.nodes:
+    if job is not None and slurmstates.base_state(job.state) == "NODE_FAIL" and job.nodes:
         bad = nodes.record(run.root.parent, slurm.unhealthy(job.nodes), "node_fail", run.name,
                            f"job {job.job_id} ended NODE_FAIL")
         if bad:
@@ -174,7 +175,7 @@ def send_alerts(root: Path, runs: list[RunDir], budget_s: float = SEND_BUDGET_S)
             log.info("alerts: %d sent, %d left queued for the next pass", sent, left)
 
 
-def _act(run: RunDir, jobs: Mapping[str, policy.JobInfo], asked: bool, fresh: bool,
+def _act(run: RunDir, jobs: Mapping[str, slurmstates.JobInfo], asked: bool, fresh: bool,
          seen: observe.Observation | None = None) -> str | None:
     """``handle`` one run, its line printed when it acted; one broken run never stops the others."""
     try:

@@ -32,9 +32,9 @@ from typing import Any
 
 from runner import ledger, policy, proc
 from runner import log as runner_log
-from runner.alerts import causes
+from runner.alerts import causes, nextstep
 from runner.errors import RunnerError
-from runner.host import nodes, notices, observe, scheduler, slurm, successor
+from runner.host import ending, nodes, notices, observe, scheduler, slurm, successor
 from runner.rundir import ATTEMPT_ENV, EXIT_PREFLIGHT, EXIT_SUPERSEDED, SUCCESSOR_ENV, RunDir, atomic_write, read_json
 from runner.spec.typed import read_resolved
 
@@ -54,9 +54,6 @@ def _alerts(run: RunDir, event: ledger.AlertEvent, decision: policy.Decision, re
     """The alerts of this exit, in order, from one read of the rank logs (the first one carries the cause)."""
     from runner import alerts
 
-    if event == "preflight_failed" and "cause" not in fields:  # a node it named: `_failure` said so already
-        fields["cause"] = str((read_json(run.preflight, {}) or {}).get("summary") or "preflight failed; see "
-                              "preflight.txt")
     base = alerts.alert_from_run(run.root, event, **fields)
     out = [base]
     if requeued:
@@ -84,44 +81,6 @@ def _batch_output(run: RunDir, job: str | None, rec: policy.Records) -> list[str
         return []
 
 
-def first_failure(run: RunDir, attempt: int, lines: list[str]
-                  ) -> tuple[causes.Failure | None, dict[int, Any]]:
-    """The first rank that failed in this attempt, its node and how (srun's words, the crash records), and the
-    attempt's crash records by rank."""
-    crashes = {int(p.stem.split("-")[1]): c for p in run.attempt_logs(attempt).glob("crash-*.json")
-               if p.stem.split("-")[1].isdigit() and isinstance(c := read_json(p), dict)}
-    return causes.first_failure(causes.srun_exits(lines), crashes), crashes
-
-
-def _failure(run: RunDir, event: str, rec: policy.Records, job: str | None = None
-             ) -> tuple[dict[str, Any] | None, list[str], causes.Cause | None, int | None]:
-    """What this attempt's own records say about its end: the launcher's crash record, the nodes a hang or the
-    preflight named, the cause in words for those runner detected itself (hang, node, nan) and for a failure the
-    first rank that failed (from srun's output and the crash records, before its peers' connection errors), and that
-    rank; from files the job wrote, never from Slurm (which may not answer)."""
-    number = os.environ.get(ATTEMPT_ENV, "")
-    attempt = int(number) if number.isdigit() else (run.attempts() or [0])[-1]
-    crash = run.first_crash(attempt) if event == "failed" else None
-    report = read_json(run.hang) if event == "hang" else read_json(run.preflight)
-    bad = nodes.named_by(event, report, attempt)
-    cause: causes.Cause | None = None
-    rank = None
-    first, crashes = first_failure(run, attempt, _batch_output(run, job, rec)) if event == "failed" else (None, {})
-    if first is not None:  # srun saw the first rank end: it, and how, is the cause
-        crash, cause, rank = crashes.get(first.rank) or crash, first.why, first.rank
-    elif crash:  # the launcher's own record beats a guess from the log tail
-        cause = causes.crashed(crash)
-    elif event == "hang" and isinstance(report, dict):
-        cause = causes.Cause("hang", str(report.get("summary", "hang")))
-    elif event == "preflight_failed" and bad and isinstance(report, dict):
-        cause = causes.Cause("bad_nodes", str(report.get("summary", "see preflight.txt")), node=", ".join(bad))
-    elif event == "nan":
-        last: Mapping[str, Any] = next((e for e in reversed(rec.events) if e["event"] == "nonfinite"), {})
-        step = last.get("step")
-        cause = causes.Cause("nan", str(last.get("what", "loss")), step=step if isinstance(step, int) else None)
-    return crash, bad, cause, rank
-
-
 def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
     """Decide, requeue first (Slurm may end the job any second), then record, then queue the alerts."""
     from runner import alerts
@@ -142,7 +101,10 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
         run.record("superseded", job_id=job, owner=rec.job_id, exit_code=rc)
         log.info("job %s was superseded by job %s: no checkpoint written, nothing else recorded", job, rec.job_id)
         return 0
-    crash, bad, own_cause, failed_rank = _failure(run, event, rec, job)
+    number = os.environ.get(ATTEMPT_ENV, "")
+    logs = int(number) if number.isdigit() else (run.attempts() or [0])[-1]  # the attempt's log folder
+    why = ending.why(run, event, logs, rec.events, causes.srun_exits(_batch_output(run, job, rec)))
+    crash, bad = why.crash, why.bad
     this_exit = {"event": "exit", "outcome": event, "crash": crash, "time": time.time()}
     probe_only = cfg["preflight"].get("only") is True  # `runner preflight`: a report, never a resubmission
     heir = _successor(observe.answer(seen, using=slurm.squeue_many))
@@ -154,34 +116,25 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
         if (complaint := slurm.delay_start(heir, decision.delay_s)) is not None:
             log.warning("successor job %s starts without its %.0f s backoff: %s", heir, decision.delay_s, complaint)
     if decision.action == "stop" and crash:
-        own_cause = causes.crashed(crash, "crash_loop")
+        why = dataclasses.replace(why, cause=causes.crashed(crash, "crash_loop"))
     if bad:
         nodes.record(run.root.parent, bad, "preflight" if event == "preflight_failed" else event, run.name,
-                     str(own_cause or ""))
+                     why.sentence or "")
     requeued, refusal = None, None
     if decision.action == "requeue" and job:
         # Slurm ends the job (SIGTERM, then SIGKILL after KillWait) once it accepts the requeue: finish the records.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         refusal = slurm.requeue(job)
         requeued = refusal is None
-    step = policy.next_step(event, decision, attempt, limits, requeued, [*rec.events, this_exit])
+    step = nextstep.next_step(event, decision, attempt, limits, requeued, [*rec.events, this_exit])
     common = {"job_id": job or "", "attempt": attempt, "nodes": os.environ.get("SLURM_JOB_NODELIST", ""),
-              "exit_code": rc, "next_step": step}
-    if own_cause and str(own_cause):  # a hang's report with an empty summary says nothing: guessed from the logs
-        common.update(cause=str(own_cause), cause_kind=own_cause.kind)
-    if failed_rank is not None:  # its log, not a peer's echo of its end
-        path = run.rank_log(failed_rank, int(os.environ.get(ATTEMPT_ENV, "0") or 0) or None)
-        common.update(log_tail=causes.read_tail(path)[-causes.TAIL_LINES:],
-                      extra={"log": str(path.relative_to(run.root))})
+              "exit_code": rc, "next_step": step, **ending.alert_fields(run, why, logs)}
     queued = _alerts(run, event, decision, requeued, **common) if event != "cancelled" and \
         ledger.is_alert_event(event) else []
     secrets = alerts.secrets_of(cfg["alerts"])
-    run.write_exit_status({"exit_code": rc, "job_id": job, "attempt": attempt, "signal": signal_name, "event": event,
-                           "time": time.time()})
-    cause = queued[0].cause if queued else None
-    ended: ledger.Exit = {"job_id": job, "exit_code": rc, "signal": signal_name, "outcome": event, "attempt": attempt,
-                          "cause": cause, "crash": crash, "nodes": bad}
-    run.record("exit", **alerts.redact_obj(ended, secrets))
+    ending.record(run, cfg["alerts"], {"job_id": job, "exit_code": rc, "signal": signal_name, "outcome": event,
+                                       "attempt": attempt, "cause": queued[0].cause if queued else None,
+                                       "crash": crash, "nodes": bad})
     if decision.action == "hand_over":
         run.record("handed_over", job_id=job, successor=heir, reason=event, attempt=attempt + 1,
                    delay_s=decision.delay_s)

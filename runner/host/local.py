@@ -35,8 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from runner import alerts, ledger, policy, redaction
+from runner.alerts import nextstep
 from runner.alerts.causes import RankExit, first_failure
 from runner.errors import SubmitError
+from runner.host import ending
 from runner.rundir import ATTEMPT_ENV, OWNER_FD_ENV, RunDir, atomic_write, read_json
 from runner.spec.typed import read_resolved
 
@@ -474,32 +476,19 @@ def run(run_dir: RunDir, world_size: int, owner: Owner, num_device: int | None =
 
 def _record_end(run_dir: RunDir, cfg: Any, att: _Attempt, attempt: int) -> int:
     codes = [next(e.code for e in att.exits if e.rank == r) for r in range(len(att.procs))]
-    crashes = {r: c for r in range(len(att.procs)) if isinstance(c := read_json(run_dir.crash_file(attempt, r)), dict)}
-    failure = first_failure(att.exits, crashes, att.killed_by_us)
+    failure = first_failure(att.exits, run_dir.crashes(attempt), att.killed_by_us)
     rc = failure.exit_code if failure else next((128 - c if c < 0 else c for c in codes if c != 0), 0)  # 137: KILL
     rec = policy.Records(events=run_dir.events(), exit_status=run_dir.exit_status_record(),
                          finished=run_dir.finished.exists())
     event = outcome(rec, rc, att.stop, policy.Limits.of(cfg))
-    why = failure.why if failure and event in ("failed", "hang") else None
-    cause = str(why) if why else None
-    if event == "hang" and isinstance(hang := read_json(run_dir.hang), dict) and \
-            hang.get("attempt") == attempt:
-        cause = str(hang.get("summary") or cause)
-    if event == "preflight_failed" and isinstance(pf := read_json(run_dir.preflight), dict):
-        cause = str(pf.get("summary") or cause)  # the ranks send no alert (no webhook there): the driver says why
-    secrets = alerts.secrets_of(cfg["alerts"])
-    run_dir.write_exit_status({"exit_code": rc, "codes": codes, "event": event, "attempt": attempt,
-                               "time": time.time()})
-    ended: ledger.Exit = {"exit_code": rc, "codes": codes, "outcome": event, "attempt": attempt, "cause": cause,
-                          "crash": crashes.get(failure.rank) if failure else None, "scheduler": "local"}
-    run_dir.record("exit", **alerts.redact_obj(ended, secrets))
-    _console(run_dir, event, rc, cause, failure.rank if failure else 0, attempt)
+    why = ending.why(run_dir, event, attempt, rec.events, att.exits, att.killed_by_us)
+    ending.record(run_dir, cfg["alerts"], {"exit_code": rc, "codes": codes, "outcome": event, "attempt": attempt,
+                                           "cause": why.sentence, "crash": why.crash, "scheduler": "local"})
+    _console(run_dir, event, rc, why.sentence, why.rank or 0, attempt)
     if event in LOCAL_ALERTS and ledger.is_alert_event(event):
-        fields: dict[str, Any] = {"cause": cause} if cause else {}
-        if why is not None and cause == str(why):  # not a hang's own summary
-            fields["cause_kind"] = why.kind
         alerts.notify(run_dir.root, cfg["alerts"], event, job_id="", attempt=attempt, nodes=socket.gethostname(),
-                      exit_code=rc, next_step=policy.next_step(event, by="local", run=run_dir.name), **fields)
+                      exit_code=rc, next_step=nextstep.next_step(event, by="local", run=run_dir.name),
+                      **ending.alert_fields(run_dir, why, attempt))
     return rc
 
 
@@ -521,4 +510,4 @@ def _console(run_dir: RunDir, event: str, rc: int, cause: str | None, rank: int,
         print(f"run {run_dir.root}: finished")
         return
     print(f"run {run_dir.root}: {event} (exit {rc})" + (f": {cause}" if cause else ""))
-    print(f"next: {policy.next_step(event, by='local', run=run_dir.name)}")
+    print(f"next: {nextstep.next_step(event, by='local', run=run_dir.name)}")

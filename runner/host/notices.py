@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from runner import alerts, policy, stragglers
+from runner.alerts import nextstep
 from runner.rundir import RunDir, locked
 from runner.spec.typed import RunConfig
 
@@ -23,7 +24,7 @@ def straggler_alert(run: RunDir, event: Mapping[str, Any], job_id: str | None) -
     x = event.get("compute_x") if forward else event.get("data_x")
     return alerts.Alert(event="straggler", run=run.name, run_dir=str(run.root), job_id=job_id or "",
                         attempt=int(event.get("attempt") or 1), nodes=str(event.get("node", "")),
-                        cause=stragglers.describe(event), next_step=policy.next_step("straggler"),
+                        cause=stragglers.describe(event), next_step=nextstep.next_step("straggler"),
                         extra={"rank": str(event.get("rank")), "node": str(event.get("node")),
                                "slower than the median": f"{x}x in {'forward' if forward else 'data wait'}"})
 

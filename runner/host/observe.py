@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from runner import policy
+from runner import policy, slurmstates
 from runner.errors import RunnerError
 from runner.host import scheduler, slurm, successor
 from runner.rundir import RunDir, read_json, read_regular
@@ -26,7 +26,7 @@ from runner.spec.typed import RunConfig, read_resolved
 
 # Whether Slurm's answer matters to a question, from the run's own records and manifest.
 Need = Callable[[policy.Records, Mapping[str, Any]], bool]
-Ask = Callable[[list[str]], Mapping[str, policy.JobInfo] | None]
+Ask = Callable[[list[str]], Mapping[str, slurmstates.JobInfo] | None]
 
 
 def never(rec: policy.Records, manifest: Mapping[str, Any]) -> bool:
@@ -92,8 +92,8 @@ class Observation:
     records: policy.Records
     manifest: Mapping[str, Any]
     needed: bool = False
-    job: policy.JobInfo | None = None
-    heir: policy.JobInfo | None = None
+    job: slurmstates.JobInfo | None = None
+    heir: slurmstates.JobInfo | None = None
     asked: bool = True
 
     @property
@@ -110,7 +110,7 @@ class Observation:
         """The resolved config, read on first use (a run settled by its records needs none)."""
         return read_resolved(self.run.config)
 
-    def answered(self, jobs: Mapping[str, policy.JobInfo] | None) -> Observation:
+    def answered(self, jobs: Mapping[str, slurmstates.JobInfo] | None) -> Observation:
         """This look with Slurm's answer (``None``: Slurm could not be asked); unchanged when it is not needed."""
         if not self.needed:
             return self
@@ -127,7 +127,7 @@ def look(run: RunDir, need: Need = never, strict: bool = False, job: str | None 
     return Observation(run, rec, manifest, needed=need(rec, manifest))
 
 
-def ask(looks: Iterable[Observation], using: Ask | None = None) -> Mapping[str, policy.JobInfo] | None:
+def ask(looks: Iterable[Observation], using: Ask | None = None) -> Mapping[str, slurmstates.JobInfo] | None:
     """One question to Slurm for every look that needs its answer (``slurm.ask_many`` unless ``using``)."""
     ids = [j for o in looks if o.needed for j in job_ids(o.records)]
     if not ids:
@@ -135,7 +135,7 @@ def ask(looks: Iterable[Observation], using: Ask | None = None) -> Mapping[str, 
     return (using or slurm.ask_many)(ids)
 
 
-def answer(seen: Observation, jobs: Mapping[str, policy.JobInfo] | None = None, asked: bool = True,
+def answer(seen: Observation, jobs: Mapping[str, slurmstates.JobInfo] | None = None, asked: bool = True,
            using: Ask | None = None) -> Observation:
     """A look with Slurm's answer where it needs one: ``jobs`` when the caller asked for many runs at once (``asked``
     False when it could not), else asked here for this run alone."""
@@ -144,7 +144,7 @@ def answer(seen: Observation, jobs: Mapping[str, policy.JobInfo] | None = None, 
     return seen.answered(ask([seen], using))
 
 
-def observe(run: RunDir, need: Need = never, jobs: Mapping[str, policy.JobInfo] | None = None, asked: bool = True,
+def observe(run: RunDir, need: Need = never, jobs: Mapping[str, slurmstates.JobInfo] | None = None, asked: bool = True,
             strict: bool = False, job: str | None = None, using: Ask | None = None) -> Observation:
     """One look at a run (``look``) with Slurm's answer where ``need`` says it matters (``answer``)."""
     return answer(look(run, need, strict, job), jobs, asked, using)

@@ -27,6 +27,7 @@ from typing import Any, cast
 import yaml
 
 from runner import __version__, ledger, proc, spec
+from runner.alerts import nextstep
 from runner.errors import RunnerError
 from runner.log import one_line
 from runner.parallel import plan as P
@@ -284,10 +285,9 @@ def _alert(p: Plan, event: ledger.AlertEvent, log_path: Path, **fields: Any) -> 
     from runner import alerts
 
     tail = log_path.read_text(errors="replace").splitlines()[-20:] if log_path.exists() else []
-    from runner import policy
 
     alerts.notify(p.run.root, p.cfg.data["alerts"], event, log_tail=tail,
-                  next_step=policy.next_step(event, by="parallel", run=p.run.name), **fields)
+                  next_step=nextstep.next_step(event, by="parallel", run=p.run.name), **fields)
 
 
 def _report(p: Plan, done: int, failures: dict[int, str],

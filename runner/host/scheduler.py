@@ -20,7 +20,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from runner import alerts, ledger, policy, spec
+from runner import alerts, ledger, policy, slurmstates, spec
+from runner.alerts import nextstep
 from runner.errors import SubmitError
 from runner.host import local, nodes, slurm, successor
 from runner.host.local import Owner
@@ -63,8 +64,8 @@ class Scheduler:
         """Start the next attempt of a stopped run (``runner resume``); returns the CLI's exit code."""
         raise SubmitError(f"{run.root}: no scheduler to start it under; expected scheduler: local or slurm")
 
-    def state(self, run: RunDir, rec: policy.Records, job: policy.JobInfo | None,
-              heir: policy.JobInfo | None) -> str:
+    def state(self, run: RunDir, rec: policy.Records, job: slurmstates.JobInfo | None,
+              heir: slurmstates.JobInfo | None) -> str:
         """The run's state as ``runner status`` shows it, from its records and the queue's answer (when asked)."""
         return policy.run_state(rec, job, heir)
 
@@ -106,8 +107,8 @@ class Local(Scheduler):
         run.record("resubmitted", scheduler="local", by="user")
         return local.run(run, cfg["num_nodes"] * cfg["num_device"], owner)
 
-    def state(self, run: RunDir, rec: policy.Records, job: policy.JobInfo | None,
-              heir: policy.JobInfo | None) -> str:
+    def state(self, run: RunDir, rec: policy.Records, job: slurmstates.JobInfo | None,
+              heir: slurmstates.JobInfo | None) -> str:
         return policy.local_run_state(rec, local.held(run))  # its processes hold its lock while any lives
 
     def ended(self, run: RunDir, job: str | None, events: Sequence[Mapping[str, Any]]) -> bool | None:
@@ -160,7 +161,7 @@ class Slurm(Scheduler):
         print(f"resubmitted job {job_id}: {run.root}")
         return 0
 
-    def resubmit(self, run: RunDir, cfg: RunConfig, reason: str, by: policy.By = "cron") -> str:
+    def resubmit(self, run: RunDir, cfg: RunConfig, reason: str, by: nextstep.By = "cron") -> str:
         """sbatch the run's script again, make the new job the run's owner, record it and alert; returns the id.
 
         A successor still queued behind an earlier job is cancelled (it would step aside anyway); with
@@ -173,7 +174,7 @@ class Slurm(Scheduler):
             fields["bad_nodes_let_in"] = let_in
         run.record("resubmitted", **fields)
         alerts.notify(run.root, cfg["alerts"], "resubmitted", job_id=job_id, attempt=attempt,
-                      next_step=policy.next_step("resubmitted", policy.Decision("resubmit", reason), attempt,
+                      next_step=nextstep.next_step("resubmitted", policy.Decision("resubmit", reason), attempt,
                                                  by=by, job_id=job_id))
         return job_id
 

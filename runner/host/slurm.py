@@ -22,11 +22,11 @@ from collections.abc import Iterable, Sequence
 
 from runner import proc
 from runner.errors import SubmitError
-from runner.policy import TERMINAL as TERMINAL  # Slurm's vocabulary is part of the decisions: see runner.policy
-from runner.policy import JobInfo as JobInfo
-from runner.policy import base_state as base_state
-from runner.policy import normalize as normalize
 from runner.rundir import SUCCESSOR_ENV
+from runner.slurmstates import TERMINAL as TERMINAL  # Slurm's vocabulary, shared with the decisions (runner.policy)
+from runner.slurmstates import JobInfo as JobInfo
+from runner.slurmstates import base_state as base_state
+from runner.slurmstates import normalize as normalize
 
 SACCT_FIELDS = ("JobID", "State", "ExitCode", "NodeList", "Start", "End", "Elapsed")
 SQUEUE_FORMAT = "%i|%T|%r|%N"

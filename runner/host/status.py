@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from runner import checkpoint, goodput, policy, redaction, stragglers
+from runner import checkpoint, goodput, policy, redaction, slurmstates, stragglers
 from runner import log as runner_log
 from runner.errors import InputError, RunnerError
 from runner.host import observe, scheduler
@@ -82,7 +82,7 @@ def find_run(name: str, root: Path) -> RunDir:
     return RunDir((root / max(group, key=lambda e: (_run_name(e)[1], e))).resolve())
 
 
-def row(run: RunDir, jobs: Mapping[str, policy.JobInfo] | None = None,
+def row(run: RunDir, jobs: Mapping[str, slurmstates.JobInfo] | None = None,
         last: tuple[int, Path] | None | Literal["find"] = "find") -> dict[str, Any]:
     """One run's status; ``jobs`` is Slurm's answer for many runs at once (asked here when not given), ``last`` the
     newest complete checkpoint where the caller found it already (``runner report`` reads every manifest)."""
