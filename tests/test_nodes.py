@@ -22,19 +22,19 @@ def test_remembered_nodes_decay_and_can_be_cleared(tmp_path: Path) -> None:
     nodes.record(tmp_path, ["n3"], "preflight", "run-b", now=5 * H)
     assert sorted(nodes.remembered(tmp_path, 6 * H, now=5 * H)) == ["n1", "n2", "n3"]
     assert sorted(nodes.remembered(tmp_path, 6 * H, now=7 * H)) == ["n3"]  # n1, n2 decayed
-    assert nodes.exclude_args(tmp_path, 6 * H, now=5 * H) == ["--exclude=n1,n2,n3"]
+    assert nodes.exclude(nodes.remembered(tmp_path, 6 * H, now=5 * H)) == ["--exclude=n1,n2,n3"]
     assert nodes.clear(tmp_path, "n3", now=5 * H)
     assert not nodes.clear(tmp_path, "n9", now=5 * H)
-    assert nodes.exclude_args(tmp_path, 6 * H, now=5 * H) == ["--exclude=n1,n2"]
+    assert nodes.exclude(nodes.remembered(tmp_path, 6 * H, now=5 * H)) == ["--exclude=n1,n2"]
     nodes.record(tmp_path, ["n3"], "node_fail", "run-c", now=6 * H)  # bad again after a clear
     assert nodes.remembered(tmp_path, 6 * H, now=6 * H)["n3"]["cause"] == "node_fail"
-    assert nodes.exclude_args(tmp_path, 0, now=6 * H + 1) == []
+    assert nodes.exclude(nodes.remembered(tmp_path, 0, now=6 * H + 1)) == []
 
 
 @pytest.mark.parametrize("name", ["n1;rm -rf /", "", "-x", "n 1", "a" * 65, "n1\n"])
 def test_a_name_that_is_not_a_hostname_never_reaches_sbatch(tmp_path: Path, name: str) -> None:
     assert nodes.record(tmp_path, [name], "hang", "run") == []
-    assert nodes.exclude_args(tmp_path, H) == []
+    assert nodes.exclude(nodes.remembered(tmp_path, H)) == []
 
 
 def test_torn_and_foreign_lines_are_skipped(tmp_path: Path) -> None:

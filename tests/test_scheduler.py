@@ -73,6 +73,39 @@ def test_the_dry_run_names_the_command_each_scheduler_starts(tmp_path: Path) -> 
     assert not any(n.startswith("successor:") for n in local.notes)
 
 
+def _facts(tmp_path: Path, *overrides: str, bad: tuple[str, ...] = ()) -> submit.Facts:
+    """A plan's facts made by hand: no git, no podman, no nodes file, no clock."""
+    run = RunDir(tmp_path / "runs" / "quickstart-20260101-000000")
+    cfg = spec.load(QUICKSTART, [f"run_root={tmp_path / 'runs'}", *overrides], run_dir=str(run.root))
+    return submit.Facts(cfg, run, "img.sif", None, None, {"commit": "abc"}, "", [], list(bad), "login1", "/work",
+                        1.0)
+
+
+def test_a_plan_is_its_facts_alone(tmp_path: Path) -> None:
+    """``submit.make`` asks the system nothing: the same facts give the same plan, and no file is written."""
+    f = _facts(tmp_path, "scheduler=slurm", "container.runtime=none")
+    a = submit.make(f, QUICKSTART, ["scheduler=slurm"])
+    assert str(a) == str(submit.make(f, QUICKSTART, ["scheduler=slurm"]))
+    assert not (tmp_path / "runs").exists()
+    assert '"created": 1.0' in a.files["manifest.json"] and '"host": "login1"' in a.files["manifest.json"]
+
+
+def test_the_dry_run_lists_every_command_a_submission_may_run(tmp_path: Path) -> None:
+    """The bad nodes left out, each fallback sbatch lets the oldest back in, and the successor's sbatch."""
+    f = _facts(tmp_path, "scheduler=slurm", "container.runtime=none", "resume.successor=true", bad=("n3", "n1"))
+    p = submit.make(f, QUICKSTART, [])
+    script = str(f.run.script)
+    assert p.argv == ["sbatch", "--parsable", "--exclude=n1,n3", script]
+    also = [n for n in p.notes if n.startswith("may also run:")]
+    assert also == [f"may also run:  sbatch --parsable --exclude=n1 {script}  (sbatch refused it: n3 let back in)",
+                    f"may also run:  sbatch --parsable {script}  (sbatch refused it: n3,n1 let back in)",
+                    f"may also run:  sbatch --parsable --exclude=n1,n3 --dependency=afternotok:JOB "
+                    f"--kill-on-invalid-dep=yes {script}  (the successor, JOB being the job sbatch named)"]
+    assert all(line in str(p) for line in also)
+    local = submit.make(_facts(tmp_path, "scheduler=local", bad=("n3",)), QUICKSTART, [])
+    assert not [n for n in local.notes if n.startswith(("may also run:", "bad nodes:"))]  # no queue, no nodes
+
+
 def test_a_local_run_without_its_lock_is_not_running(tmp_path: Path) -> None:
     """Its processes hold the owner lock while any lives: none holds it, so the ledger's start is history."""
     run = RunDir(tmp_path / "r")

@@ -101,12 +101,8 @@ def remembered(root: Path, forget_after_s: float, now: float | None = None) -> d
     return bad
 
 
-def exclude_args(root: Path, forget_after_s: float, now: float | None = None) -> list[str]:
+def exclude(nodes: Iterable[str]) -> list[str]:
     """``["--exclude=n1,n3"]`` for sbatch, or ``[]``."""
-    return _exclude(remembered(root, forget_after_s, now))
-
-
-def _exclude(nodes: Iterable[str]) -> list[str]:
     names = sorted(nodes)
     return [f"--exclude={','.join(names)}"] if names else []
 
@@ -125,7 +121,7 @@ def submit(script: str, root: Path, forget_after_s: float, after: str | None = N
     while True:
         keep = bad[let_in:]
         try:
-            job = slurm.submit(script, extra=_exclude(keep), after=after)
+            job = slurm.submit(script, extra=exclude(keep), after=after)
         except SubmitError as e:
             if not keep or not any(r in str(e) for r in REFUSALS):
                 raise

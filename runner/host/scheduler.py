@@ -18,6 +18,7 @@ import shutil
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from runner import alerts, ledger, policy, slurmstates, spec
@@ -27,6 +28,16 @@ from runner.host import local, nodes, slurm, successor
 from runner.host.local import Owner
 from runner.rundir import RunDir, atomic_write
 from runner.spec.typed import RunConfig, read_resolved
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How a scheduler starts a run: the command, every other command it may run instead or after (each with why),
+    and what the dry run says about them."""
+
+    argv: list[str]
+    also: list[tuple[list[str], str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
 class Scheduler:
@@ -48,8 +59,9 @@ class Scheduler:
         """Whether an attempt runs in the config's image (``runner submit`` then checks the image first)."""
         return False
 
-    def launch(self, run: RunDir, cfg: spec.Config) -> tuple[list[str], list[str]]:
-        """The command that starts an attempt, and what the plan says about it (``--dry-run`` prints both)."""
+    def launch(self, run: RunDir, cfg: spec.Config, bad_nodes: Sequence[str]) -> Launch:
+        """The command that starts an attempt, every other command starting it may run, and what the plan says about
+        them (``--dry-run`` prints all three). ``bad_nodes``: those the run root remembers, oldest first."""
         raise SubmitError(f"{run.root}: no scheduler to start it under; expected scheduler: local or slurm")
 
     def start(self, run: RunDir, world_size: int) -> int:
@@ -91,8 +103,8 @@ class Local(Scheduler):
     def refusal(self, cfg: spec.Config) -> str | None:
         return local.runtime_refusal(cfg.path, cfg.data["container"]["runtime"])
 
-    def launch(self, run: RunDir, cfg: spec.Config) -> tuple[list[str], list[str]]:
-        return [sys.executable, "-m", "runner.job.launch", str(run.root)], []
+    def launch(self, run: RunDir, cfg: spec.Config, bad_nodes: Sequence[str]) -> Launch:
+        return Launch([sys.executable, "-m", "runner.job.launch", str(run.root)])
 
     def start(self, run: RunDir, world_size: int) -> int:
         owner = local.acquire(run)  # before the ledger says submitted: a live run always holds its lock
@@ -125,16 +137,19 @@ class Slurm(Scheduler):
     def uses_image(self, cfg: spec.Config) -> bool:
         return cfg.data["container"]["runtime"] != "none"
 
-    def launch(self, run: RunDir, cfg: spec.Config) -> tuple[list[str], list[str]]:
-        extra = nodes.exclude_args(run.root.parent, cfg.data["resume"]["exclude_nodes_s"])
-        notes = []
-        if extra:
-            notes.append(f"bad nodes:     {extra[0].split('=', 1)[1]} left out (`runner nodes` lists why); where "
+    def launch(self, run: RunDir, cfg: spec.Config, bad_nodes: Sequence[str]) -> Launch:
+        script, notes, also = str(run.script), [], []
+        if bad_nodes:
+            notes.append(f"bad nodes:     {','.join(sorted(bad_nodes))} left out (`runner nodes` lists why); where "
                          "sbatch refuses that, the oldest are let back in one by one (ledger: bad_nodes_let_in)")
+            also = [(slurm.sbatch_argv(script, nodes.exclude(bad_nodes[n:])), f"sbatch refused it: "
+                     f"{','.join(bad_nodes[:n])} let back in") for n in range(1, len(bad_nodes) + 1)]
         if cfg.data["resume"]["successor"]:
             notes.append("successor:     the next attempt is queued behind each job (sbatch --dependency=afternotok:"
                          "JOB --kill-on-invalid-dep=yes, resume.successor)")
-        return slurm.sbatch_argv(str(run.script), extra), notes  # what nodes.submit runs first
+            also.append((slurm.sbatch_argv(script, nodes.exclude(bad_nodes), after="JOB"),
+                         "the successor, JOB being the job sbatch named"))
+        return Launch(slurm.sbatch_argv(script, nodes.exclude(bad_nodes)), also, notes)  # what nodes.submit runs first
 
     def start(self, run: RunDir, world_size: int) -> int:
         """``sbatch`` the run's script and record the job id.

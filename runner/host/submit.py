@@ -22,7 +22,7 @@ import yaml
 
 from runner import __version__, alerts, policy, spec
 from runner.errors import ConfigError, SubmitError
-from runner.host import build, render, scheduler
+from runner.host import build, nodes, render, scheduler
 from runner.host.provenance import git_provenance
 from runner.rundir import RunDir, atomic_write, read_json
 from runner.spec.load import fill_builtins
@@ -106,51 +106,82 @@ def _spec_hash(cfg: spec.Config) -> str | None:
     return render.spec_hash(cfg, build.image_code_files(cfg))
 
 
+@dataclass(frozen=True)
+class Facts:
+    """Everything a submission's plan is made of that the system answers: gathered once, first (``gather``), so
+    that ``make`` is a function of these alone and every plan can be tested as a value."""
+
+    cfg: spec.Config  # loaded with the run directory's name
+    run: RunDir  # a free name when gathered (``claim`` takes it)
+    image: str
+    image_problem: str | None  # podman's or the image file's answer (``check_image``)
+    spec_hash: str | None  # of the image's spec and the code files copied into it
+    git: dict[str, Any]  # the config's provenance, without the diff
+    diff: str  # only ever written to a private file
+    secrets: list[str]  # the alert URL, to redact wherever it would land
+    bad_nodes: list[str]  # the nodes the run root remembers as bad, oldest first (a Slurm job leaves them out)
+    host: str
+    cwd: str  # where a program (command:) runs, as sbatch runs a job where it was submitted
+    now: float
+
+
+def gather(path: Path, overrides: list[str], allow_missing_image: bool = False) -> Facts:
+    """Ask the system what the plan needs: the config (loaded again with the free run directory's name, which
+    ``${run_dir}`` may name), the image, git, the alert URL, the remembered bad nodes, the clock."""
+    run = new_run_dir(spec.load(path, overrides))
+    cfg = spec.load(path, overrides, run_dir=str(run.root))
+    git = git_provenance(path.resolve().parent)
+    diff = str(git.pop("diff") or "")  # only in a private file: it may hold a token (see runner.host.provenance)
+    bad = nodes.remembered(run.root.parent, cfg.data["resume"]["exclude_nodes_s"]) \
+        if scheduler.of(cfg.data["scheduler"]).queue else {}
+    image = build.image_path(cfg)
+    return Facts(cfg, run, image, check_image(cfg, image, allow_missing_image), _spec_hash(cfg), git, diff,
+                 alerts.secrets_of(cfg.data["alerts"]), [n for n, _ in sorted(bad.items(), key=lambda kv: (
+                     kv[1]["time"], kv[0]))], socket.gethostname(), os.getcwd(), time.time())
+
+
 def plan(path: Path, overrides: list[str], allow_missing_image: bool = False) -> Plan:
-    """Validate and render everything for a submission, without touching the system."""
-    rd_path = None
-    cfg = spec.load(path, overrides)
-    run = new_run_dir(cfg)
-    rd_path = run.root
-    cfg = spec.load(path, overrides, run_dir=str(rd_path))
+    """Validate and render everything for a submission, without changing anything (``--dry-run`` prints it)."""
+    return make(gather(path, overrides, allow_missing_image), path, overrides, allow_missing_image)
+
+
+def make(f: Facts, path: Path, overrides: list[str], allow_missing_image: bool = False) -> Plan:
+    """The plan from its facts alone: the run directory's files, the command that starts the run and every other
+    command the submission may run, and what the dry run says about them."""
+    cfg, run = f.cfg, f.run
     sched = scheduler.of(cfg.data["scheduler"])
     if why := sched.refusal(cfg):
         raise ConfigError([why])
-    image = build.image_path(cfg)
-    image_problem = check_image(cfg, image, allow_missing_image)
-    git = git_provenance(path.resolve().parent)
-    diff = str(git.pop("diff") or "")  # only in a private file: it may hold a token (see runner.host.provenance)
-    secrets = alerts.secrets_of(cfg.data["alerts"])
     manifest = alerts.redact_obj({
         "runner_version": __version__, "config_hash": cfg.hash(), "config_file": str(path.resolve()),
-        "overrides": overrides, "scheduler": cfg.data["scheduler"], "image": image,
-        "runtime": cfg.data["container"]["runtime"], "spec_hash": _spec_hash(cfg), "world_size": cfg.world_size,
-        "global_batch": cfg.global_batch, "accumulate_grad_batches": cfg.accumulate, "git": git,
-        "created": time.time(), "host": socket.gethostname(), "data_module": data_module(cfg),
-        "cwd": os.getcwd()}, secrets)  # where a program (command:) runs, as sbatch runs a job where it was submitted
+        "overrides": overrides, "scheduler": cfg.data["scheduler"], "image": f.image,
+        "runtime": cfg.data["container"]["runtime"], "spec_hash": f.spec_hash, "world_size": cfg.world_size,
+        "global_batch": cfg.global_batch, "accumulate_grad_batches": cfg.accumulate, "git": f.git,
+        "created": f.now, "host": f.host, "data_module": data_module(cfg), "cwd": f.cwd}, f.secrets)
     files = {run.config.name: spec.dump(cfg.data),  # named relative to the run directory, by RunDir
              run.manifest.name: json.dumps(manifest, indent=2) + "\n",
-             run.script.name: render.sbatch(cfg, rd_path, image, os.getcwd())}
+             run.script.name: render.sbatch(cfg, run.root, f.image, f.cwd)}
     if cfg.document is not None:  # program mode: the program's config, ${program_config} in the command
-        python = render.program_python(cfg, rd_path, image, os.getcwd())
+        python = render.program_python(cfg, run.root, f.image, f.cwd)
         files[str(run.program_config(cfg.path.name).relative_to(run.root))] = \
             spec.dump(fill_builtins(cfg.document, {"container_python": python}))
-    argv, launch_notes = sched.launch(run, cfg)
+    start = sched.launch(run, cfg, f.bad_nodes)
     notes = [f"global batch:  {cfg.global_batch} = {cfg.local_batch} x {cfg.world_size} ranks x "
              f"{cfg.accumulate} accumulation" if cfg.takes_dataloader is not False else
              "global batch:  the data module's own (it does not take runner's dataloader settings)"]
     if cfg.data["command"] is not None:
         notes = [f"program:       {shlex.join(cfg.data['command'])} (on every rank; its config: "
                  f"program/{cfg.path.name})", "global batch:  the program's own"]
-    notes += launch_notes
-    if image_problem:
-        notes.append(f"image check:   {image_problem} (runner submit refuses without --allow-missing-image)")
+    notes += start.notes
+    notes += [f"may also run:  {shlex.join(argv)}  ({why})" for argv, why in start.also]
+    if f.image_problem:
+        notes.append(f"image check:   {f.image_problem} (runner submit refuses without --allow-missing-image)")
     notes += [f"note:          {n}" for n in cfg.notes]
-    private = {run.git_diff.name: alerts.redact(diff, secrets)} if diff else {}
+    private = {run.git_diff.name: alerts.redact(f.diff, f.secrets)} if f.diff else {}
     if hidden := render.secret_env_file(cfg.data["env"]):
         private[run.secret_env.name] = hidden  # what the script sources: the one place an env: secret is written
     files = {name: alerts.redact(text) for name, text in files.items()}  # --dry-run prints them
-    return Plan(RunDir(rd_path), files, argv, cfg.data["scheduler"], cfg.world_size, notes, image_problem,
+    return Plan(run, files, start.argv, cfg.data["scheduler"], cfg.world_size, notes, f.image_problem,
                 private=private, warnings=cfg.notes, source=(path, list(overrides), allow_missing_image))
 
 
