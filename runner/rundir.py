@@ -566,24 +566,3 @@ EXIT_SUPERSEDED = 78  # another job owns the run now (its job_id): this one stop
 EXIT_NONFINITE = 80  # the non-finite guard stopped training (a NaN/inf loss or gradient) before a checkpoint of it
 EXIT_HANG = 79  # the hang watchdog stopped a job whose steps stopped advancing (hang.json says who, where)
 EXIT_PROGRAM = 81  # program mode: the command cannot start, trains nothing, or trains another world size
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m runner.rundir attempt RUN_DIR``: the batch script claims its attempt (``RunDir.new_attempt``) and
-    reads the number from stdout; exit 1, with the folder named, when it cannot be created."""
-    import sys
-
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2 or args[0] != "attempt":
-        print("usage: python -m runner.rundir attempt RUN_DIR", file=sys.stderr)
-        return 2
-    try:
-        print(RunDir(Path(args[1])).new_attempt(make_logs=False))
-    except OSError as e:
-        print(f"runner: cannot create {e.filename}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -18,6 +18,7 @@ from runner import spec
 from runner.errors import ConfigError
 from runner.host import render
 from runner.rundir import EXIT_SUPERSEDED, RunDir
+from tests import waiting
 
 pytestmark = pytest.mark.unit
 
@@ -132,8 +133,8 @@ def test_hostile_env_values_stay_literal(values: list[str], tmp_path: Path) -> N
     cfg = spec.load(GOLDEN_CONF, overrides, run_dir=str(RUN_DIR))
     cfg.data["env"] = env
     script = render.sbatch(cfg, RUN_DIR, "/img.sif")
-    # Execute only the part that sets variables (up to the rendezvous), then dump them NUL-separated.
-    head = script.split("# Rendezvous")[0]
+    # Execute only the part that sets variables (up to the private secrets file), then dump them NUL-separated.
+    head = script.split("# env: values that are secrets")[0]
     probe = head + "\nfor v in " + " ".join(env) + '; do printf "%s\\0" "${!v}"; done\n'
     out = subprocess.run(["bash", "-c", probe], capture_output=True, timeout=30, env={"PATH": os.environ["PATH"]})
     assert out.returncode == 0, out.stderr
@@ -168,73 +169,110 @@ def test_no_template_logic_reads_undefined_values() -> None:
                     assert "|q" in expr.replace(" ", "") or expr.strip() in validated, line
 
 
+def _begin_env(tmp_path: Path, **more: str) -> dict[str, str]:
+    """A batch host's environment for ``jobhook begin``: job 13 on one node (no scontrol needed for one name)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RUNNER_"))}
+    return {**env, "SLURM_JOB_ID": "13", "SLURM_JOB_NODELIST": "n1", "PYTHONPATH": str(REPO), **more}
+
+
+def _begin(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "runner.host.jobhook", "begin", str(tmp_path)], capture_output=True,
+                          text=True, timeout=60, env=_begin_env(tmp_path, **env))
+
+
 @pytest.mark.local
 @pytest.mark.parametrize(("owner", "trains"), [("14", False), ("13", True), ("", True), (None, True)])
 def test_a_superseded_job_steps_aside(owner: str | None, trains: bool, tmp_path: Path) -> None:
     """Slurm may requeue a job that `runner cron` already resubmitted: the older job id must not train."""
-    text = artifacts()["job.sbatch"]
-    guard = text[text.index("# One job trains"):text.index("# Each attempt")]
+    (tmp_path / "logs").mkdir()
     if owner is not None:
         (tmp_path / "job_id").write_text(owner + "\n")
-    script = f"set -uo pipefail\nRUN_DIR={tmp_path}\nSLURM_JOB_ID=13\n{guard}\necho TRAINING\n"
-    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=10)
+    out = _begin(tmp_path)
     assert out.returncode == (0 if trains else EXIT_SUPERSEDED)  # the exit hook records 78 as superseded
-    assert ("TRAINING" in out.stdout) == trains
     assert ("superseded by job 14" in out.stderr) == (not trains)
+    assert ("export RUNNER_ATTEMPT=1\n" in out.stdout) == trains  # an attempt is claimed only to train
+    assert RunDir(tmp_path).attempts() == ([1] if trains else [])
+
+
+@pytest.mark.parametrize(("follows", "claim_rc", "trains"), [("12", 0, True), ("12", EXIT_SUPERSEDED, False),
+                                                             ("", EXIT_SUPERSEDED, True)])
+def test_a_successor_claims_the_run_or_steps_aside(follows: str, claim_rc: int, trains: bool, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """resume.successor: only a successor (RUNNER_SUCCESSOR_OF set) asks to claim the run, and steps aside on a no."""
+    from runner.host import jobhook
+
+    asked: list[Path] = []
+    monkeypatch.setattr(jobhook, "claim", lambda run: asked.append(run.root) or claim_rc)
+    for key, value in _begin_env(tmp_path, RUNNER_SUCCESSOR_OF=follows).items():
+        monkeypatch.setenv(key, value)
+    (tmp_path / "logs").mkdir()
+    code, env = jobhook.begin(RunDir(tmp_path), "")
+    assert code == (0 if trains else EXIT_SUPERSEDED) and bool(env) == trains
+    assert asked == ([tmp_path] if follows else [])
+
+
+def test_an_attempt_gets_its_rendezvous_from_its_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The attempt's variables come from one builder (runner.world): the first node, ports from the job id."""
+    from runner.host import jobhook
+
+    for key, value in _begin_env(tmp_path, SLURM_JOB_ID="20013").items():
+        monkeypatch.setenv(key, value)
+    (tmp_path / "logs").mkdir()
+    code, env = jobhook.begin(RunDir(tmp_path), "")
+    assert code == 0 and env == {"MASTER_ADDR": "n1", "MASTER_PORT": "10026", "RUNNER_PREFLIGHT_PORT": "10027",
+                                 "RUNNER_RUN_DIR": str(tmp_path), "RUNNER_ATTEMPT": "1"}
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "")
+    assert jobhook.begin(RunDir(tmp_path), "") == (1, {})  # no rendezvous: no rank starts
 
 
 @pytest.mark.local
-@pytest.mark.parametrize(("follows", "claim_rc", "trains"), [("12", 0, True), ("12", 1, False), ("", 1, True)])
-def test_a_successor_claims_the_run_or_steps_aside(follows: str, claim_rc: int, trains: bool, tmp_path: Path) -> None:
-    """resume.successor: only a successor (RUNNER_SUCCESSOR_OF set) asks the claim hook, and steps aside on a no."""
-    assert "RUNNER_SUCCESSOR_OF" not in artifacts()["job.sbatch"]  # off by default: not even rendered
-    text = artifacts(["resume.successor=true"])["job.sbatch"]
-    guard = text[text.index("# resume.successor"):text.index("# Each attempt")]
-    fake = tmp_path / "python"
-    fake.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/asked\nexit {claim_rc}\n")
-    fake.chmod(0o755)
-    script = f"set -uo pipefail\nRUN_DIR={tmp_path}\nRUNNER_PY={fake}\nRUNNER_SUCCESSOR_OF={follows}\n{guard}\n" \
-             "echo TRAINING\n"
-    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=10)
-    assert out.returncode == (0 if trains else EXIT_SUPERSEDED)
-    assert ("TRAINING" in out.stdout) == trains
-    asked = (tmp_path / "asked").read_text().strip() if (tmp_path / "asked").exists() else None
-    assert asked == (f"-m runner.host.jobhook claim {tmp_path}" if follows else None)
+def test_the_script_exports_what_begin_prints_and_exits_with_its_code(tmp_path: Path) -> None:
+    """The batch script only calls: a refusal's code ends it (the exit hook then records it), the attempt's
+    variables reach the ranks' environment, even from a refused image (77), so the exit hook knows the attempt."""
+    text = artifacts()["job.sbatch"]
+    part = text[text.index("begun=$("):text.index("# Bookkeeping only")]
+    for code in (0, 77, EXIT_SUPERSEDED):
+        fake = tmp_path / "python"
+        fake.write_text(f"#!/bin/sh\necho 'export RUNNER_ATTEMPT=4'\necho \"export MASTER_ADDR='n 1'\"\nexit {code}\n")
+        fake.chmod(0o755)
+        script = f"set -uo pipefail\nRUN_DIR={tmp_path}\nRUNNER_PY={fake}\ngot_signal=\n" \
+                 f"trap 'printenv RUNNER_ATTEMPT MASTER_ADDR' EXIT\n{part}\necho TRAINING\n"
+        out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=10)
+        assert out.returncode == code and ("TRAINING" in out.stdout) == (code == 0)
+        assert out.stdout.endswith("4\nn 1\n")
 
 
 @pytest.mark.local
 def test_each_batch_attempt_claims_its_own_log_folder(tmp_path: Path) -> None:
     """A requeue or resubmission runs the script again: each run claims a new logs/attempt-N, even at once."""
-    text = artifacts()["job.sbatch"]
-    claim = text[text.index("# Each attempt"):text.index("# Bookkeeping only")]
-    script = (f"set -uo pipefail\nRUN_DIR={tmp_path}\nRUNNER_PY={sys.executable}\ngot_signal=\n{claim}\n"
-              "printenv RUNNER_ATTEMPT\n")
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / "attempt-1").mkdir()  # the first attempt
-    starts = [subprocess.Popen(["bash", "-c", script], stdout=subprocess.PIPE, text=True) for _ in range(4)]
-    claimed = sorted(int(p.communicate(timeout=10)[0]) for p in starts)
+    starts = [subprocess.Popen([sys.executable, "-m", "runner.host.jobhook", "begin", str(tmp_path)],
+                               stdout=subprocess.PIPE, text=True, env=_begin_env(tmp_path)) for _ in range(4)]
+    claimed = sorted(int(re.findall(r"RUNNER_ATTEMPT=(\d+)", p.communicate(timeout=60)[0])[0]) for p in starts)
     assert claimed == [2, 3, 4, 5]
     assert RunDir(tmp_path).attempts() == [1, 2, 3, 4, 5]
     (tmp_path / "logs").rename(tmp_path / "elsewhere")
-    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=10)
-    assert out.returncode == 1 and out.stderr == f"runner: cannot create {tmp_path}/logs/attempt-1\n"
+    out = _begin(tmp_path)
+    assert out.returncode == 1 and f"cannot create {tmp_path}/logs/attempt-1" in out.stderr and not out.stdout
 
 
 @pytest.mark.local
 def test_the_stop_signal_waits_for_every_rank_to_be_ready(tmp_path: Path) -> None:
-    """The batch script's to_ranks: written down at once; sent to the step only when all 32 ranks (4 nodes x 8) said
-    they are ready, since a rank without its handler dies of SIGUSR2."""
+    """The signal hook: written down at once; sent to the step only when all 32 ranks (4 nodes x 8) said they are
+    ready, since a rank without its handler dies of SIGUSR2."""
     text = artifacts()["job.sbatch"]
-    to_ranks = text[text.index("to_ranks() {"):text.index("on_signal() {")]
-    assert "-ge 32 ]" in to_ranks
+    assert "--world 32 &" in text[text.index("to_ranks() {"):text.index("on_signal() {")]
     attempt = tmp_path / "signals" / "attempt-1"
     (attempt / "ready").mkdir(parents=True)
     got = tmp_path / "got"
     # The step: reports the signal it gets; a plain sleep stands in for srun.
     step = subprocess.Popen(["bash", "-c", f"trap 'echo USR2 > {got}; exit 0' USR2; while true; do sleep 0.05; done"])
     try:
-        script = f'set -uo pipefail\nsignal_dir={attempt}\nstep_pid={step.pid}\n{to_ranks}\nto_ranks USR2\n'
-        subprocess.run(["bash", "-c", script], check=True, timeout=10)
+        hook = subprocess.Popen([sys.executable, "-m", "runner.host.jobhook", "signal", "--name", "USR2", "--pid",
+                                 str(step.pid), "--world", "32", str(tmp_path)],
+                                env=_begin_env(tmp_path, RUNNER_ATTEMPT="1"))
+        waiting.until("the signal written down", (attempt / "signal").exists, 30)
         assert (attempt / "signal").read_text() == "USR2\n"
         for rank in range(31):
             (attempt / "ready" / f"rank-{rank:05d}").touch()
@@ -242,5 +280,7 @@ def test_the_stop_signal_waits_for_every_rank_to_be_ready(tmp_path: Path) -> Non
             step.wait(timeout=1)
         (attempt / "ready" / "rank-00031").touch()
         assert step.wait(timeout=10) == 0 and got.read_text() == "USR2\n"
+        assert hook.wait(timeout=10) == 0
     finally:
         step.kill()
+

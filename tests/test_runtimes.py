@@ -253,6 +253,6 @@ def test_a_verify_key_renders_the_jobs_signature_check(tmp_path: Path, monkeypat
     (tmp_path / "k.pub").write_text("")
     cfg = spec.load(GOLDEN_CONF, ["container.verify_key=k.pub"])
     script = render.sbatch(cfg, Path(RUN_DIR), "/images/x.sif")
-    verify = f'"$RUNNER_PY" -m runner.host.jobhook verify --key {tmp_path / "k.pub"} "$RUN_DIR"'
+    verify = f'"$RUNNER_PY" -m runner.host.jobhook begin --key {tmp_path / "k.pub"} "$RUN_DIR"'
     assert verify in script and script.index(verify) < script.index("srun --kill-on-bad-exit")  # before any rank
-    assert "jobhook verify" not in render.sbatch(spec.load(GOLDEN_CONF), Path(RUN_DIR), "/images/x.sif")
+    assert "--key" not in render.sbatch(spec.load(GOLDEN_CONF), Path(RUN_DIR), "/images/x.sif")

@@ -1,18 +1,20 @@
-"""Host-side hooks the batch script calls: ``claim`` before a successor job starts its ranks (resume.successor),
-``start`` when the job starts, ``exit`` when the step has ended.
+"""Host-side hooks the batch script calls, so that the script itself only traps signals and calls: ``begin`` before
+any rank starts (this job's claim on the run, the attempt's number and variables, the image's signature), ``start``
+when the step starts, ``signal`` when the stop signal comes, ``exit`` when the step has ended.
 
 They run with the login node's runner on the first node of the allocation, never in the container
 (``scontrol`` is usually missing there). ``exit`` gathers the facts (the launcher's exit code, the run's
 records, the job's time left), asks ``runner.policy`` what they mean and what to do, and requeues the job
 first: Slurm ends the batch script soon after it accepts a requeue, and the job may be seconds from its time
-limit. Then it records (``requeued`` only once ``scontrol requeue`` succeeded), and queues its alerts on disk
-for a detached sender (``runner.alerts.background``): no webhook ever stands in front of the requeue. The rank
-logs are read once for the cause and the log tail. Its output lands in Slurm's batch log, with timestamps.
+limit. Then it records (``requeued`` only once ``scontrol requeue`` succeeded; the record itself is
+``runner.host.ending``'s, shared with local runs), and queues its alerts on disk for a detached sender
+(``runner.alerts.background``): no webhook ever stands in front of the requeue. The rank logs are read once for
+the cause and the log tail. Its output lands in Slurm's batch log, with timestamps.
 
 With a successor queued behind the job (``runner.host.successor``), ``exit`` hands over to it instead of
 requeueing, or cancels it before this job ends (so it never starts) when the run finished, stopped, gave up or
-is resubmitted. ``claim`` is the successor's side: it takes the run over (``job_id``) and queues its own successor,
-or steps aside (exit 78) when ``runner.policy.take_over`` says the run is not its to train.
+is resubmitted. ``claim`` (in ``begin``) is the successor's side: it takes the run over (``job_id``) and queues its
+own successor, or steps aside (exit 78) when ``runner.policy.take_over`` says the run is not its to train.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import dataclasses
 import json
 import logging
 import os
+import shlex
 import signal
 import subprocess
 import time
@@ -30,7 +33,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from runner import ledger, policy, proc
+from runner import ledger, policy, proc, world
 from runner import log as runner_log
 from runner.alerts import causes, nextstep
 from runner.errors import RunnerError
@@ -211,9 +214,62 @@ def verify(run: RunDir, key: str) -> int:
     return EXIT_PREFLIGHT
 
 
+def begin(run: RunDir, key: str) -> tuple[int, dict[str, str]]:
+    """Before any rank starts: whether this job trains the run, and the environment of the attempt it trains.
+
+    In order: a job older than the run's owner (``job_id``: Slurm requeued it after ``runner cron`` had resubmitted
+    the run) steps aside with ``EXIT_SUPERSEDED``, as does a successor the run is not for (``claim``); the attempt
+    is claimed (its number, as a local run claims one); the image's signature is checked (``container.verify_key``,
+    ``EXIT_PREFLIGHT``). Returns the exit code (0: train) and the variables for the batch script to export (the
+    attempt's, ``runner.world``), which it gets even when the image is refused, so that the exit hook records the
+    attempt."""
+    job = os.environ.get("SLURM_JOB_ID", "")
+    owner = run.job_id() or ""
+    if owner.isdigit() and job.isdigit() and int(owner) > int(job):
+        log.warning("job %s was superseded by job %s; exiting without training", job, owner)
+        return EXIT_SUPERSEDED, {}
+    if os.environ.get(SUCCESSOR_ENV) and claim(run) != 0:
+        return EXIT_SUPERSEDED, {}
+    nodelist = os.environ.get("SLURM_JOB_NODELIST", "")
+    first = slurm.hostnames(nodelist)[:1]
+    if not first or not job.isdigit():
+        log.error("cannot read the first node of SLURM_JOB_NODELIST=%r (job %r): no rendezvous for the ranks",
+                  nodelist, job)
+        return 1, {}
+    try:
+        attempt = run.new_attempt(make_logs=False)
+    except OSError as e:
+        log.error("cannot create %s", e.filename)
+        return 1, {}
+    env = world.attempt_env(run.root, attempt, world.Rendezvous.of_job(first[0], int(job)))
+    return (verify(run, key) if key else 0), env
+
+
+def deliver(run: RunDir, signame: str, step: int, ranks: int) -> int:
+    """The stop signal for this attempt's ranks (the handshake: ``runner.rundir``): written down first, then sent to
+    the job step (srun forwards it to every rank) once every rank said its handlers are in place, so that none dies
+    of it. Before the step has started (``step`` 0) it is only written down: each rank reads it when ready."""
+    attempt = int(os.environ.get(ATTEMPT_ENV, "0") or 0)
+    run.announce_signal(attempt, signame)
+    ready = [run.ready_file(attempt, r) for r in range(ranks)]
+    while step > 0 and not all(p.exists() for p in ready):
+        try:
+            os.kill(step, 0)
+        except ProcessLookupError:  # the step ended first: nothing left to signal
+            return 0
+        time.sleep(0.2)
+    if step > 0:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(step, getattr(signal, f"SIG{signame}"))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m runner.host.jobhook")
-    parser.add_argument("what", choices=("claim", "start", "exit", "verify"))
+    parser.add_argument("what", choices=("begin", "start", "signal", "exit"))
+    parser.add_argument("--name", default="USR2")
+    parser.add_argument("--pid", type=int, default=0)
+    parser.add_argument("--world", type=int, default=1)
     parser.add_argument("--key", default="")
     parser.add_argument("--rc", type=int, default=0)
     parser.add_argument("--signal", default="none")
@@ -221,10 +277,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     runner_log.setup(stamped=True)
     run = RunDir(args.run_dir)
-    if args.what == "claim":
-        return claim(run)
-    if args.what == "verify":
-        return verify(run, args.key)
+    if args.what == "begin":
+        code, env = begin(run, args.key)
+        print("".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items()), end="", flush=True)
+        return code
+    if args.what == "signal":
+        return deliver(run, args.name, args.pid, args.world)
     if args.what == "start":
         job = os.environ.get("SLURM_JOB_ID")
         try:  # where this attempt's part of the batch output begins (the exit hook reads srun's words from there)

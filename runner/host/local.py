@@ -34,12 +34,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runner import alerts, ledger, policy, redaction
+from runner import alerts, ledger, policy, redaction, world
 from runner.alerts import nextstep
 from runner.alerts.causes import RankExit, first_failure
 from runner.errors import SubmitError
 from runner.host import ending
-from runner.rundir import ATTEMPT_ENV, OWNER_FD_ENV, RunDir, atomic_write, read_json
+from runner.rundir import OWNER_FD_ENV, RunDir, atomic_write, read_json
 from runner.spec.typed import read_resolved
 
 log = logging.getLogger(__name__)
@@ -285,16 +285,13 @@ def _start(run: RunDir, world_size: int, per_node: int, attempt: int, owner: Own
     with socket.socket() as s, socket.socket() as s2:  # two free ports: Lightning's and preflight's
         s.bind(("127.0.0.1", 0))
         s2.bind(("127.0.0.1", 0))
-        port, preflight_port = s.getsockname()[1], s2.getsockname()[1]
+        at = world.Rendezvous("127.0.0.1", s.getsockname()[1], s2.getsockname()[1])
     procs = []
     secret = redaction.webhook_names(cfg)
     inherited = {k: v for k, v in os.environ.items() if k not in secret}
     for rank in range(world_size):
-        env = {**inherited, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world_size),
-               "RANK": str(rank), "LOCAL_RANK": str(rank % per_node), "NODE_RANK": str(rank // per_node),
-               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "RUNNER_RUN_DIR": str(run.root),
-               "RUNNER_PREFLIGHT_PORT": str(preflight_port), ATTEMPT_ENV: str(attempt),
-               OWNER_FD_ENV: str(owner.fd)}
+        env = {**inherited, **world.attempt_env(run.root, attempt, at), **world.rank_env(rank, world_size, per_node),
+               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), OWNER_FD_ENV: str(owner.fd)}
         for key in [k for k in env if k.startswith("SLURM_")]:
             del env[key]
         env.update({k: str(v) for k, v in cfg.get("env", {}).items()})

@@ -257,7 +257,7 @@ def sbatch(cfg: Config, run_dir: Path, image: str, program_dir: str | None = Non
                   gpus_per_node=gpus,
                   cpus_per_task=s["cpus_per_task"], time=s["time"], sbatch_flags=flags, requeue=s["requeue"],
                   signal=s["signal"], signal_lead_s=s["signal_lead_s"], run_dir=str(run_dir), env=env,
-                  host_python=sys.executable, ifname=ifname, successor=d["resume"]["successor"],
+                  host_python=sys.executable, ifname=ifname,
                   verify_key=verify_key(cfg), exec_prefix=exec_prefix(cfg, image, binds, env_names, str(run_dir)),
                   unset=redaction.webhook_names(cfg.data))
 

@@ -331,11 +331,19 @@ def delay_start(job_id: str, seconds: float) -> str | None:
     return None if out.returncode == 0 else proc.last_line(out)
 
 
+def hostnames(nodelist: str) -> list[str]:
+    """The hosts of a Slurm hostlist (``n[1-3]``), in order; empty when scontrol cannot expand it. One plain name
+    is its own list (no scontrol asked)."""
+    if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.-]*", nodelist):
+        return [nodelist]
+    return (_try(["scontrol", "show", "hostnames", nodelist]) or "").split() if nodelist else []
+
+
 def unhealthy(nodelist: str) -> list[str]:
     """The nodes of ``nodelist`` (a Slurm hostlist like ``n[1-3]``) that Slurm reports down, drained, failing or
     not responding: the ones a NODE_FAIL blames. Empty when Slurm cannot be asked."""
-    hosts = _try(["scontrol", "show", "hostnames", nodelist])
+    hosts = hostnames(nodelist)
     bad = _try(["sinfo", "-h", "-N", "-t", "down,drain,fail,no_respond", "-o", "%N"])
-    if hosts is None or bad is None:
+    if not hosts or bad is None:
         return []
-    return sorted(set(hosts.split()) & set(bad.split()))
+    return sorted(set(hosts) & set(bad.split()))
