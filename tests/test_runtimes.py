@@ -86,8 +86,8 @@ def test_each_runtime_passes_binds_env_and_the_run_dir() -> None:
     assert f"--container-image={IMAGES['pyxis']}" in words and f"--container-workdir={RUN_DIR}" in words
 
 
-def test_every_runtime_has_a_prefix() -> None:
-    assert set(render.RUNTIMES) == set(spec.schema.SCHEMA["container"]["runtime"].choices)
+def test_every_runtime_has_a_prefix_and_an_image_kind() -> None:
+    assert set(render.RUNTIMES) == set(spec.schema.SCHEMA["container"]["runtime"].choices) == set(render.IMAGES)
 
 
 def wheelhouse(d: Path) -> Path:

@@ -119,14 +119,14 @@ def sif_path(cfg: Config, spec_hash: str) -> Path:
 def image_path(cfg: Config) -> str:
     """The image a run of this config uses (``runner submit``), hashing the spec and the code as a build would:
     the SIF (Apptainer), the builder's tag (podman), the enroot squashfs (pyxis), or ``none``."""
-    runtime = cfg.data["container"]["runtime"]
-    if runtime == "none":
+    kind = render.image_kind(cfg)
+    if kind == "none":
         return "none"
     h = render.spec_hash(cfg, image_code_files(cfg))
-    if runtime == "podman":
+    if kind == "tag":
         return image_tag(cfg, h)
     sif = sif_path(cfg, h)
-    return str(sif.with_suffix(".sqsh") if runtime == "pyxis" else sif)
+    return str(sif.with_suffix(".sqsh") if kind == "sqsh" else sif)
 
 
 def paths(cfg: Config, spec_hash: str) -> Paths:
@@ -361,7 +361,8 @@ def plan_config(cfg: Config, force: bool = False) -> BuildPlan:
     tag = image_tag(cfg, h)
     base = render.base_image(cfg)
     builder, problem = detect_builder(c["builder"])
-    wants_sif = c["runtime"] in ("apptainer", "singularity")
+    kind = render.image_kind(cfg)
+    wants_sif = kind == "sif"
     tool = sif_tool(cfg) if wants_sif else None
     prov = provenance(cfg, h, base)
     files = {"Dockerfile": render.dockerfile(cfg, h).encode(),
@@ -392,15 +393,15 @@ def plan_config(cfg: Config, force: bool = False) -> BuildPlan:
     elif done and wants_sif and p.archive.is_file():
         bp.steps = sif_steps(tool or "apptainer", p, sign_key)
         bp.notes.append(f"the image and {p.archive.name} exist for spec {h}; only the SIF is built")
-    elif done and c["runtime"] == "pyxis" and p.sqsh.is_file():
+    elif done and kind == "sqsh" and p.sqsh.is_file():
         bp.up_to_date = f"image {p.sqsh} is up to date (spec {h}); nothing to do (--force rebuilds)"
-    elif done and not wants_sif and not problem and _builder_has(builder, tag) and c["runtime"] != "pyxis":
+    elif done and not wants_sif and not problem and _builder_has(builder, tag) and kind != "sqsh":
         bp.up_to_date = f"image {tag} is up to date (spec {h}); nothing to do (--force rebuilds)"
     else:
         bp.steps = _steps(builder, tool, tag, base, p, c["python"], prov, save=wants_sif, sign_key=sign_key)
         if wants_sif and tool is None:
             bp.notes.append(missing_sif.replace("is ready", "will be ready"))
-    if c["runtime"] == "pyxis" and not bp.up_to_date:
+    if kind == "sqsh" and not bp.up_to_date:
         if done and _builder_has(builder, tag):
             bp.steps = []
         if shutil.which("enroot"):
@@ -609,7 +610,8 @@ def image_problem(cfg: Config, image: str | Path) -> str | None:
     """Why ``image`` is not the image of this config's spec (missing, or built from another spec), or None."""
     h = render.spec_hash(cfg, image_code_files(cfg))
     c = cfg.data["container"]
-    if c["runtime"] == "podman":
+    kind = render.image_kind(cfg)
+    if kind == "tag":
         record = read_json(paths(cfg, h).record, None)
         if not isinstance(record, dict) or record.get("spec_hash") != h:
             return f"image {image}: no complete build of spec {h} recorded in {paths(cfg, h).record}"
@@ -626,7 +628,7 @@ def image_problem(cfg: Config, image: str | Path) -> str | None:
         if sif.name == f"{cfg.name}-{h}.sif":
             return None  # the name carries the spec hash (a SIF built on another machine and copied here)
         return f"image {sif} has no provenance record {sif.with_suffix('.json').name}, so its spec is unknown"
-    if c["runtime"] == "pyxis":
+    if kind == "sqsh":
         return (f"image {sif} not found; on a node with enroot run: "
                 f"{shlex.join(enroot_argv(c['builder'], image_tag(cfg, h), paths(cfg, h)))}")
     if sif.with_suffix(".tar").is_file():

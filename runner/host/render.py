@@ -14,7 +14,7 @@ import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import jinja2
 
@@ -190,9 +190,19 @@ def _none(c: Container, image: str, binds: list[str], env_names: list[str], work
     return q(sys.executable)
 
 
-SIF_RUNTIMES = ("apptainer", "singularity")
+# Per runtime: how a rank starts in it (the srun line's prefix), and what image it runs, which is what `runner build`
+# makes for it (runner.host.build): a SIF, the builder's tag, an enroot squashfs, or none.
+ImageKind = Literal["sif", "tag", "sqsh", "none"]
 RUNTIMES: dict[str, Prefix] = {"apptainer": _apptainer, "singularity": _apptainer, "podman": _podman,
                                "pyxis": _pyxis, "none": _none}
+IMAGES: dict[str, ImageKind] = {"apptainer": "sif", "singularity": "sif", "podman": "tag", "pyxis": "sqsh",
+                                "none": "none"}
+SIF_RUNTIMES = tuple(r for r, kind in IMAGES.items() if kind == "sif")
+
+
+def image_kind(cfg: Config) -> ImageKind:
+    """What image this config's runtime runs."""
+    return IMAGES[cfg.data["container"]["runtime"]]
 
 
 def exec_prefix(cfg: Config, image: str, binds: list[str], env_names: list[str], workdir: str) -> str:
@@ -229,7 +239,7 @@ def job_python(cfg: Config, image: str, binds: list[str], env_names: list[str], 
     """The shell words a helper job (a Dask worker job) starts Python with: in the run's image, with these binds and
     variables, in ``workdir``. pyxis has no command of its own (its flags go on srun): a one-task srun step."""
     prefix = exec_prefix(cfg, image, binds, ["OMP_NUM_THREADS", "RUNNER_RUN_DIR", *env_names], workdir)
-    return f"srun --ntasks=1 {prefix}" if cfg.data["container"]["runtime"] == "pyxis" else prefix
+    return f"srun --ntasks=1 {prefix}" if image_kind(cfg) == "sqsh" else prefix
 
 
 def program_python(cfg: Config, run_dir: Path, image: str, program_dir: str) -> str:

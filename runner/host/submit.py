@@ -101,7 +101,7 @@ def check_image(cfg: spec.Config, image: str, allow_missing: bool = False) -> st
 
 def _spec_hash(cfg: spec.Config) -> str | None:
     """The image spec a Slurm run in a container trains with (the job checks its image against it)."""
-    if cfg.data["container"]["runtime"] == "none":
+    if render.image_kind(cfg) == "none":
         return None
     return render.spec_hash(cfg, build.image_code_files(cfg))
 
