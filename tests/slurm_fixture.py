@@ -11,7 +11,6 @@ import contextlib
 import fcntl
 import os
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.ci import unavailable
+from tests.waiting import until
 
 REPO = Path(__file__).resolve().parents[1]
 INSTALL_SCRIPT = REPO / "scripts" / "install-slurm.sh"
@@ -48,15 +48,16 @@ def _session_lock(root: Path, timeout: float = 1800) -> Iterator[None]:
         return
     root.parent.mkdir(parents=True, exist_ok=True)
     with open(f"{root}.session.lock", "a") as f:
-        deadline = time.monotonic() + timeout
-        while True:
+        def locked() -> bool:
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
             except BlockingIOError:
-                if time.monotonic() > deadline:
-                    unavailable(f"another test session held the dev cluster for {timeout:g}s")
-                time.sleep(0.5)
+                return False
+            return True
+        try:
+            until("the dev cluster's session lock", locked, timeout, every=0.5)
+        except AssertionError:
+            unavailable(f"another test session held the dev cluster for {timeout:g}s")
         _HELD.append(root)
         try:
             yield

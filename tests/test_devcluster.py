@@ -16,6 +16,7 @@ import pytest
 
 from runner.dev import devcluster
 from runner.errors import ClusterError
+from tests.waiting import until
 
 pytestmark = pytest.mark.unit
 
@@ -41,14 +42,13 @@ def _sacct(job_id: str, fmt: str = "JobID,State,ExitCode") -> str:
 
 def _wait_final(job_id: str, timeout: float = 60) -> list[str]:
     """[JobID, State, ExitCode] once sacct shows a final state."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def final() -> list[str] | None:
         fields = _sacct(job_id).split("|")
         if len(fields) == 3 and fields[1].split()[0] in (
                 "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
             return fields
-        time.sleep(0.1)
-    pytest.fail(f"job {job_id} not finished after {timeout}s: {_sacct(job_id)!r}")
+        return None
+    return until(f"job {job_id} to finish", final, timeout, every=0.1, detail=lambda: f"sacct: {_sacct(job_id)!r}")
 
 
 
@@ -58,12 +58,14 @@ def test_cluster_is_up(slurm_cluster: devcluster.Cluster) -> None:
     assert c.nodes == ["n1", "n2"]
     assert os.environ["SLURM_CONF"] == str(c.conf) == c.env()["SLURM_CONF"]
     assert c.export_line() == f"export SLURM_CONF={c.conf}"
-    deadline = time.monotonic() + 60  # an earlier test's job may still be ending (a podman client, a hook)
-    while True:
-        sinfo = sorted(line for line in _sh(["sinfo", "-h", "-N", "-o", "%N %T %G"]).stdout.split("\n") if line)
-        if sinfo == ["n1 idle gpu:2", "n2 idle gpu:2"] or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
+    def nodes() -> list[str]:
+        return sorted(line for line in _sh(["sinfo", "-h", "-N", "-o", "%N %T %G"]).stdout.split("\n") if line)
+
+    def idle() -> list[str] | None:
+        sinfo = nodes()
+        return sinfo if sinfo == ["n1 idle gpu:2", "n2 idle gpu:2"] else None
+    # an earlier test's job may still be ending (a podman client, a hook)
+    sinfo = until("both nodes idle", idle, 60, every=0.5, detail=lambda: f"sinfo: {nodes()}")
     assert sinfo == ["n1 idle gpu:2", "n2 idle gpu:2"]
     text = devcluster.status()
     assert "n1" in text and "n2" in text and "idle" in text
@@ -189,17 +191,15 @@ def test_limit_link(slurm_cluster: devcluster.Cluster) -> None:
 def test_kill_and_revive_node(slurm_cluster: devcluster.Cluster, tmp_path: Path) -> None:
     c = slurm_cluster
     job_id, _ = _sbatch(tmp_path, "srun sleep 300\n", "-w", "n2", "--no-requeue")
-    deadline = time.monotonic() + 30
-    while _sh(["squeue", "-h", "-j", job_id, "-o", "%T"]).stdout.strip() != "RUNNING":
-        assert time.monotonic() < deadline, "job did not start"
-        time.sleep(0.1)
+    t0 = time.monotonic()  # 30 s for both
+    until("the job to start", lambda: _sh(["squeue", "-h", "-j", job_id, "-o", "%T"]).stdout.strip() == "RUNNING",
+          30, every=0.1)
     def sleeps_on_n2() -> list[int]:
         pids = devcluster._netns_pids(c.netns["n2"])
         return [p for p in pids if Path(f"/proc/{p}/comm").read_text().strip() == "sleep"]
 
-    while not sleeps_on_n2():  # RUNNING comes before srun has started its task
-        assert time.monotonic() < deadline, "the job's task did not start"
-        time.sleep(0.1)
+    # RUNNING comes before srun has started its task
+    until("the job's task to start", sleeps_on_n2, 30 - (time.monotonic() - t0), every=0.1)
     try:
         devcluster.kill_node(c, "n2")
         assert not devcluster._netns_pids(c.netns["n2"])  # slurmd, slurmstepd, the job: gone

@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ import pytest
 from runner.dev import devcluster
 from runner.rundir import RunDir
 from tests.conftest import fixture_tier
-from tests.waiting import alerts_all_sent
+from tests.waiting import alerts_all_sent, until
 
 pytestmark = pytest.mark.slurm
 
@@ -68,17 +67,15 @@ def submit(env: dict[str, str], root: Path, *overrides: str) -> Path:
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 
 
+def run_logs(run: Path) -> str:
+    """The tail of every log of a run and its ledger: what a timed-out wait shows."""
+    logs = "".join(f"--- {p.relative_to(run)}\n{p.read_text(errors='replace')[-2500:]}\n"
+                   for p in sorted((run / "logs").rglob("*.*")))
+    return logs + "--- ledger\n" + (run / "ledger.jsonl").read_text()
+
+
 def wait_for(what: str, pred: Any, timeout: float, run: Path | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            logs = ""
-            if run is not None:
-                logs = "".join(f"\n--- {p.name}\n{p.read_text(errors='replace')[-2500:]}"
-                               for p in sorted((run / "logs").rglob("*.*")))
-                logs += "\n--- ledger\n" + (run / "ledger.jsonl").read_text()
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}{logs}")
-        time.sleep(0.1)
+    until(what, pred, timeout, every=0.1, detail=None if run is None else lambda: run_logs(run))
 
 
 def checkpoint_done(run: Path, step: int) -> bool:
@@ -227,10 +224,13 @@ def test_lost_node_resumes_when_capacity_is_back(slurm_cluster: devcluster.Clust
         runner(env, "cron", "--root", str(tmp_path))  # resubmits if Slurm did not requeue it itself
     finally:
         devcluster.revive_node(slurm_cluster, second)
-    deadline = time.monotonic() + 240
-    while not (run / "finished").exists() and time.monotonic() < deadline:
+    def finished() -> bool:
+        if (run / "finished").exists():
+            return True
         runner(env, "cron", "--root", str(tmp_path))
-        time.sleep(2)
+        return False
+    until("the run to finish, cron resubmitting it", finished, 240, every=2,
+          detail=lambda: (run / "ledger.jsonl").read_text())
     assert (run / "finished").exists(), (run / "ledger.jsonl").read_text()
     import torch
 

@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -22,6 +21,7 @@ from tests import slow_disk
 from tests.conftest import fixture_tier
 from tests.test_local_run import QUICKSTART, SLOW, STEPS, assert_bitwise, runner, start, wait_for
 from tests.test_resume_honesty import assert_resumed_honestly
+from tests.waiting import until
 
 pytestmark = pytest.mark.local
 FSDP = ("trainer.strategy=fsdp",)
@@ -177,10 +177,12 @@ def test_a_slow_fsdp_rank_is_a_straggler_and_stopped_it_is_named_as_the_hang(tmp
     rank1: dict[str, Any] = {}
     try:
         wait_for(run / "checkpoints" / "step-0000010" / "COMPLETE", 180)
-        deadline = time.monotonic() + 120
-        while not any(e["event"] == "straggler" for e in rd.events()):
-            assert time.monotonic() < deadline and proc.poll() is None, "no straggler record"
-            time.sleep(0.2)
+        def straggler() -> bool:
+            if any(e["event"] == "straggler" for e in rd.events()):
+                return True
+            assert proc.poll() is None, "no straggler record: the run ended"
+            return False
+        until("a straggler record", straggler, 120, every=0.2)
         rank1 = json.loads((run / "ranks" / "rank-00001.json").read_text())
         os.kill(rank1["pid"], signal.SIGSTOP)
         wait_for(run / "hang.json", 120)

@@ -22,6 +22,7 @@ import pytest
 from runner.errors import SubmitError
 from runner.host import local
 from runner.rundir import RunDir, read_json
+from tests.waiting import until
 from tests.webhook_server import WebhookServer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,33 +51,32 @@ def start(*args: str) -> subprocess.Popen[str]:
 
 def submit(root: Path, *overrides: str) -> tuple[subprocess.Popen[str], Path]:
     proc = start("submit", str(QUICKSTART), f"run_root={root}", SLOW, *overrides)
-    deadline = time.monotonic() + 120
-    while not (runs := list(root.glob("quickstart-*"))):
-        assert time.monotonic() < deadline and proc.poll() is None, "no run directory appeared"
-        time.sleep(0.05)
-    return proc, runs[0]
+
+    def appeared() -> list[Path]:
+        runs = list(root.glob("quickstart-*"))
+        assert runs or proc.poll() is None, "no run directory appeared: `runner submit` ended"
+        return runs
+    return proc, until(f"a run directory in {root}", appeared, 120)[0]
 
 
 def wait_for(path: Path, proc: subprocess.Popen[str] | None = None, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} did not appear"
+    def appeared() -> bool:
+        if path.exists():
+            return True
         assert proc is None or proc.poll() is None, f"the run ended before {path} appeared: {proc.communicate()[0]}"
-        time.sleep(0.05)
+        return False
+    until(f"{path} to appear", appeared, timeout)
 
 
 def owner(run: Path, attempt: int) -> dict[str, Any]:
     """The run's owner.json once it names this attempt's ranks."""
-    deadline = time.monotonic() + 60
-    while True:
+    def naming() -> dict[str, Any] | None:
         try:
             found = json.loads((run / "owner.json").read_text())
-            if found.get("attempt") == attempt:
-                return dict(found)
         except (OSError, ValueError):
-            pass
-        assert time.monotonic() < deadline, "owner.json did not name the attempt"
-        time.sleep(0.05)
+            return None
+        return dict(found) if found.get("attempt") == attempt else None
+    return until(f"owner.json to name attempt {attempt}", naming, 60)
 
 
 def alive(pid: int) -> bool:
@@ -86,6 +86,11 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return fields[0] != "Z"
+
+
+def ended(pids: list[int], timeout: float = 60) -> None:
+    """Every one of these processes has ended (a zombie counts as ended)."""
+    until(f"process(es) {pids} to end", lambda: not any(alive(p) for p in pids), timeout)
 
 
 def status(run: Path) -> dict[str, Any]:
@@ -160,8 +165,7 @@ def test_a_killed_run_is_failed_not_running_and_its_stale_lock_is_taken_over(tmp
     proc.communicate(timeout=30)
     for pid in who["ranks"]:
         os.killpg(pid, signal.SIGKILL)
-    while any(alive(p) for p in who["ranks"]):
-        time.sleep(0.05)
+    ended(who["ranks"])
     assert status(run)["state"] == "failed"
     follow = runner("logs", str(run), "--follow", timeout=60)  # returns: the run is over
     assert follow.returncode == 0, follow.stderr
@@ -205,9 +209,13 @@ def test_ctrl_c_is_interrupted_and_a_second_one_stops_at_once(tmp_path: Path) ->
     again = start("resume", str(run))
     ranks = owner(run, 2)["ranks"]
     beat = run / "heartbeats" / "rank-00001.json"
-    while (read_json(beat) or {}).get("attempt") != 2:
+
+    def beating() -> bool:
+        if (read_json(beat) or {}).get("attempt") == 2:
+            return True
         assert again.poll() is None, again.communicate()[0]
-        time.sleep(0.05)
+        return False
+    until("rank 1's heartbeat of attempt 2", beating, 180)
     os.kill(ranks[1], signal.SIGSTOP)  # a rank that can no longer checkpoint: one Ctrl-C would wait for it
     again.send_signal(signal.SIGINT)
     assert again.stdout is not None
@@ -282,33 +290,27 @@ def test_no_process_of_a_program_outlives_its_rank_or_lets_a_second_trainer_in(t
         proc = subprocess.Popen([sys.executable, "-m", "runner", "submit", str(conf)], env=env(), text=True,
                                 cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         wait_for(pidfile, proc)
-        while not pidfile.read_text():
-            time.sleep(0.05)
+        until(f"the program's pid in {pidfile}", pidfile.read_text, 60)
         [run] = (tmp_path / "runs").iterdir()
         return proc, run, owner(run, 1)["ranks"][0], int(pidfile.read_text())
 
     proc, run, launcher, program = started()
     os.kill(launcher, signal.SIGKILL)  # the rank dies; the driver sees it
     proc.communicate(timeout=60)
-    deadline = time.monotonic() + 10
-    while alive(program):
-        assert time.monotonic() < deadline, "the program outlived its rank"
-        time.sleep(0.05)
+    until("the program to end with its rank (it must not outlive it)", lambda: not alive(program), 10)
 
     shutil.rmtree(tmp_path / "runs")
     proc, run, launcher, program = started()
     proc.kill()  # the driver first, then the rank: nobody is left to end the program
     proc.communicate(timeout=30)
     os.kill(launcher, signal.SIGKILL)
-    while alive(launcher):
-        time.sleep(0.05)
+    ended([launcher])
     assert alive(program)
     refused = runner("resume", str(run))
     assert refused.returncode != 0 and "one trainer per run directory" in refused.stderr, refused.stderr
     assert RunDir(run).attempts() == [1]
     os.kill(program, signal.SIGKILL)
-    while alive(program):
-        time.sleep(0.05)
+    ended([program])
     pidfile.unlink()
     again = start("resume", str(run))
     wait_for(pidfile, again)  # taken over: the program runs again, as the run's one trainer

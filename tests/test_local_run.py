@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from unittest import mock
 
@@ -21,6 +20,7 @@ from runner.rundir import RunDir
 from tests import slow_disk
 from tests.conftest import fixture_tier
 from tests.test_resume_honesty import assert_resumed_honestly
+from tests.waiting import until
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "conf" / "quickstart.yaml"
@@ -47,20 +47,12 @@ def start(root: Path, *overrides: str) -> tuple[subprocess.Popen[str], Path]:
     proc = subprocess.Popen([sys.executable, "-m", "runner", "submit", str(QUICKSTART), f"run_root={root}",
                              f"trainer.max_steps={STEPS}", *overrides], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        runs = list(root.glob("quickstart-*"))
-        if runs:
-            return proc, runs[0]
-        time.sleep(0.05)
-    raise AssertionError("no run directory appeared")
+    runs = until(f"a run directory to appear in {root}", lambda: list(root.glob("quickstart-*")), 60)
+    return proc, runs[0]
 
 
 def wait_for(path: Path, timeout: float = 120) -> None:
-    deadline = time.time() + timeout
-    while not path.exists():
-        assert time.time() < deadline, f"{path} did not appear"
-        time.sleep(0.02)
+    until(f"{path} to appear", path.exists, timeout, every=0.02)
 
 
 def weights(run: Path) -> list[dict[str, torch.Tensor]]:

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from runner.parallel import plan as P
 from runner.parallel.store import Store
 from runner.rundir import RunDir
 from runner.spec import load
+from tests.waiting import until
 from tests.webhook_server import WebhookServer
 
 pytestmark = pytest.mark.unit
@@ -62,11 +62,12 @@ def status(run: RunDir) -> dict[str, Any]:
 
 
 def wait_for_chunks(run: RunDir, n: int, proc: subprocess.Popen[str], timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while len(list(Store(run).chunks.glob("chunk-*.json"))) < n:
+    def written() -> bool:
+        if len(list(Store(run).chunks.glob("chunk-*.json"))) >= n:
+            return True
         assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, f"fewer than {n} chunks after {timeout} s"
-        time.sleep(0.1)
+        return False
+    until(f"{n} chunks", written, timeout, every=0.1)
 
 
 # -- local ------------------------------------------------------------------------------------------------------
@@ -275,21 +276,21 @@ def test_slurm_worker_jobs_one_cancelled_midway_every_item_once(slurm_cluster: A
     run = run_of(tmp_path, *args)
     name = driver.plan(CONF, args).cluster_kwargs["job_name"]
     proc = start(*args)
-    deadline = time.monotonic() + 120
-    while len(running := _jobs(name, "-t", "RUNNING")) < 2:  # two worker jobs, each a Slurm job
+    def two_running() -> list[str] | None:  # two worker jobs, each a Slurm job
+        if len(jobs := _jobs(name, "-t", "RUNNING")) >= 2:
+            return jobs
         assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "the 2 worker jobs did not start"
-        time.sleep(0.2)
+        return None
+    running = until("the 2 worker jobs to start", two_running, 120, every=0.2)
     wait_for_chunks(run, 4, proc)
     subprocess.run(["scancel", running[0]], check=True, timeout=10)  # one worker job dies mid-way
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     assert indices(run) == list(range(2000))  # every item exactly once, though a worker died holding chunks
     assert Store(run).summary() == (2000, {})
-    deadline = time.monotonic() + 30
-    while _jobs(name, "-t", "PENDING,RUNNING"):  # the driver cancels its other worker job when it is done
-        assert time.monotonic() < deadline, "a worker job outlived the run"
-        time.sleep(0.5)
+    # the driver cancels its other worker job when it is done
+    until("the worker jobs to end with the run (none may outlive it)", lambda: not _jobs(name, "-t", "PENDING,RUNNING"),
+          30, every=0.5)
     sacct = subprocess.run(["sacct", "-X", "-n", "-P", "-j", running[0], "--format=State"], capture_output=True,
                            text=True, timeout=10).stdout
     assert "CANCELLED" in sacct

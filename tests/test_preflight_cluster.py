@@ -24,6 +24,7 @@ import pytest
 
 from tests.ci import need
 from tests.conftest import fixture_tier
+from tests.waiting import until
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf" / "slurm-2node.yaml"
@@ -224,9 +225,9 @@ def test_a_node_that_fails_the_preflight_is_left_out_and_the_run_finishes(cluste
         def events() -> list[dict[str, Any]]:
             return [json.loads(x) for x in (run / "ledger.jsonl").read_text().splitlines()]
 
-        deadline = time.monotonic() + 120  # the exit hook records the exit, then resubmits
-        while not any(e["event"] == "resubmitted" for e in events()) and time.monotonic() < deadline:
-            time.sleep(0.5)
+        until("the resubmission (the exit hook records the exit, then resubmits)",
+              lambda: any(e["event"] == "resubmitted" for e in events()), 120, every=0.5,
+              detail=lambda: (run / "ledger.jsonl").read_text())
         status = subprocess.run([sys.executable, "-m", "runner", "status", str(run), "--json"], check=True,
                                 capture_output=True, text=True, env=env, timeout=60)
         row = json.loads(status.stdout)[0]
@@ -237,9 +238,8 @@ def test_a_node_that_fails_the_preflight_is_left_out_and_the_run_finishes(cluste
         show = subprocess.run(["scontrol", "show", "job", again["job_id"]], capture_output=True, text=True,
                               timeout=30).stdout
         assert "ExcNodeList=n2" in show, show
-        deadline = time.monotonic() + 180
-        while not (run / "finished").exists() and time.monotonic() < deadline:
-            time.sleep(0.5)
+        until("the run to finish", (run / "finished").exists, 180, every=0.5,
+              detail=lambda: (run / "ledger.jsonl").read_text())
     finally:
         subprocess.run(["scancel", "--name", "slurm-2node"], timeout=30, check=False)
         in_node(cluster, "n2", "umount", str(data))

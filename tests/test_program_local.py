@@ -10,7 +10,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import torch
 from runner import checkpoint
 from runner.rundir import EXIT_HANG, EXIT_NONFINITE, EXIT_PROGRAM, EXIT_REQUEUE, RunDir, read_json
 from tests.conftest import fixture_tier
+from tests.waiting import until
 
 pytestmark = pytest.mark.local
 PROGRAMS = Path(__file__).resolve().parent / "programs"
@@ -48,10 +48,12 @@ def submit(where: Path, command: str, *overrides: str, interrupt: int | None = N
     proc = subprocess.Popen([sys.executable, "-m", "runner", "submit", "conf.yaml", *overrides], cwd=where, env=ENV,
                             text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     if interrupt is not None:
-        deadline = time.time() + 120
-        while not list(where.glob("runs/pm-*/checkpoints/step-0000020/COMPLETE")):
-            assert time.time() < deadline and proc.poll() is None, "no checkpoint at step 20"
-            time.sleep(0.02)
+        def complete() -> bool:
+            if list(where.glob("runs/pm-*/checkpoints/step-0000020/COMPLETE")):
+                return True
+            assert proc.poll() is None, "no checkpoint at step 20: the run ended"
+            return False
+        until("the checkpoint at step 20", complete, 120, every=0.02)
         proc.send_signal(interrupt)
     out, _ = proc.communicate(timeout=240)
     [run] = where.glob("runs/pm-*")

@@ -9,7 +9,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 
 from tests.ci import need
 from tests.conftest import fixture_tier
+from tests.waiting import until
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.local
@@ -44,11 +44,11 @@ class Terminal:
         return out.stdout
 
     def wait_for(self, what: str, ok: Callable[[str], bool], timeout: float = 240) -> str:
-        deadline = time.monotonic() + timeout
-        while not ok(screen := self.screen()):
-            assert time.monotonic() < deadline, f"the screen never showed {what}:\n{screen}"
-            time.sleep(0.2)
-        return screen
+        """The screen once it shows `what` (`ok` says so)."""
+        def showing() -> str | None:
+            screen = self.screen()
+            return screen if ok(screen) else None
+        return until(f"the screen to show {what}", showing, timeout, every=0.2, detail=self.screen)
 
     def close(self) -> None:
         subprocess.run([*self.base, "kill-server"], check=False, timeout=30)

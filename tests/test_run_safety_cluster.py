@@ -54,14 +54,7 @@ def events(run: Path) -> list[dict[str, Any]]:
 
 
 def wait_for(what: str, pred: Any, timeout: float, run: Path) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            logs = "".join(f"\n--- {p.relative_to(run)}\n{p.read_text(errors='replace')[-2500:]}"
-                           for p in sorted((run / "logs").rglob("*.*")))
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}{logs}\n--- ledger\n"
-                                 f"{(run / 'ledger.jsonl').read_text()}")
-        time.sleep(0.1)
+    test_failures.wait_for(what, pred, timeout, run)
 
 
 def published(run: Path) -> set[int]:

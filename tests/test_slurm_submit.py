@@ -19,6 +19,7 @@ import pytest
 
 from runner import spec
 from runner.host import render, submit
+from tests.waiting import until
 
 pytestmark = pytest.mark.local
 
@@ -37,16 +38,17 @@ def runner(*args: str, env: dict[str, str], check: bool = True,
 
 
 def wait_state(run: Path, env: dict[str, str], want: set[str], timeout: float = 60) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
+    last: list[dict[str, Any]] = []
+
+    def reached() -> dict[str, Any] | None:
         row: dict[str, Any] = json.loads(runner("status", str(run), "--json", env=env).stdout)[0]
-        if row["state"] in want:
-            return row
-        if time.monotonic() > deadline:
-            logs = "".join(f"\n--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
-                           for p in (run / "logs").rglob("*.*"))
-            raise AssertionError(f"state {row} not in {want} after {timeout} s{logs}")
-        time.sleep(0.3)
+        last[:] = [row]
+        return row if row["state"] in want else None
+
+    def why() -> str:
+        logs = "".join(f"\n--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in (run / "logs").rglob("*.*"))
+        return f"last status: {last[0] if last else None}{logs}"
+    return until(f"a state in {want}", reached, timeout, every=0.3, detail=why)
 
 
 def weights(run: Path) -> list[dict[str, Any]]:
@@ -156,13 +158,15 @@ def two_node_run(env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) 
     follow = subprocess.Popen([sys.executable, "-m", "runner", "logs", str(run), "--rank", "0", "--follow"],
                               env=env, cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     wait_state(run, env, {"completed", "failed", "cancelled", "timeout", "preempted"}, timeout=60)
+
+    def row() -> dict[str, Any]:
+        return dict(json.loads(runner("status", str(run), "--json", env=env).stdout)[0])
+
+    def settled() -> bool:
+        state = row().get("slurm_state")
+        return not state or state == "COMPLETED"
     # training is done once `finished` exists; the job itself ends after the exit hook
-    deadline = time.monotonic() + 20
-    while (row := json.loads(runner("status", str(run), "--json", env=env).stdout)[0]).get("slurm_state"):
-        if row["slurm_state"] == "COMPLETED":
-            break
-        assert time.monotonic() < deadline, row
-        time.sleep(0.2)
+    until("Slurm's state COMPLETED (or none any more)", settled, 20, every=0.2, detail=row)
     try:
         followed, _ = follow.communicate(timeout=15)
     finally:
@@ -223,10 +227,10 @@ def test_training_finishes_and_status_says_completed(two_node_run: tuple[Path, s
     from runner.host import slurm
 
     os.environ.setdefault("SLURM_CONF", env["SLURM_CONF"])
-    deadline = time.monotonic() + 10
-    while (info := slurm.query(job)) is None or info.state != "COMPLETED":
-        assert time.monotonic() < deadline, info
-        time.sleep(0.2)
+    def completed() -> bool:
+        info = slurm.query(job)
+        return info is not None and info.state == "COMPLETED"
+    until(f"Slurm to show job {job} COMPLETED", completed, 10, every=0.2, detail=lambda: slurm.query(job))
     # `runner logs --follow` printed rank 0's log and returned when the run ended
     assert "rank 0/4" in followed and f"runner.job.launch: finished at step {STEPS}" in followed
     assert "rank 3/4" in runner("logs", str(run), "--rank", "3", env=env).stdout
@@ -299,10 +303,8 @@ def test_cancel_a_running_job(env: dict[str, str], tmp_path: Path) -> None:
     out = runner("submit", str(CONF), f"run_root={tmp_path}", "trainer.max_steps=1000000",
                  "checkpoint.every_n_steps=1000000", env=env)
     run = Path(re.search(r"submitted job \d+: (\S+)", out.stdout).group(1))  # type: ignore[union-attr]
-    deadline = time.monotonic() + 45
-    while not any((run / "ranks").glob("*.json")) or "train_start" not in (run / "ledger.jsonl").read_text():
-        assert time.monotonic() < deadline, "training did not start"
-        time.sleep(0.2)
+    until("training to start", lambda: any((run / "ranks").glob("*.json"))
+          and "train_start" in (run / "ledger.jsonl").read_text(), 45, every=0.2)
     row = json.loads(runner("status", str(run), "--json", env=env).stdout)[0]
     assert row["state"] == "running" and row["slurm_state"] == "RUNNING"
     out = runner("cancel", str(run), env=env)

@@ -10,12 +10,19 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def until(what: str, pred: Callable[[], T], timeout: float, every: float = 0.05) -> T:
-    """pred()'s first truthy value, polled every `every` seconds; an AssertionError naming `what` after `timeout`."""
+def until(what: str, pred: Callable[[], T], timeout: float, every: float = 0.05,
+          detail: Callable[[], object] | None = None) -> T:
+    """pred()'s first truthy value, polled every `every` seconds; an AssertionError naming `what` after `timeout`,
+    followed by `detail()` when given (what a person needs to see why: the last state, the run's logs).
+
+    The one polling loop of the tests: a helper that waits for something of its own (a file, a job state) supplies
+    only the predicate and the words. A predicate may raise itself to give up early (the process it waits on died).
+    """
     deadline = time.monotonic() + timeout
     while not (got := pred()):
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+            more = f"\n{detail()}" if detail is not None else ""
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}{more}")
         time.sleep(every)
     return got
 
