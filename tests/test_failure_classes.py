@@ -48,7 +48,7 @@ def test_crash_loop_table(events: list[dict[str, Any]], loop: bool) -> None:
 
 
 def test_the_launcher_records_the_raising_line_and_the_earliest_crash_wins(tmp_path: Path) -> None:
-    from runner.job.guards import record_crash
+    from runner.job.outcome import record_crash
 
     rd = RunDir(tmp_path)
 

@@ -66,10 +66,10 @@ def test_parts_with_state_are_refused() -> None:
 
 def test_the_factory_gives_nothing_outside_a_run_of_runner(monkeypatch: pytest.MonkeyPatch) -> None:
     """Installed in an image, runner's entry point is inert in any process its launcher did not start."""
-    from runner.job import callback
+    from runner.job import jobenv, program_entry
 
-    monkeypatch.delenv(callback.PROGRAM_ENV, raising=False)
-    assert callback.factory() == []
+    monkeypatch.delenv(jobenv.PROGRAM_ENV, raising=False)
+    assert program_entry.factory() == []
     trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False)
     assert not [cb for cb in trainer.callbacks if type(cb).__name__ == "RunnerCallbacks"]
 
@@ -90,7 +90,7 @@ def test_a_copied_runner_package_still_declares_its_entry_point(tmp_path: Path, 
     where = str(tmp_path / "python")
     assert sys.path[-1] == where and program.os.environ["PYTHONPATH"] == f"/elsewhere:{where}"
     [dist] = metadata.distributions(path=[where])
-    assert [(e.group, e.value) for e in dist.entry_points] == [(program.GROUP, "runner.job.callback:factory")]
+    assert [(e.group, e.value) for e in dist.entry_points] == [(program.GROUP, "runner.job.program_entry:factory")]
 
 
 @pytest.mark.parametrize("command, here", [

@@ -29,10 +29,14 @@ import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
+
+import lightning as L
 
 from runner import checkpoint
+from runner.job import internals
 from runner.rundir import RunDir
+from runner.spec.typed import RunConfig
 
 log = logging.getLogger(__name__)
 EXACT = "exact"
@@ -141,59 +145,65 @@ def resumable(loader: Any) -> bool:
     return callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))
 
 
-def callback(rd: RunDir, configured: int | None, rank: int, world: int, exact_resume: bool = True,
-             moved: Callable[[], tuple[int, int, int] | None] = lambda: None) -> Any:
+def configured_batch(cfg: RunConfig, world: int) -> int | None:
+    """The global batch the config asks for (runner's own mode), None in program mode (the program's own)."""
+    batch = cast(dict[str, Any], cfg["dataloader"]["train"]).get("batch_size")
+    return None if cfg.get("command") or batch is None else \
+        int(batch) * world * cfg["trainer"]["accumulate_grad_batches"]
+
+
+class Honesty(L.Callback):
     """A Lightning callback that measures and records; it changes nothing in training. ``configured``: the global
     batch the config asks for (None: a program's own, not known to runner). Before ``fit``, ``resuming(path)``
     names the checkpoint training continues from: rank 0 records its ``Resumed`` at the start of training.
     ``moved``: the data position the checkpoint callback moved onto this world size, if it did."""
-    import lightning as L
 
-    from runner.job import internals
+    def __init__(self, rd: RunDir, configured: int | None, rank: int, world: int, exact_resume: bool = True,
+                 moved: Callable[[], tuple[int, int, int] | None] = lambda: None) -> None:
+        self.rd, self.configured, self.rank, self.world = rd, configured, rank, world
+        self.exact_resume, self.moved = exact_resume, moved
+        self.exactness = ""
+        self.measured = False
+        self.resume_from: Path | None = None
+        self.record: Resumed | None = None
 
-    class Honesty(L.Callback):
-        exactness = ""
-        measured = False
-        resume_from: Path | None = None
-        record: Resumed | None = None
+    def resuming(self, path: Path) -> None:
+        self.resume_from = path
 
-        def resuming(self, path: Path) -> None:
-            self.resume_from = path
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        rank, world, configured = self.rank, self.world, self.configured
+        loader = trainer.train_dataloader
+        self.exactness = EXACT if resumable(loader) else EPOCH_ONLY
+        if self.exactness != EXACT and rank == 0:
+            log.warning("the train loader (%s) cannot save its position mid-epoch: a resume is exact only at "
+                        "epoch boundaries. hint: torchdata's StatefulDataLoader can", type(loader).__name__)
+        if self.resume_from is None or rank != 0:
+            return
+        manifest = checkpoint.manifest_of(self.resume_from)
+        self.record = resumed(manifest, world, trainer.accumulate_grad_batches, configured,
+                              sharded=internals.is_sharded(trainer.strategy), exact_resume=self.exact_resume,
+                              loader_resumable=self.exactness == EXACT, global_position=self.moved())
+        r = self.record
+        log.log(logging.WARNING if r.reshaped else logging.INFO,
+                "resumed at step %d on %d ranks (the checkpoint's: %d): weights and optimizer state %s; "
+                "trajectory %s; data: %s", r.step, r.to_world, r.from_world,
+                "resharded, every saved element loaded" if r.state == RESHARDED else r.state, r.trajectory, r.data)
+        if r.first_step_samples is not None:
+            log.warning("the first step after the resume takes %d samples, not %s: the checkpoint fell "
+                        "inside an accumulation of the new shape", r.first_step_samples, r.global_batch)
+        self.rd.record("resumed", **r.fields())
 
-        def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-            loader = trainer.train_dataloader
-            self.exactness = EXACT if resumable(loader) else EPOCH_ONLY
-            if self.exactness != EXACT and rank == 0:
-                log.warning("the train loader (%s) cannot save its position mid-epoch: a resume is exact only at "
-                            "epoch boundaries. hint: torchdata's StatefulDataLoader can", type(loader).__name__)
-            if self.resume_from is None or rank != 0:
-                return
-            manifest = checkpoint.manifest_of(self.resume_from)
-            self.record = resumed(manifest, world, trainer.accumulate_grad_batches, configured,
-                                  sharded=internals.is_sharded(trainer.strategy), exact_resume=exact_resume,
-                                  loader_resumable=self.exactness == EXACT, global_position=moved())
-            r = self.record
-            log.log(logging.WARNING if r.reshaped else logging.INFO,
-                    "resumed at step %d on %d ranks (the checkpoint's: %d): weights and optimizer state %s; "
-                    "trajectory %s; data: %s", r.step, r.to_world, r.from_world,
-                    "resharded, every saved element loaded" if r.state == RESHARDED else r.state, r.trajectory, r.data)
-            if r.first_step_samples is not None:
-                log.warning("the first step after the resume takes %d samples, not %s: the checkpoint fell "
-                            "inside an accumulation of the new shape", r.first_step_samples, r.global_batch)
-            rd.record("resumed", **r.fields())
-
-        def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
-                               batch_idx: int) -> None:
-            if self.measured or rank != 0:
-                return
-            self.measured = True
-            local = batch_len(batch)
-            acc = trainer.accumulate_grad_batches
-            real = None if local is None else local * world * acc
-            log.log(logging.INFO if real == configured or configured is None else logging.WARNING,
-                    "global batch measured at the first step: %s = %s x %d ranks x %d accumulation%s", real, local,
-                    world, acc, f" (the config says {configured})" if configured is not None else "")
-            rd.record("data", exactness=self.exactness, global_batch=real, configured_global_batch=configured,
-                      local_batch=local)
-
-    return Honesty()
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        rank, world, configured = self.rank, self.world, self.configured
+        if self.measured or rank != 0:
+            return
+        self.measured = True
+        local = batch_len(batch)
+        acc = trainer.accumulate_grad_batches
+        real = None if local is None else local * world * acc
+        log.log(logging.INFO if real == configured or configured is None else logging.WARNING,
+                "global batch measured at the first step: %s = %s x %d ranks x %d accumulation%s", real, local,
+                world, acc, f" (the config says {configured})" if configured is not None else "")
+        self.rd.record("data", exactness=self.exactness, global_batch=real, configured_global_batch=configured,
+                       local_batch=local)

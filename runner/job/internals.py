@@ -15,6 +15,13 @@ import logging
 from datetime import timedelta
 from typing import Any, cast
 
+import lightning as L
+import torch
+import torch.distributed as dist
+from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy
+from lightning_utilities.core.apply_func import apply_to_collection
+from torch.nn.parallel import DistributedDataParallel
+
 log = logging.getLogger(__name__)
 
 
@@ -24,9 +31,6 @@ def snapshot(trainer: Any, buffers: list[Any]) -> dict[str, Any] | None:
 
     The copies go into the previous checkpoint's ``buffers`` where shapes and types match (its write has ended
     by then): copying 400 MB into memory already in use took 29 ms, into fresh memory 190 ms (page faults)."""
-    import torch
-    from lightning_utilities.core.apply_func import apply_to_collection
-
     ckpt = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
     if trainer.global_rank != 0:
         return None
@@ -52,15 +56,11 @@ def sparse_values(t: Any) -> Any:
 
 def norms(tensors: list[Any]) -> list[Any]:
     """The norm of each tensor, in one fused call."""
-    import torch
-
     return list(torch._foreach_norm(tensors))
 
 
 def set_pg_timeout(seconds: int) -> None:
     """The default process group's timeout, after it was built (the preflight's short one gives way to training's)."""
-    import torch.distributed as dist
-
     dist.distributed_c10d._set_pg_timeout(timedelta(seconds=seconds))
 
 
@@ -74,9 +74,6 @@ def fixed_buckets_missing(ddp: Any, reducer: Any) -> list[str]:
 
 
 def _missing() -> list[str]:
-    import torch
-    from torch.nn.parallel import DistributedDataParallel
-
     missing = fixed_buckets_missing(DistributedDataParallel, getattr(torch.distributed, "Reducer", None))
     if missing:
         log.warning("this torch %s lacks DDP's %s: exact resume falls back to find_unused_parameters=True (the "
@@ -87,8 +84,6 @@ def _missing() -> list[str]:
 def strategy(name: str, exact_resume: bool, timeout_s: int, world: int = 1,
              blocks: list[str] | None = None) -> Any:
     """runner's own mode: the Lightning strategy object for ``trainer.strategy``."""
-    from lightning.pytorch.strategies import DDPStrategy
-
     timeout = timedelta(seconds=timeout_s)
     if name == "fsdp":
         return sharded_strategy(world, blocks or [], timeout_s)
@@ -98,113 +93,100 @@ def strategy(name: str, exact_resume: bool, timeout_s: int, world: int = 1,
         return DDPStrategy(timeout=timeout)
     if _missing():
         return DDPStrategy(find_unused_parameters=True, timeout=timeout)
-    return _fixed_buckets_class()(timeout=timeout)
+    return FixedBucketsDDP(timeout=timeout)
 
 
 def fix_bucket_layout(strategy: Any) -> str | None:
     """Program mode: give the program's own plain DDP strategy the fixed bucket layout, in place, before it wraps
     the model (the callback's ``setup`` hook runs before ``strategy.setup``). Returns what was done, or None when
     the strategy is not plain ``DDPStrategy`` (a subclass, FSDP, find_unused_parameters) and is left as it is."""
-    from lightning.pytorch.strategies import DDPStrategy
-
     if type(strategy) is not DDPStrategy or strategy._ddp_kwargs.get("find_unused_parameters"):
         return None
     if _missing():
         strategy._ddp_kwargs["find_unused_parameters"] = True
         return "find_unused_parameters=True"
-    strategy.__class__ = _fixed_buckets_class()  # adds two methods, no state
+    strategy.__class__ = FixedBucketsDDP  # adds two methods, no state
     return "fixed bucket layout"
 
 
-_FIXED: list[type] = []
+class ReadyOrderDDP(DistributedDataParallel):
+    """DDP that numbers the parameters last to first, the order their gradients are (roughly) ready in."""
+
+    def _build_params_for_reducer(self) -> tuple[list[Any], list[bool]]:
+        params, sparse = super()._build_params_for_reducer()  # type: ignore[no-untyped-call]
+        return params[::-1], sparse[::-1]
 
 
-def _fixed_buckets_class() -> type:
-    if _FIXED:
-        return _FIXED[0]
-    import lightning as L
-    import torch
-    from lightning.pytorch.strategies import DDPStrategy
-    from torch.nn.parallel import DistributedDataParallel
+class FixedBucketsDDP(DDPStrategy):
+    """DDP whose gradient buckets have the same layout at every step of every process.
 
-    class ReadyOrderDDP(DistributedDataParallel):
-        """DDP that numbers the parameters last to first, the order their gradients are (roughly) ready in."""
+    Plain DDP starts each process with all gradients in one bucket and, after the process's first backward,
+    rebuilds its buckets in the order the gradients became ready (``Reducer::rebuild_buckets``). A resumed
+    process's first step therefore all-reduces in another layout than the uninterrupted run did at that step,
+    and with more than two ranks a ring all-reduce then adds the ranks' values in another order: the weights
+    drift by an ulp. Here the rebuild happens once, at wrapping time, in the order the reducer numbers the
+    parameters (``_push_all_rebuilt_params``, what DDP's join hook does), so there is nothing left to restore.
+    That order is last to first (``ReadyOrderDDP``): the first bucket holds the last layers, whose gradients
+    are ready first, so its all-reduce overlaps the rest of the backward as in plain DDP. In the model's own
+    order the first bucket held the first layer, ready last, and nothing was sent before the backward ended
+    (measured: a 50M-parameter MLP's step 5% slower). Cheaper than ``find_unused_parameters=True`` (an
+    autograd-graph walk every step), which was the earlier fix.
 
-        def _build_params_for_reducer(self) -> tuple[list[Any], list[bool]]:
-            params, sparse = super()._build_params_for_reducer()  # type: ignore[no-untyped-call]
-            return params[::-1], sparse[::-1]
+    The gradients are views into the buckets (``gradient_as_bucket_view``): after the all-reduce nothing is
+    copied back into separate gradient tensors (measured: the 50M-parameter MLP's step 8% faster, 340 ->
+    311 ms, and one gradient-sized buffer less in memory). Exact resume holds because Lightning sets the
+    gradients to None between steps, so every step, a resumed one included, enters the reducer the same way.
+    A module that zeroes them itself (its own ``optimizer_zero_grad``, or manual optimization) would enter
+    it another way than a resumed first step does (``x / n`` instead of ``x * (1 / n)``), so it keeps copies.
+    """
 
-    class FixedBucketsDDP(DDPStrategy):
-        """DDP whose gradient buckets have the same layout at every step of every process.
+    def _setup_model(self, model: Any) -> DistributedDataParallel:
+        device_ids = self.determine_ddp_device_ids()
+        views = model.automatic_optimization and \
+            type(model).optimizer_zero_grad is L.LightningModule.optimizer_zero_grad
+        with torch.cuda.stream(torch.cuda.Stream()) if device_ids is not None else contextlib.nullcontext():  # type: ignore[no-untyped-call]
+            return ReadyOrderDDP(module=model, device_ids=device_ids,
+                                 **{"gradient_as_bucket_view": views, **self._ddp_kwargs})
 
-        Plain DDP starts each process with all gradients in one bucket and, after the process's first backward,
-        rebuilds its buckets in the order the gradients became ready (``Reducer::rebuild_buckets``). A resumed
-        process's first step therefore all-reduces in another layout than the uninterrupted run did at that step,
-        and with more than two ranks a ring all-reduce then adds the ranks' values in another order: the weights
-        drift by an ulp. Here the rebuild happens once, at wrapping time, in the order the reducer numbers the
-        parameters (``_push_all_rebuilt_params``, what DDP's join hook does), so there is nothing left to restore.
-        That order is last to first (``ReadyOrderDDP``): the first bucket holds the last layers, whose gradients
-        are ready first, so its all-reduce overlaps the rest of the backward as in plain DDP. In the model's own
-        order the first bucket held the first layer, ready last, and nothing was sent before the backward ended
-        (measured: a 50M-parameter MLP's step 5% slower). Cheaper than ``find_unused_parameters=True`` (an
-        autograd-graph walk every step), which was the earlier fix.
-
-        The gradients are views into the buckets (``gradient_as_bucket_view``): after the all-reduce nothing is
-        copied back into separate gradient tensors (measured: the 50M-parameter MLP's step 8% faster, 340 ->
-        311 ms, and one gradient-sized buffer less in memory). Exact resume holds because Lightning sets the
-        gradients to None between steps, so every step, a resumed one included, enters the reducer the same way.
-        A module that zeroes them itself (its own ``optimizer_zero_grad``, or manual optimization) would enter
-        it another way than a resumed first step does (``x / n`` instead of ``x * (1 / n)``), so it keeps copies.
-        """
-
-        def _setup_model(self, model: Any) -> DistributedDataParallel:
-            device_ids = self.determine_ddp_device_ids()
-            views = model.automatic_optimization and \
-                type(model).optimizer_zero_grad is L.LightningModule.optimizer_zero_grad
-            with torch.cuda.stream(torch.cuda.Stream()) if device_ids is not None else contextlib.nullcontext():  # type: ignore[no-untyped-call]
-                return ReadyOrderDDP(module=model, device_ids=device_ids,
-                                     **{"gradient_as_bucket_view": views, **self._ddp_kwargs})
-
-        def configure_ddp(self) -> None:
-            super().configure_ddp()
-            reducer: Any = cast(Any, self.model).reducer
-            reducer._push_all_rebuilt_params()
-            reducer._rebuild_buckets()
-
-    _FIXED.append(FixedBucketsDDP)
-    return FixedBucketsDDP
+    def configure_ddp(self) -> None:
+        super().configure_ddp()
+        reducer: Any = cast(Any, self.model).reducer
+        reducer._push_all_rebuilt_params()
+        reducer._rebuild_buckets()
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Sharded training (trainer.strategy: fsdp): FSDP2 through Lightning's ModelParallelStrategy, on CPU and GPU
 
 
-def sharded_strategy(world: int, blocks: list[str], timeout_s: int) -> Any:
+class RunnerFSDP(ModelParallelStrategy):
+    """Lightning's ``ModelParallelStrategy`` that shards a module without its own ``configure_model`` (runner's
+    default sharding, ``shard_module`` of ``blocks``)."""
+
+    def __init__(self, blocks: list[str], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.blocks = blocks
+
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        module = self.lightning_module
+        if module is not None and type(module).configure_model is L.LightningModule.configure_model:
+            mesh = self.device_mesh["data_parallel"]
+            blocks = self.blocks
+
+            # An attribute of the instance: Lightning calls (and checks for) the hook by name on the module.
+            def configure_model() -> None:
+                shard_module(module, blocks, mesh)
+
+            module.configure_model = configure_model  # type: ignore[method-assign]
+
+
+def sharded_strategy(world: int, blocks: list[str], timeout_s: int) -> RunnerFSDP:
     """``trainer.strategy: fsdp``: Lightning's ``ModelParallelStrategy`` (FSDP2: ``fully_shard``) with every rank
     in one data-parallel dimension and no tensor parallelism. Lightning's ``FSDPStrategy`` (FSDP1) refuses a CPU
     accelerator; this one runs on CPU (gloo) and GPU (NCCL) alike. A module without its own ``configure_model``
     is sharded by runner (``shard_module``) when Lightning calls that hook, before the optimizer is built."""
-    from lightning.pytorch.strategies import ModelParallelStrategy
-
-    class RunnerFSDP(ModelParallelStrategy):
-        def setup_environment(self) -> None:
-            super().setup_environment()
-            module = self.lightning_module
-            if module is not None and type(module).configure_model is _lightning_configure_model():
-                mesh = self.device_mesh["data_parallel"]
-                # An attribute of the instance: Lightning calls (and checks for) the hook by name on the module.
-                def configure_model() -> None:
-                    shard_module(module, blocks, mesh)
-
-                module.configure_model = configure_model  # type: ignore[method-assign]
-
-    return RunnerFSDP(data_parallel_size=world, tensor_parallel_size=1, timeout=timedelta(seconds=timeout_s))
-
-
-def _lightning_configure_model() -> Any:
-    import lightning as L
-
-    return L.LightningModule.configure_model
+    return RunnerFSDP(blocks, data_parallel_size=world, tensor_parallel_size=1, timeout=timedelta(seconds=timeout_s))
 
 
 def shard_module(module: Any, blocks: list[str], mesh: Any) -> list[str]:
@@ -236,15 +218,11 @@ def shard_module(module: Any, blocks: list[str], mesh: Any) -> list[str]:
 
 def is_sharded(strategy: Any) -> bool:
     """Whether ``strategy`` shards the model with FSDP2 (runner's fsdp, or a program's ModelParallelStrategy)."""
-    from lightning.pytorch.strategies import ModelParallelStrategy
-
     return isinstance(strategy, ModelParallelStrategy)
 
 
 def is_fsdp(strategy: Any) -> bool:
     """Whether each rank holds its own shard of the gradients (FSDP1 or FSDP2)."""
-    from lightning.pytorch.strategies import FSDPStrategy
-
     return is_sharded(strategy) or isinstance(strategy, FSDPStrategy)
 
 
@@ -269,9 +247,6 @@ def sharded_snapshot(trainer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     the keys Lightning's ModelParallelStrategy loads: ``state_dict``, ``optimizer_N``; the rest of the Lightning
     checkpoint: loops, callbacks, the data module, written by rank 0 as ``meta.pt``). Nothing is gathered: each
     rank copies only its local shards."""
-    import torch
-    from lightning_utilities.core.apply_func import apply_to_collection
-
     ckpt = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
     shards = {"state_dict": ckpt.pop("state_dict")}
     shards.update({f"optimizer_{i}": s for i, s in enumerate(ckpt.pop("optimizer_states", []))})
@@ -309,8 +284,6 @@ META = "meta.pt"  # Lightning's name for the non-tensor part of a distributed ch
 def checkpoint_group() -> Any:
     """A gloo process group of all ranks for the background checkpoint writes (called by every rank at once):
     the writer thread's collectives never interleave with training's in the default group."""
-    import torch.distributed as dist
-
     return dist.new_group(backend="gloo")
 
 

@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from runner import __version__, redaction
-from runner.job import callback, container, internals
+from runner.job import container, jobenv, outcome
+from runner.job.resume import current_attempt
+from runner.job.stopflag import stop_flag
 from runner.log import setup as setup_logging
 from runner.rundir import EXIT_PREFLIGHT, EXIT_REQUEUE, EXIT_TERMINATED, RunDir, atomic_write, read_json
 from runner.spec.typed import Trainer as TrainerConfig
@@ -117,10 +119,10 @@ def train(rd: RunDir) -> int:
     # The signal handlers first of all: Slurm may send the time-limit signal seconds after the job starts (its
     # timer has a 60 s grain), and a rank without a handler dies of it (SIGUSR2's default) instead of stopping
     # at its first step with a checkpoint.
-    flag = callback.stop_flag(cfg["slurm"]["signal"])
+    flag = stop_flag(cfg["slurm"]["signal"])
     manifest = json.loads(rd.manifest.read_text())
-    rank, local, node, world = callback.ranks()
-    attempt = callback.current_attempt(rd)
+    rank, local, node, world = jobenv.ranks()
+    attempt = current_attempt(rd)
     _redirect_output(rd.rank_log(rank, attempt))
     setup_logging(stamped=True)  # a rank log is read later, next to other ranks' logs: every line has its time
     log.info("runner %s: rank %d/%d local %d node %d on %s, attempt %d", __version__, rank, world, local, node,
@@ -154,10 +156,15 @@ def train(rd: RunDir) -> int:
         return code
     if command:
         return program.run(rd, cfg, command, (rank, local, node, world), attempt)
+    import lightning as L
+
+    from runner.job import honesty, internals
+    from runner.job.callback import Guarantees
+
     if torch.distributed.is_initialized():
         log.info("training in the preflight's process group (%s, %d ranks)", torch.distributed.get_backend(),
                  torch.distributed.get_world_size())
-    import lightning as L
+        internals.set_pg_timeout(cfg["network"]["pg_timeout_s"])  # the preflight's short one gives way
 
     code_path(manifest)
     code = targets.check(cfg)  # every _target_ imports here, in the image (the login node only read the source)
@@ -166,8 +173,8 @@ def train(rd: RunDir) -> int:
     L.seed_everything(cfg["seed"] + rank, workers=True, verbose=False)
     model = instantiate(cfg["model"])
     data = instantiate(cfg["data"], dataloader=cfg["dataloader"], seed=cfg["seed"])
-    g = callback.Guarantees(rd, cfg, manifest["config_hash"], flag, rank, world, attempt,
-                            callback.configured_batch(cfg, world))
+    g = Guarantees(rd, cfg, manifest["config_hash"], flag, rank, world, attempt,
+                   honesty.configured_batch(cfg, world))
     plugins: list[Any] = []
     if under_slurm():
         from lightning.pytorch.plugins.environments import SLURMEnvironment
@@ -192,7 +199,7 @@ def train(rd: RunDir) -> int:
     g.save_final(trainer)
     trainer.strategy.barrier("runner-final")
     if rank == 0:
-        callback.finished(rd, trainer.global_step, g.checkpoint.productive())
+        outcome.finished(rd, trainer.global_step, g.checkpoint.productive())
     log.info("finished at step %d", trainer.global_step)
     return 0
 
@@ -216,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rd = RunDir(args.run_dir.resolve())
     code = train(rd)
-    if callback.ranks()[0] == 0:
+    if jobenv.ranks()[0] == 0:
         # srun reports 143 when --kill-on-bad-exit ends the ranks that were still exiting; this file keeps
         # the code all ranks agreed on, for the batch script's exit hook.
         attempt = {"code": code, "job_id": os.environ.get("SLURM_JOB_ID"), "time": time.time(),

@@ -25,6 +25,8 @@ import logging
 import os
 from typing import Any, NoReturn
 
+import lightning as L
+
 from runner.rundir import EXIT_SUPERSEDED, RunDir
 
 log = logging.getLogger(__name__)
@@ -61,23 +63,21 @@ class Reader:
         step_aside(self.rd, self.job, step)
 
 
-def make_callback(rd: RunDir) -> Any:
-    """A Lightning callback that ends a superseded job (``SystemExit(78)``) before it writes a checkpoint or the
-    final weights, at the same step on every rank (the periodic check rides on the stop agreement instead)."""
-    import lightning as L
+class OwnerCheck(L.Callback):
+    """Ends a superseded job (``SystemExit(78)``) before it writes a checkpoint or the final weights, at the same
+    step on every rank (the periodic check rides on the stop agreement instead)."""
 
-    job = os.environ.get("SLURM_JOB_ID")
+    def __init__(self, rd: RunDir) -> None:
+        self.rd = rd
+        self.job = os.environ.get("SLURM_JOB_ID")
 
-    class OwnerCheck(L.Callback):
-        def check(self, trainer: L.Trainer) -> None:
-            if job and not trainer.strategy.reduce_boolean_decision(still_owner(rd, job), all=True):
-                step_aside(rd, job, trainer.global_step)
+    def check(self, trainer: L.Trainer) -> None:
+        if self.job and not trainer.strategy.reduce_boolean_decision(still_owner(self.rd, self.job), all=True):
+            step_aside(self.rd, self.job, trainer.global_step)
 
-        def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule,
-                               checkpoint: dict[str, Any]) -> None:
-            self.check(trainer)  # every rank builds the checkpoint before any writes it
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        self.check(trainer)  # every rank builds the checkpoint before any writes it
 
-        def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-            self.check(trainer)  # before the final weights and the `finished` marker
-
-    return OwnerCheck()
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.check(trainer)  # before the final weights and the `finished` marker

@@ -15,7 +15,8 @@ How, in phases, never blocking longer than ``preflight.timeout_s`` on the networ
    slow node is named;
 4. rank 0 writes ``preflight.json`` and ``preflight.txt`` and tells every rank the outcome; on failure the
    alert goes out from rank 0 in a local run, from the batch script's exit hook (host side) under Slurm. On a
-   pass the process group stays up, with the training's timeout: Lightning finds it and trains in it.
+   pass the process group stays up (the launcher gives it the training's timeout): Lightning finds it and trains in
+   it.
    A rank that cannot reach rank 0 writes its own result under ``logs/preflight/``.
 
 torch is imported inside the functions that need it, when the launcher has already imported it.
@@ -63,7 +64,7 @@ from runner.checks import (
     worst,
 )
 from runner.errors import PreflightError
-from runner.job import ifname, internals
+from runner.job import ifname
 from runner.job.netenv import NetEnv
 from runner.rundir import EXIT_PREFLIGHT, RunDir, atomic_write, read_json
 from runner.spec.typed import RunConfig
@@ -251,13 +252,14 @@ def _join(job: _Job, store: Any) -> Any:
 
 
 def _hand_over(job: _Job, status: str) -> None:
-    """After the verdict: keep the process group for the training (with its timeout), or take it down."""
+    """After the verdict: keep the process group for the training, or take it down. Kept, it still has the
+    preflight's short timeout: the launcher sets the training's once it has imported Lightning (``internals``,
+    which holds torch's private setter, imports it)."""
     import torch.distributed as dist
 
     if not dist.is_initialized():
         return
     if job.train and status != FAIL:
-        internals.set_pg_timeout(job.cfg["network"]["pg_timeout_s"])
         if dist.get_backend() == "nccl":  # as Lightning does for a group it built: torch warns at exit otherwise
             atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
     else:

@@ -8,7 +8,7 @@ process, as the interpreter would run them (``runpy``): no second interpreter, n
 signal handlers stay the launcher's. Any other command is a child process that gets every signal the launcher gets.
 
 In the program, each Lightning ``Trainer`` gets runner's callback through Lightning's callback-factory entry point
-(``runner.job.callback.factory``), which also resumes its ``fit`` from runner's newest checkpoint. What the fit did
+(``runner.job.program_entry.factory``), which also resumes its ``fit`` from runner's newest checkpoint. What the fit did
 comes back in a small per-rank file, from which this module makes the exit code the batch script understands.
 """
 
@@ -27,7 +27,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
-from runner.job import callback, guards
+from runner.job import jobenv, outcome
 from runner.rundir import EXIT_PROGRAM, OWNER_FD_ENV, RunDir, read_json
 from runner.spec.typed import RunConfig
 
@@ -97,6 +97,7 @@ def environment(rank: int, local: int, node: int, world: int, per_node: int) -> 
 
 
 GROUP = "lightning.pytorch.callbacks_factory"
+FACTORY = "runner.job.program_entry:factory"  # runner's entry point in GROUP (pyproject.toml declares it)
 
 
 def entry_point(rd: RunDir) -> None:
@@ -107,13 +108,13 @@ def entry_point(rd: RunDir) -> None:
     sys.path and PYTHONPATH, declares it then (importlib.metadata reads such folders on every path entry)."""
     from importlib.metadata import entry_points
 
-    if any(e.value == "runner.job.callback:factory" for e in entry_points(group=GROUP)):
+    if any(e.value == FACTORY for e in entry_points(group=GROUP)):
         return
     where = rd.python
     info = where / "runner_program_callback-1.dist-info"
     info.mkdir(parents=True, exist_ok=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: runner-program-callback\nVersion: 1\n")
-    (info / "entry_points.txt").write_text(f"[{GROUP}]\nrunner = runner.job.callback:factory\n")
+    (info / "entry_points.txt").write_text(f"[{GROUP}]\nrunner = {FACTORY}\n")
     sys.path.append(str(where))
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(where)) if p)
 
@@ -168,7 +169,7 @@ def run(rd: RunDir, cfg: RunConfig, command: list[str], ranks: tuple[int, int, i
     """Run the program as this rank; the launcher's exit code."""
     rank, local, node, world = ranks
     os.environ.update(environment(rank, local, node, world, cfg["num_device"]))
-    os.environ[callback.PROGRAM_ENV] = str(rd.root)
+    os.environ[jobenv.PROGRAM_ENV] = str(rd.root)
     entry_point(rd)
     cwd = Path.cwd()  # the program's (``prepare``)
     random.seed(cfg["seed"] + rank)  # per-rank seeds for a program that sets none (one that does wins)
@@ -187,31 +188,31 @@ def run(rd: RunDir, cfg: RunConfig, command: list[str], ranks: tuple[int, int, i
                                              signal.SIGINT])
     except Exception as e:  # the traceback reaches the log; a crash in the program's own code is recorded too
         if not rd.crash_file(attempt, rank).exists():
-            guards.record_crash(rd, attempt, rank, -1, e)
+            outcome.record_crash(rd, attempt, rank, -1, e)
         raise
-    return conclude(rd, code, read_json(callback.outcome_file(rd, attempt, rank)), rank)
+    return conclude(rd, code, read_json(outcome.outcome_file(rd, attempt, rank)), rank)
 
 
-def conclude(rd: RunDir, code: int, outcome: Any, rank: int) -> int:
-    """The exit code from the program's own and what its fit did (``outcome``: None when no Trainer of the program
+def conclude(rd: RunDir, code: int, fit: Any, rank: int) -> int:
+    """The exit code from the program's own and what its fit did (``fit``: None when no Trainer of the program
     carried runner's callback through a fit)."""
     if code != 0:
         log.info("the program exited %d", code)
         return code
-    if not isinstance(outcome, dict):
+    if not isinstance(fit, dict):
         log.warning("the program exited 0 and trained no Lightning Trainer with runner's callback: what needs the "
                     "callback (checkpoints and resume, the hang watchdog, the non-finite guard) did not apply")
         if rank == 0:
-            callback.finished(rd, None, lightning=False)
+            outcome.finished(rd, None, lightning=False)
         return 0
-    step = int(outcome.get("step", 0))
-    if step == 0 and not outcome.get("resumed"):
+    step = int(fit.get("step", 0))
+    if step == 0 and not fit.get("resumed"):
         why = "the program exited 0 without training a step (an empty data loader? max_steps=0?)"
         log.error("program: %s. hint: check its data and its Trainer's limits", why)
         if rank == 0:
             rd.record("program_error", reason="no_training", detail=why)
         return EXIT_PROGRAM
     if rank == 0:
-        callback.finished(rd, step, outcome.get("productive_s"))
+        outcome.finished(rd, step, fit.get("productive_s"))
     log.info("finished at step %d", step)
     return 0

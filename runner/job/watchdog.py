@@ -33,6 +33,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import lightning as L
+
 from runner import stragglers
 from runner.rundir import EXIT_HANG, RunDir, atomic_write, read_json
 
@@ -326,25 +328,24 @@ def rank_hosts(rd: RunDir, attempt: int) -> dict[int, str]:
     return hosts
 
 
-def make_pulse(wd: Watchdog) -> Any:
+class Pulse(L.Callback):
     """The Lightning callback that feeds the watchdog from the training thread (timestamps only, no I/O)."""
-    import lightning as L
 
-    class Pulse(L.Callback):
-        def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
-            wd.batch_start()
+    def __init__(self, wd: Watchdog) -> None:
+        self.wd = wd
 
-        def on_before_backward(self, trainer: L.Trainer, *args: Any) -> None:
-            wd.before_backward()
+    def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        self.wd.batch_start()
 
-        def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-            wd.beat(trainer.global_step)
+    def on_before_backward(self, trainer: L.Trainer, *args: Any) -> None:
+        self.wd.before_backward()
 
-        def on_validation_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-            wd.busy(True)  # validation is progress too: restart the stall clock
-            wd.busy(False)
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        self.wd.beat(trainer.global_step)
 
-        def on_train_end(self, trainer: L.Trainer, *args: Any) -> None:
-            wd.stop()
+    def on_validation_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        self.wd.busy(True)  # validation is progress too: restart the stall clock
+        self.wd.busy(False)
 
-    return Pulse()
+    def on_train_end(self, trainer: L.Trainer, *args: Any) -> None:
+        self.wd.stop()

@@ -1,0 +1,43 @@
+"""What a rank leaves behind when its training ends: its crash record, a program fit's outcome, the run's
+``finished`` marker. Read by the launcher and the batch script's exit hook.
+
+Standard library only: the launcher and a program's rank import it before torch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from runner.rundir import RunDir, atomic_write
+
+log = logging.getLogger(__name__)
+
+
+def record_crash(rd: RunDir, attempt: int, rank: int, step: int, exc: BaseException) -> dict[str, Any]:
+    """Write what this rank raised (type, innermost frame, step): the exit hook compares attempts with it,
+    and the same crash at the same step twice is a crash loop (``runner.policy.crash_loop``)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    last = frames[-1] if frames else None
+    crash = {"type": type(exc).__name__, "message": str(exc)[:300], "step": step, "rank": rank,
+             "frame": f"{last.filename}:{last.lineno} in {last.name}" if last else None, "time": time.time()}
+    try:
+        atomic_write(rd.crash_file(attempt, rank), json.dumps(crash) + "\n")
+    except OSError as e:  # the traceback still reaches the rank log
+        log.warning("crash record not written: %s", e)
+    return crash
+
+
+def outcome_file(rd: RunDir, attempt: int, rank: int) -> Path:
+    """What a program's fit did on this rank (written by the wrapped ``Trainer.fit``, read by the launcher)."""
+    return rd.attempt_logs(attempt) / f"program-rank-{rank:05d}.json"
+
+
+def finished(rd: RunDir, step: int | None, productive_s: float | None = None, **fields: Any) -> None:
+    """Rank 0, once training ended: the ``finished`` marker and its ledger line."""
+    atomic_write(rd.finished, json.dumps({"step": step, "time": time.time(), "productive_s": productive_s}) + "\n")
+    rd.record("finished", step=step, **fields)

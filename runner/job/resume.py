@@ -1,0 +1,48 @@
+"""Where an attempt's ranks start: the attempt they belong to, and the checkpoint they all resume from.
+
+Standard library only (the launcher reads the attempt before torch is imported).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from runner import checkpoint
+from runner.rundir import ATTEMPT_ENV, RunDir, atomic_write, read_json
+from runner.spec.typed import RunConfig
+
+
+def current_attempt(rd: RunDir) -> int:
+    """The attempt whose ranks these are, as claimed by whoever started them (``RUNNER_ATTEMPT``).
+
+    A rank never claims one itself: every rank would claim its own. Started by hand without the variable, a
+    rank joins the latest attempt (or the first).
+    """
+    value = os.environ.get(ATTEMPT_ENV, "")
+    return int(value) if value.isdigit() else (rd.attempts() or [1])[-1]
+
+
+def resume_point(rd: RunDir, cfg: RunConfig, cfg_hash: str, rank: int, attempt: int) -> tuple[int, Path] | None:
+    """The newest complete, verified checkpoint: rank 0 hashes the files, the other ranks wait for its verdict.
+
+    One reader instead of one per rank (a shared file system would serve the whole checkpoint world-size
+    times). The verdict names its attempt and job, so a verdict left by an earlier attempt is never taken.
+    """
+    verdict = rd.logs / ".resume-verdict.json"
+    me = {"attempt": attempt, "job": os.environ.get("SLURM_JOB_ID"),
+          "restart": os.environ.get("SLURM_RESTART_COUNT", "0")}
+    if rank == 0:
+        last = checkpoint.latest(rd.checkpoints, cfg_hash, cfg["resume"]["force"], check=True)
+        atomic_write(verdict, json.dumps({**me, "step": last[0] if last else None,
+                                          "path": str(last[1]) if last else None}))
+        return last
+    deadline = time.monotonic() + cfg["network"]["pg_timeout_s"]
+    while time.monotonic() < deadline:
+        got = read_json(verdict, {}) or {}
+        if all(got.get(k) == v for k, v in me.items()):
+            return (int(got["step"]), Path(got["path"])) if got.get("path") else None
+        time.sleep(0.05)
+    raise TimeoutError(f"rank 0 gave no checkpoint verdict in {verdict} within {cfg['network']['pg_timeout_s']} s")
