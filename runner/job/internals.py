@@ -5,7 +5,9 @@ connector), DDP with one bucket layout for the whole run (torch's reducer), and 
 what that DDP needs (``fixed_buckets_missing``), which makes exact resume fall back to a public option instead; the
 non-finite guard's fused norm and sparse values; the timeout of a process group that already exists; sharded
 training (``trainer.strategy: fsdp``): Lightning's ModelParallelStrategy with runner's default sharding, the
-sharded checkpoint snapshot (Lightning's checkpoint connector again) and its DCP write.
+sharded checkpoint snapshot (Lightning's checkpoint connector again) and its DCP write; the frames of torch's own
+code that tell the hang watchdog what a stuck rank waits in. tests/test_internals.py checks each against the
+installed torch and Lightning.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any, cast
 import lightning as L
 import torch
 import torch.distributed as dist
+from lightning.fabric.strategies.model_parallel import _METADATA_FILENAME
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch.nn.parallel import DistributedDataParallel
@@ -278,7 +281,7 @@ def move_epoch_position(ckpt: dict[str, Any], world: int) -> tuple[int, int, int
     return done, old, new
 
 
-META = "meta.pt"  # Lightning's name for the non-tensor part of a distributed checkpoint (its _METADATA_FILENAME)
+META: str = _METADATA_FILENAME  # Lightning's name for the non-tensor part of a distributed checkpoint
 
 
 def checkpoint_group() -> Any:
@@ -293,3 +296,14 @@ def dcp_save(shards: dict[str, Any], path: Any, group: Any) -> None:
     import torch.distributed.checkpoint as dcp
 
     dcp.save(shards, checkpoint_id=path, process_group=group)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The hang watchdog's phases (runner.job.watchdog.PHASES adds the public frames): "file:function" substrings of
+# torch's private code. Renamed in another torch, a stuck rank's phase reads vaguer; nothing fails.
+
+# torch.distributed's collectives, and DDP's own broadcasts (torch/nn/parallel/distributed.py): the buffer sync
+# before each forward.
+COLLECTIVE_FRAMES = ("distributed_c10d.py:", ":_distributed_broadcast_coalesced", ":_sync_buffers",
+                     ":_sync_module_buffers")
+DATA_FRAMES = ("_next_data",)  # a DataLoader iterator fetching the next batch

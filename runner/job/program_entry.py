@@ -1,11 +1,11 @@
 """Program mode's door into runner: the callback in the user's own Trainer, and its ``fit`` resumed.
 
 The program builds its own Trainer, and Lightning adds the callbacks that the factories of the entry-point group
-``lightning.pytorch.callbacks_factory`` return (``_load_external_callbacks``, inside ``Trainer.__init__``, so
-Lightning is fully imported by then): ``factory`` is runner's, and returns the callback only in a process that
-runner's launcher started for a run (``PROGRAM_ENV``), nothing anywhere else. The resume door is ``Trainer.fit``
-itself, wrapped once per process (``wrap_fit``): runner's newest complete checkpoint wins over the program's own
-``ckpt_path`` (and over Lightning's ``hpc_ckpt``), which is used only while runner has none.
+``lightning.pytorch.callbacks_factory`` return (inside ``Trainer.__init__``, so Lightning is fully imported by
+then): ``factory`` is runner's, and returns the callback only in a process that runner's launcher started for a
+run (``PROGRAM_ENV``), nothing anywhere else. The resume door is ``Trainer.fit`` itself, wrapped once per process
+(``wrap_fit``): runner's newest complete checkpoint wins over the program's own ``ckpt_path`` (and over Lightning's
+``hpc_ckpt``), which is used only while runner has none.
 """
 
 from __future__ import annotations

@@ -36,6 +36,7 @@ from typing import Any
 import lightning as L
 
 from runner import stragglers
+from runner.job import internals
 from runner.rundir import EXIT_HANG, RunDir, atomic_write, read_json
 
 log = logging.getLogger(__name__)
@@ -47,12 +48,11 @@ WAITING = frozenset({"collective", "backward"})
 
 # (phase, substrings of "file:function" of any frame in the stack): the first rule that matches names the phase.
 # Checked innermost frame first, so a collective inside backward is a collective.
+# torch's private frames come from internals.
 PHASES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    # DDP's own broadcasts live in torch/nn/parallel/distributed.py: the buffer sync before each forward.
-    ("collective", ("distributed_c10d.py:", "torch/distributed/", "reduce_boolean_decision", ":barrier",
-                    ":_distributed_broadcast_coalesced", ":_sync_buffers", ":_sync_module_buffers")),
+    ("collective", (*internals.COLLECTIVE_FRAMES, "torch/distributed/", "reduce_boolean_decision", ":barrier")),
     ("checkpoint", ("torch/serialization.py:", "save_checkpoint", "runner/checkpoint.py:")),
-    ("data", ("torch/utils/data/", ":__getitem__", ":__iter__", ":__next__", "_next_data")),
+    ("data", ("torch/utils/data/", ":__getitem__", ":__iter__", ":__next__", *internals.DATA_FRAMES)),
     ("backward", ("torch/autograd/", ":backward")),
     ("optimizer", ("torch/optim/", "optimizer_step")),
     ("forward", (":forward", ":training_step")),

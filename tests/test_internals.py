@@ -1,0 +1,84 @@
+"""Every private part of torch and Lightning that runner uses (runner.job.internals) still exists in the installed
+versions: a new torch or Lightning fails here, by name, not in a rank's log."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+L = pytest.importorskip("lightning")
+torch = pytest.importorskip("torch")
+
+import torch.distributed as dist  # noqa: E402
+from lightning.pytorch.strategies import DDPStrategy  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+
+from runner import checkpoint  # noqa: E402
+from runner.dev.example import ShardedDataModule, TinyRegressor  # noqa: E402
+from runner.job import internals, watchdog  # noqa: E402
+
+pytestmark = [pytest.mark.unit, pytest.mark.filterwarnings("ignore:.*LeafSpec:FutureWarning")]
+
+
+def test_the_checkpoint_snapshot_has_the_layout_the_data_position_move_reads(tmp_path: Path) -> None:
+    """``snapshot`` (Lightning's checkpoint connector) and ``move_epoch_position`` (its loops' saved layout)."""
+    trainer = L.Trainer(max_steps=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, accelerator="cpu", devices=1, default_root_dir=str(tmp_path))
+    trainer.fit(TinyRegressor(), datamodule=ShardedDataModule(dataloader={"train": {"batch_size": 8}}))
+    buffers: list[object] = []
+    ckpt = internals.snapshot(trainer, buffers)
+    assert ckpt is not None and "state_dict" in ckpt and buffers
+    fit = ckpt["loops"]["fit_loop"]
+    assert len(fit["state_dict"]["combined_loader"]) == 1
+    assert fit["epoch_loop.batch_progress"]["current"]["ready"] == 3
+    shards, meta = internals.sharded_snapshot(trainer)
+    assert set(shards) == {"state_dict", "optimizer_0"} and "loops" in meta
+
+
+def test_the_guards_sparse_values_and_fused_norms() -> None:
+    grad = torch.sparse_coo_tensor([[0, 2]], [3.0, 4.0], (4,))
+    assert internals.sparse_values(grad).tolist() == [3.0, 4.0]
+    assert [float(n) for n in internals.norms([torch.tensor([3.0, 4.0]), torch.zeros(2)])] == [5.0, 0.0]
+
+
+def test_a_process_groups_timeout_can_be_set_after_it_was_built() -> None:
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        internals.set_pg_timeout(60)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_fixed_bucket_ddp_overrides_and_calls_what_torch_and_lightning_have() -> None:
+    assert internals.fixed_buckets_missing(DistributedDataParallel, dist.Reducer) == []
+    overridden = {name for cls in (internals.ReadyOrderDDP, internals.FixedBucketsDDP) for name in vars(cls)
+                  if name.startswith("_") and not name.startswith("__")}
+    assert overridden and all(hasattr(DistributedDataParallel, n) or hasattr(DDPStrategy, n) for n in overridden)
+    assert isinstance(DDPStrategy()._ddp_kwargs, dict)  # what fix_bucket_layout reads and the override passes on
+    strategy = DDPStrategy()
+    assert internals.fix_bucket_layout(strategy) == "fixed bucket layout"
+    assert type(strategy) is internals.FixedBucketsDDP
+
+
+def test_the_sharded_checkpoints_files_are_named_as_runner_expects(tmp_path: Path) -> None:
+    """DCP's index and shard names (``checkpoint.verify``, ``write_digests``) and Lightning's name for the rest."""
+    internals.dcp_save({"state_dict": {"w": torch.zeros(3)}}, tmp_path, None)
+    assert (tmp_path / checkpoint.DCP_METADATA).is_file()
+    checkpoint.write_digests(tmp_path, 0)  # finds this rank's one shard
+    assert internals.META == checkpoint.DCP_META
+
+
+@pytest.mark.parametrize("mark", [*internals.COLLECTIVE_FRAMES, *internals.DATA_FRAMES])
+def test_the_watchdogs_private_frames_are_this_torchs(mark: str) -> None:
+    if mark.endswith(".py:"):
+        assert any(p.name == mark[:-1] for p in Path(torch.__file__).parent.rglob(mark[:-1]))
+        return
+    loader_iter = type(iter(torch.utils.data.DataLoader([0])))
+    assert any(hasattr(owner, mark.lstrip(":")) for owner in (DistributedDataParallel, loader_iter)), mark
+
+
+def test_the_watchdogs_torch_paths_are_this_torchs() -> None:
+    site = Path(torch.__file__).parent.parent
+    paths = [m.rstrip(":") for _, marks in watchdog.PHASES for m in marks if m.startswith("torch/")]
+    assert paths and all((site / p).exists() for p in paths), paths
