@@ -26,13 +26,9 @@ pytestmark = pytest.mark.unit
     ("7", {}, [False] * 12),  # no job_id file (or unreadable): a blip is no reason to stop
 ])
 def test_the_owner_is_read_every_n_steps(job: str | None, owners: dict[int, str], expected: list[bool],
-                                         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    if job is None:
-        monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    else:
-        monkeypatch.setenv("SLURM_JOB_ID", job)
+                                         tmp_path: Path) -> None:
     rd = RunDir(tmp_path)
-    superseded = owner.Reader(rd, 5)
+    superseded = owner.Reader(rd, 5, job)  # job: this rank's SLURM_JOB_ID (JobEnv)
     got = []
     for step in range(12):
         if step in owners:

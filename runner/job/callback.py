@@ -24,7 +24,7 @@ import lightning as L
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from runner import checkpoint
-from runner.job import internals, outcome, watchdog
+from runner.job import internals, jobenv, outcome, watchdog
 from runner.job.ckpt_callback import RunnerCheckpoint, save
 from runner.job.guards import NonFiniteGuard
 from runner.job.honesty import Honesty
@@ -74,7 +74,8 @@ class Guarantees:
                  attempt: int, configured_batch: int | None, extra: list[L.Callback] | None = None) -> None:
         self.rd, self.cfg, self.cfg_hash, self.rank, self.world, self.attempt = rd, cfg, cfg_hash, rank, world, attempt
         self.guard = NonFiniteGuard(rd, cfg["nonfinite"]["action"], cfg["nonfinite"]["max_skips"])
-        self.checkpoint = RunnerCheckpoint(rd, cfg, cfg_hash, flag, attempt, self.guard)
+        job = jobenv.current().job_id
+        self.checkpoint = RunnerCheckpoint(rd, cfg, cfg_hash, flag, attempt, self.guard, job)
         w = cfg["watchdog"]
         self.watchdog = watchdog.Watchdog(rd, rank, world, attempt, factor=w["factor"], floor_s=w["floor_s"],
                                           report_every_s=w["straggler_report_s"],
@@ -84,7 +85,7 @@ class Guarantees:
                                moved=lambda: self.checkpoint.moved)
         # The non-finite guard runs before the optimizer step and before the checkpoint callback; the watchdog's
         # pulse first of all, so the stall clock stops before the last checkpoint is awaited at the end.
-        self.parts: list[L.Callback] = [*(extra or []), *pulse, self.guard, OwnerCheck(rd), self.checkpoint,
+        self.parts: list[L.Callback] = [*(extra or []), *pulse, self.guard, OwnerCheck(rd, job), self.checkpoint,
                                         self.honesty]
         self.callback = combine(self.parts)
         self.callback.runner = self  # how the wrapped Trainer.fit finds its trainer's guarantees

@@ -50,17 +50,17 @@ def _loss(outputs: Any) -> float | None:
 class RunnerCheckpoint(L.Callback):
     """Checkpoints every ``checkpoint.every_n_steps`` steps and at the agreed stop step; resumes the RNG and the
     data position of the checkpoint that ``resuming`` names. ``guard``: a tripped non-finite guard's step is never
-    saved."""
+    saved. ``job``: the Slurm job these ranks belong to, whose ownership of the run they check (None: a local run)."""
 
     def __init__(self, rd: RunDir, cfg: RunConfig, cfg_hash: str, flag: StopFlag, attempt: int,
-                 guard: NonFiniteGuard | None = None) -> None:
+                 guard: NonFiniteGuard | None = None, job: str | None = None) -> None:
         self.rd, self.cfg_hash, self.flag, self.attempt, self.guard = rd, cfg_hash, flag, attempt, guard
         self.every, self.keep = cfg["checkpoint"]["every_n_steps"], cfg["checkpoint"]["keep_last"]
         self.publish_timeout = float(cfg["network"]["pg_timeout_s"])  # other ranks' files: as long as a collective
         self.last_saved = -1
         self.stopped_by_signal = False
         self.t0 = time.time()
-        self.owner = owner.Reader(rd, cfg["resume"]["owner_check_every_n_steps"])
+        self.owner = owner.Reader(rd, cfg["resume"]["owner_check_every_n_steps"], job)
         self.agreement = Agreement(flag, self.owner)
         self.writer = checkpoint.Writer()
         self.buffers: list[torch.Tensor] = []  # rank 0's copy of the last checkpoint, reused by the next (snapshot)

@@ -37,10 +37,6 @@ from runner.spec.typed import read_resolved
 log = logging.getLogger("runner.job.launch")  # not __name__: run with -m, this module is __main__
 
 
-def under_slurm() -> bool:
-    return "SLURM_PROCID" in os.environ and os.environ.get("SLURM_JOB_NAME") not in ("bash", "interactive")
-
-
 def instantiate(spec: dict[str, Any], **offered: Any) -> Any:
     """Build ``_target_(**kwargs)``; extra arguments are passed only if the target accepts them."""
     kwargs = {k: v for k, v in spec.items() if k != "_target_"}
@@ -121,7 +117,7 @@ def train(rd: RunDir) -> int:
     # at its first step with a checkpoint.
     flag = stop_flag(cfg["slurm"]["signal"])
     manifest = json.loads(rd.manifest.read_text())
-    rank, local, node, world = jobenv.ranks()
+    rank, local, node, world = jobenv.current().ranks()
     attempt = current_attempt(rd)
     _redirect_output(rd.rank_log(rank, attempt))
     setup_logging(stamped=True)  # a rank log is read later, next to other ranks' logs: every line has its time
@@ -176,7 +172,7 @@ def train(rd: RunDir) -> int:
     g = Guarantees(rd, cfg, manifest["config_hash"], flag, rank, world, attempt,
                    honesty.configured_batch(cfg, world))
     plugins: list[Any] = []
-    if under_slurm():
+    if jobenv.current().under_slurm:
         from lightning.pytorch.plugins.environments import SLURMEnvironment
 
         plugins.append(SLURMEnvironment(auto_requeue=False))
@@ -223,11 +219,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rd = RunDir(args.run_dir.resolve())
     code = train(rd)
-    if jobenv.ranks()[0] == 0:
+    env = jobenv.current()
+    if env.rank == 0:
         # srun reports 143 when --kill-on-bad-exit ends the ranks that were still exiting; this file keeps
         # the code all ranks agreed on, for the batch script's exit hook.
-        attempt = {"code": code, "job_id": os.environ.get("SLURM_JOB_ID"), "time": time.time(),
-                   "restart_count": os.environ.get("SLURM_RESTART_COUNT", "0")}
+        attempt = {"code": code, "job_id": env.job_id, "time": time.time(), "restart_count": env.restart_count}
         atomic_write(rd.last_exit, json.dumps(attempt) + "\n")
     if code in (0, EXIT_REQUEUE):  # every rank agreed to end here, so none waits on another's group
         _release_process_group()

@@ -22,7 +22,6 @@ A local run has no job id and no check: it is started in the foreground and its 
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any, NoReturn
 
 import lightning as L
@@ -45,12 +44,11 @@ def step_aside(rd: RunDir, job: str | None, step: int) -> NoReturn:
 
 
 class Reader:
-    """``reader(step)``: whether the run's ``job_id`` names another job than this one, read at most every
+    """``reader(step)``: whether the run's ``job_id`` names another job than ``job`` (this one), read at most every
     ``every_n_steps`` steps (the last reading in between; once superseded, always; never without a Slurm job)."""
 
-    def __init__(self, rd: RunDir, every_n_steps: int) -> None:
-        self.rd, self.every = rd, every_n_steps
-        self.job = os.environ.get("SLURM_JOB_ID")
+    def __init__(self, rd: RunDir, every_n_steps: int, job: str | None) -> None:
+        self.rd, self.every, self.job = rd, every_n_steps, job
         self.read_at = -every_n_steps
         self.superseded = False
 
@@ -65,11 +63,11 @@ class Reader:
 
 class OwnerCheck(L.Callback):
     """Ends a superseded job (``SystemExit(78)``) before it writes a checkpoint or the final weights, at the same
-    step on every rank (the periodic check rides on the stop agreement instead)."""
+    step on every rank (the periodic check rides on the stop agreement instead). ``job``: this one (None: a local
+    run, never superseded)."""
 
-    def __init__(self, rd: RunDir) -> None:
-        self.rd = rd
-        self.job = os.environ.get("SLURM_JOB_ID")
+    def __init__(self, rd: RunDir, job: str | None) -> None:
+        self.rd, self.job = rd, job
 
     def check(self, trainer: L.Trainer) -> None:
         if self.job and not trainer.strategy.reduce_boolean_decision(still_owner(self.rd, self.job), all=True):

@@ -64,7 +64,7 @@ from runner.checks import (
     worst,
 )
 from runner.errors import PreflightError
-from runner.job import ifname
+from runner.job import ifname, jobenv
 from runner.job.netenv import NetEnv
 from runner.rundir import EXIT_PREFLIGHT, RunDir, atomic_write, read_json
 from runner.spec.typed import RunConfig
@@ -156,9 +156,8 @@ class _Job:
     def master(self) -> tuple[str, int]:
         # Its own port, next to MASTER_PORT: ranks that finish preflight early must never reach a preflight
         # store that is closing when they rendezvous for Lightning on MASTER_PORT ("Failed to recv").
-        master_port = int(os.environ.get("MASTER_PORT", "29500"))
-        return os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("RUNNER_PREFLIGHT_PORT",
-                                                                               master_port + 1))
+        at = jobenv.current().rendezvous
+        return at.addr, at.preflight_port
 
 
 def _local_facts(job: _Job) -> dict[str, Any]:

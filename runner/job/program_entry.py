@@ -15,7 +15,6 @@ import functools
 import inspect
 import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,7 @@ log = logging.getLogger("runner.job.callback")  # rank logs name these lines run
 def factory() -> list[L.Callback]:
     """The ``lightning.pytorch.callbacks_factory`` entry point: runner's callback for a Trainer built by a program
     that runner's launcher runs (``PROGRAM_ENV`` names the run), nothing in any other process."""
-    run_dir = os.environ.get(jobenv.PROGRAM_ENV)
+    run_dir = jobenv.program_run_dir()
     if not run_dir:
         return []
     rd = RunDir(Path(run_dir))
@@ -44,7 +43,8 @@ def factory() -> list[L.Callback]:
     flag = stop_flag(cfg["slurm"]["signal"])
     if not logging.getLogger("runner").handlers:  # a program's own process: runner's lines stamped, as the launcher's
         setup_logging(stamped=True)
-    rank, _, _, world = jobenv.ranks()
+    env = jobenv.current()
+    rank, world = env.rank, env.world_size
     manifest = read_json(rd.manifest, {}) or {}
     g = Guarantees(rd, cfg, str(manifest.get("config_hash", "")), flag, rank, world, current_attempt(rd), None,
                    extra=[ProgramSetup(cfg)])

@@ -6,12 +6,12 @@ Standard library only (the launcher reads the attempt before torch is imported).
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
 from runner import checkpoint
-from runner.rundir import ATTEMPT_ENV, RunDir, atomic_write, read_json
+from runner.job import jobenv
+from runner.rundir import RunDir, atomic_write, read_json
 from runner.spec.typed import RunConfig
 
 
@@ -21,8 +21,8 @@ def current_attempt(rd: RunDir) -> int:
     A rank never claims one itself: every rank would claim its own. Started by hand without the variable, a
     rank joins the latest attempt (or the first).
     """
-    value = os.environ.get(ATTEMPT_ENV, "")
-    return int(value) if value.isdigit() else (rd.attempts() or [1])[-1]
+    claimed = jobenv.current().attempt
+    return claimed if claimed is not None else (rd.attempts() or [1])[-1]
 
 
 def resume_point(rd: RunDir, cfg: RunConfig, cfg_hash: str, rank: int, attempt: int) -> tuple[int, Path] | None:
@@ -32,8 +32,8 @@ def resume_point(rd: RunDir, cfg: RunConfig, cfg_hash: str, rank: int, attempt: 
     times). The verdict names its attempt and job, so a verdict left by an earlier attempt is never taken.
     """
     verdict = rd.logs / ".resume-verdict.json"
-    me = {"attempt": attempt, "job": os.environ.get("SLURM_JOB_ID"),
-          "restart": os.environ.get("SLURM_RESTART_COUNT", "0")}
+    env = jobenv.current()
+    me = {"attempt": attempt, "job": env.job_id, "restart": env.restart_count}
     if rank == 0:
         last = checkpoint.latest(rd.checkpoints, cfg_hash, cfg["resume"]["force"], check=True)
         atomic_write(verdict, json.dumps({**me, "step": last[0] if last else None,

@@ -36,7 +36,7 @@ from typing import Any
 import lightning as L
 
 from runner import stragglers
-from runner.job import internals
+from runner.job import internals, jobenv
 from runner.rundir import EXIT_HANG, RunDir, atomic_write, read_json
 
 log = logging.getLogger(__name__)
@@ -283,10 +283,9 @@ class Watchdog:
         atomic_write(self.rd.hang, json.dumps(summary, indent=1))
         self.rd.record("hang", summary=summary["summary"], nodes=summary["nodes"], step=summary["step"])
         # The exit hook reads the agreed exit code from here (rank 0 may be the stuck one).
-        atomic_write(self.rd.last_exit, json.dumps({"code": EXIT_HANG, "job_id": os.environ.get("SLURM_JOB_ID"),
-                                                    "time": time.time(),
-                                                    "restart_count": os.environ.get("SLURM_RESTART_COUNT", "0")})
-                     + "\n")
+        env = jobenv.current()
+        atomic_write(self.rd.last_exit, json.dumps({"code": EXIT_HANG, "job_id": env.job_id, "time": time.time(),
+                                                    "restart_count": env.restart_count}) + "\n")
         log.error("%s", summary["summary"])
 
     def _reports(self) -> dict[int, dict[str, Any]]:
