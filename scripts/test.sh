@@ -4,7 +4,8 @@
 #
 # Usage: scripts/test.sh [--unit] [pytest args]
 #   --unit   lint and the unit tier only (tests that start no process; under a minute on 2 cores): no apt, no
-#            ESPnet3 venv. The tiers (unit, local, browser, slurm, podman) are markers: see tests/conftest.py.
+#            ESPnet3 venv. The tiers (unit, local, browser, slurm, podman) are markers, one tier per file: see
+#            tests/conftest.py.
 #   -m EXPR  runs the tests EXPR selects; own_session tests among them still run in a pytest session of their own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,7 +42,7 @@ export MYPY_CACHE_DIR=${MYPY_CACHE_DIR:-$RUNNER_CACHE/mypy} RUFF_CACHE_DIR=${RUF
 
 step setup scripts/setup.sh
 if [ "$unit" = 0 ]; then
-  # ESPnet3's own venv (Python 3.12) for tests/test_espnet3.py; its packages are cached outside the clone, a stamp
+  # ESPnet3's own venv (Python 3.12) for tests/test_espnet3*.py; its packages are cached outside the clone, a stamp
   # skips it once done. Without a Python 3.12 its tests skip with the reason on a laptop, and fail under CI=true.
   step install-espnet3 scripts/install-espnet3.sh || [ "${CI:-}" != true ]
   if [ "$(id -u)" = 0 ]; then  # each installer only when what it installs is missing

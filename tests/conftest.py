@@ -10,11 +10,14 @@ Every test belongs to exactly one tier, a marker that says what it needs (`pytes
 - ``slurm``: needs the local dev Slurm cluster (root).
 - ``podman``: needs podman and its local base image (root); some of these use the dev cluster as well.
 
-A module says its tier with ``pytestmark = pytest.mark.<tier>``, a test that differs says its own
-(``@pytest.mark.local``); a test that says none and uses a fixture of a heavier tier (`slurm_cluster`,
-`podman_base_image`, a fixture marked ``@fixture_tier("local")``) gets that tier. tests/test_tiers.py fails when a
-test has no tier, two, or is a unit test that asks for a process-starting fixture; a unit test that starts a process
-anyway fails at teardown.
+One tier per file: a module says its tier with ``pytestmark = pytest.mark.<tier>``, and a test of another tier goes
+to a sibling file named for it (``test_x.py``, ``test_x_unit.py``, ``test_x_local.py``, ``test_x_cluster.py`` for
+slurm, ``test_x_podman.py``, ``test_x_browser.py``), importing the helpers it shares. So ``pytest tests/test_x.py``
+runs one tier, and a split file's siblings say theirs by name. A test may still say its tier itself, and one that says
+none and uses a fixture of a heavier tier (`slurm_cluster`, `podman_base_image`, a fixture marked
+``@fixture_tier("local")``) gets that tier: either way it must be its file's. tests/test_tiers.py fails when a test has
+no tier, two, or is a unit test that asks for a process-starting fixture, and when a file holds tests of two tiers; a
+unit test that starts a process anyway fails at teardown.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import logging
 import os
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import pytest
@@ -120,6 +123,16 @@ def resolve_tier(item: pytest.Item) -> tuple[str | None, list[str]]:
         uses = ", ".join(f"{f} ({t})" for f, t in needed.items() if _rank(t) > _rank(tier))
         problems.append(f"is in the {tier} tier but uses {uses}")
     return tier, problems
+
+
+def mixed_files(tiers: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
+    """The files whose tests are of more than one tier, each with those tiers (lightest first), from (file, tier)
+    pairs; a test without a tier ("") is left to resolve_tier's problems."""
+    found: dict[str, set[str]] = {}
+    for path, tier in tiers:
+        if tier:
+            found.setdefault(path, set()).add(tier)
+    return {path: sorted(held, key=_rank) for path, held in found.items() if len(held) > 1}
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the tiers are checked over everything collected

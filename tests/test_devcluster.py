@@ -1,6 +1,7 @@
 """The dev cluster is a real Slurm cluster: multi-node jobs, fake GPUs, accounting, requeue, tc.
 
-Needs root + Slurm (see tests/slurm_fixture.py); the last tests need neither.
+Needs root + Slurm (see tests/slurm_fixture.py); what needs neither is in tests/test_devcluster_unit.py and
+tests/test_devcluster_local.py.
 """
 
 from __future__ import annotations
@@ -15,10 +16,9 @@ from pathlib import Path
 import pytest
 
 from runner.dev import devcluster
-from runner.errors import ClusterError
 from tests.waiting import until
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.slurm
 
 
 def _sh(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess[str]:
@@ -209,51 +209,6 @@ def test_kill_and_revive_node(slurm_cluster: devcluster.Cluster, tmp_path: Path)
     job2, out = _sbatch(tmp_path, "hostname\n", "-w", "n2")
     assert _wait_final(job2)[1:] == ["COMPLETED", "0:0"]
     assert out.read_text().strip() == "n2"
-
-
-def test_up_needs_root(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    with pytest.raises(ClusterError, match="root"):
-        devcluster.up()
-
-
-def test_up_names_missing_packages(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(os, "geteuid", lambda: 0)
-    monkeypatch.setattr(devcluster.shutil, "which", lambda cmd: None)
-    with pytest.raises(ClusterError, match="install-slurm.sh"):
-        devcluster.up()
-
-
-def test_slurm_conf_has_fast_settings(tmp_path: Path) -> None:
-    p = devcluster._Paths(tmp_path)
-    cluster = devcluster.Cluster(root=tmp_path, conf=p.conf, nodes=["n1", "n2"],
-                                 addresses={"n1": "10.77.0.1", "n2": "10.77.0.2"},
-                                 netns={"n1": "rdc-n1", "n2": "rdc-n2"})
-    conf = devcluster._render_slurm_conf(p, cluster, "proctrack/cgroup")
-    for setting in ("KillWait=2", "cred_expire=5", "JobRequeue=1", "sched_interval=1",
-                    "SlurmdParameters=config_overrides", "JobCompType=jobcomp/filetxt",
-                    "NodeName=n2 NodeHostname=n2 NodeAddr=10.77.0.2", "Gres=gpu:2",
-                    "PartitionName=dev Nodes=n1,n2 Default=YES"):
-        assert setting in conf
-    gres = devcluster._render_gres_conf(p, cluster)
-    assert gres.startswith("AutoDetect=off\n")
-    assert f"NodeName=n1 Name=gpu File={tmp_path}/nodes/n1/dev/nvidia1" in gres
-
-
-@pytest.mark.local
-def test_node_states_need_an_answer_from_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """sinfo refusing means "not ready yet" (up() keeps waiting); no sinfo at all is an error at once."""
-    cluster = devcluster.Cluster(root=tmp_path, conf=tmp_path / "slurm.conf", nodes=["n1"],
-                                 addresses={"n1": "10.77.0.1"}, netns={"n1": "rdc-n1"})
-    monkeypatch.setenv("PATH", str(tmp_path))
-    with pytest.raises(ClusterError, match="sinfo: command not found"):
-        devcluster._sinfo_states(cluster)
-    sinfo = tmp_path / "sinfo"
-    sinfo.write_text("#!/bin/sh\nexit 1\n")
-    sinfo.chmod(0o755)
-    assert devcluster._sinfo_states(cluster) is None
-    sinfo.write_text(f'#!/bin/sh\n[ "$SLURM_CONF" = "{cluster.conf}" ] || exit 1\necho "n1 idle"\necho "n2 down*"\n')
-    assert devcluster._sinfo_states(cluster) == {"n1": "idle", "n2": "down*"}
 
 
 @pytest.mark.slurm

@@ -12,10 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from runner import policy
-from runner.alerts import nextstep
 from tests.ci import need
-from tests.test_policy import Limits
 
 pytestmark = pytest.mark.local
 
@@ -73,50 +70,6 @@ def test_an_unreachable_slurm_controller_is_named_as_such(tmp_path: Path) -> Non
         assert "no Slurm controller answers" in line and "SLURM_CONF" in line, line
         assert "num_nodes" not in line  # the config is not what is wrong
         assert not list((tmp_path / "runs").glob("*"))
-
-
-LIMITS = Limits(requeue=True, max_restarts=3)
-EXIT = {"event": "exit", "outcome": "failed", "time": 1.0}
-
-
-def slurm_next(outcome: str) -> str:
-    """What the exit hook's alert says for a Slurm training run's first attempt ending with ``outcome``."""
-    events = [{"event": "submitted", "time": 0.0}, {**EXIT, "outcome": outcome}]
-    decision = policy.after_exit(outcome, 1, "7", LIMITS, events)
-    requeued = True if decision.action == "requeue" else None
-    return nextstep.next_step(outcome, decision, 1, LIMITS, requeued, events)
-
-
-# (scheduler, workload, outcome) -> what the "Next:" line must say, and what it must not (a promise not kept there).
-NEXT_STEPS = [
-    ("slurm", "training", "failed", "runner cron resubmits it", None),
-    ("slurm", "training", "hang", "runner cron resubmits it", None),
-    ("slurm", "training", "preempted", "requeued as attempt 2", "runner resume"),
-    ("slurm", "training", "timeout", "requeued as attempt 2", "runner resume"),
-    ("slurm", "training", "nan", "stopped, not retried", "cron resubmits"),
-    ("slurm", "training", "preflight_failed", "not retried", "cron resubmits"),
-    ("local", "training", "failed", "`runner resume run-x`", "cron resubmits it"),
-    ("local", "training", "hang", "`runner resume run-x`", "cron resubmits it"),
-    ("local", "training", "nan", "fix the model or data", "cron resubmits it"),
-    ("local", "training", "preflight_failed", "fix the check", "cron resubmits it"),
-    ("local", "training", "completed", "nothing: training finished", "resume"),
-    ("local", "parallel", "failed", "`runner resume run-x` runs the items not done", "cron resubmits it"),
-    ("local", "parallel", "completed", "every item is done", "resume"),
-]
-
-
-@pytest.mark.unit
-@pytest.mark.parametrize(("scheduler", "workload", "outcome", "says", "never"), NEXT_STEPS)
-def test_each_next_line_says_what_happens_next(scheduler: str, workload: str, outcome: str, says: str,
-                                               never: str | None) -> None:
-    if workload == "parallel":
-        text = nextstep.parallel_next_step(outcome, "run-x")
-    elif scheduler == "local":
-        text = nextstep.local_next_step(outcome, "run-x")
-    else:
-        text = slurm_next(outcome)
-    assert says in text, text
-    assert never is None or never not in text, text
 
 
 def test_hints_list_each_known_key_once(tmp_path: Path) -> None:

@@ -68,17 +68,6 @@ def test_an_unreadable_memory_is_one_line(tmp_path: Path, capsys: pytest.Capture
     assert "unreadable" in err and len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.local
-def test_a_submission_under_the_root_leaves_the_remembered_nodes_out(tmp_path: Path,
-                                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    conf = Path(__file__).resolve().parents[1] / "conf" / "slurm-2node.yaml"
-    nodes.record(tmp_path, ["n2"], "hang", "earlier-run")
-    assert cli.main(["submit", str(conf), f"run_root={tmp_path}", "--dry-run"]) == 0
-    out = capsys.readouterr().out
-    assert "command:       sbatch --parsable --exclude=n2 " in out
-    assert "n2 left out" in out and "let back in" in out  # the plan says sbatch may not get this line
-
-
 BLAME = [
     # (outcome, report, nodes blamed)
     ("hang", {"attempt": 2, "world": 4, "suspects": [{}], "nodes": ["n2"]}, ["n2"]),

@@ -1,8 +1,8 @@
 """`runner report`: the page of a run's whole life, its index, `cron --report`, and goodput with its losses.
 
 The run directories are written by runner's own writers (tests/report_runs.py): the fault run is synthesized
-from them, not trained. The browser test opens the page in Debian's headless Chromium (skipped on a laptop
-without it, failed under CI=true).
+from them, not trained. The browser test (tests/test_report_browser.py) opens the page in Debian's headless
+Chromium (skipped on a laptop without it, failed under CI=true).
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from runner import cli, goodput
 from runner.host import cron, report, status
 from runner.rundir import RunDir
 from tests import report_runs
-from tests.ci import need
 
 pytestmark = pytest.mark.local
 
@@ -173,15 +172,6 @@ def test_hostile_text_is_escaped_and_webhook_urls_never_shown(tmp_path: Path, mo
     self_contained(text)
 
 
-@pytest.mark.unit
-def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    (tmp_path / "runs").mkdir()
-    code, out, err = run_cli(capsys, "report", "nosuchrun", "--root", str(tmp_path / "runs"))
-    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "nosuchrun" in err
-    code, _, err = run_cli(capsys, "report", "--root", str(tmp_path / "nowhere"))
-    assert code == 2 and len(err.strip().splitlines()) == 1 and "nowhere" in err
-
-
 def test_index_and_cron_report_show_every_run_with_its_headline(tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     root = tmp_path / "runs"
@@ -235,62 +225,6 @@ def test_thirty_day_run_reports_in_under_5s_and_5mb(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------------------------------------------------------
 # Goodput: one accounting, shown alike by status and report
-
-
-def _ev(t: float, event: str, **fields: Any) -> dict[str, Any]:
-    return {"time": t, "event": event, **fields}
-
-
-@pytest.mark.unit
-def test_goodput_losses_partition_wall_time() -> None:
-    """Submitted at 0, queued 10 s, preflight 5 s, startup 5 s more, trained 100 s (preempted, 0 lost), requeued at
-    121 and waited 19 s; second attempt lost 10 steps of 1 s, hung (20 s stall + 10 s to exit), resubmitted by a
-    person at 300; third finished at 400 with 200 s kept."""
-    events = [_ev(0, "submitted", job_id="1"), _ev(10, "start", job_id="1"),
-              _ev(15, "preflight", status="pass", duration_s=5.0), _ev(20, "train_start", step=0, lost_steps=0,
-                                                                       attempt=1),
-              _ev(120, "exit", outcome="preempted", exit_code=75), _ev(121, "requeued", job_id="1"),
-              _ev(140, "start", job_id="1"), _ev(150, "train_start", step=100, lost_steps=0, attempt=2),
-              _ev(200, "hang", step=140, summary="hang", nodes=[]), _ev(210, "exit", outcome="hang"),
-              _ev(210.5, "stopped", reason="hang"),
-              _ev(300, "resubmitted", job_id="2", by="user"), _ev(310, "start", job_id="2"),
-              _ev(320, "train_start", step=130, lost_steps=10, attempt=3), _ev(400, "finished", step=200),
-              _ev(400, "exit", outcome="completed")]
-    runs = goodput.attempts(events)
-    assert [(a.number, a.opener, a.outcome, a.then) for a in runs] == [
-        (1, "submitted", "preempted", "requeued"), (2, "requeued", "hang", "stopped"),
-        (3, "resubmitted", "completed", None)]
-    g = goodput.account(runs, created=0.0, end=400.0, productive_s=200.0, kept_step=200, hang_stall_s={2: 20.0})
-    assert g.goodput == 0.5 and g.wall_s == 400
-    assert g.losses["waiting for Slurm"] == 10 + 1 + 19 + 10  # queue, requeue gap, queue, queue
-    assert g.losses["preflight"] == 5 and g.losses["startup"] == 5 + 10 + 10
-    assert g.losses["recomputed steps"] == 10  # 10 lost steps x 1 s per kept step
-    assert g.losses["hang detection"] == 30  # 20 s stall + 10 s from the summary to the exit
-    assert g.losses["stopped for a person"] == 90  # 210 to 300
-    assert g.losses["checkpoint stalls"] == (100 + 60 + 80) - 200 - 10 - 30
-    assert sum(g.losses.values()) + 200 == pytest.approx(400)
-
-
-@pytest.mark.unit
-def test_a_running_run_counts_its_unsaved_training_apart() -> None:
-    """Still training at 100 s with its newest checkpoint keeping 60 s: the 20 s since are no checkpoint stall."""
-    runs = goodput.attempts([_ev(0, "submitted"), _ev(5, "preflight", status="pass", duration_s=5.0),
-                             _ev(20, "train_start", step=0, lost_steps=0, attempt=1)])
-    g = goodput.account(runs, created=0.0, end=100.0, productive_s=60.0, kept_step=600)
-    assert g.goodput == 0.6 and g.losses["since the last checkpoint"] == 20 and g.losses["checkpoint stalls"] == 0
-    assert g.losses["preflight"] == 5 and g.losses["startup"] == 15
-
-
-@pytest.mark.unit
-def test_local_exit_codes_read_as_outcomes() -> None:
-    runs = goodput.attempts([_ev(0, "submitted"), _ev(1, "train_start", step=0, lost_steps=0, attempt=1),
-                             _ev(5, "exit", exit_code=75), _ev(6, "resubmitted", scheduler="local"),
-                             _ev(7, "train_start", step=10, lost_steps=0, attempt=2), _ev(9, "exit", exit_code=0),
-                             _ev(10, "resubmitted", scheduler="local"), _ev(11, "train_start", step=10,
-                                                                             lost_steps=0, attempt=3),
-                             _ev(12, "nonfinite", step=11, what="loss"), _ev(12.5, "exit", exit_code=80)])
-    assert [a.outcome for a in runs] == ["preempted", "stopped", "nan"]
-    assert runs[2].nonfinite[0]["step"] == 11
 
 
 def test_status_shows_goodput_where_it_tells_something(tmp_path: Path) -> None:
@@ -371,32 +305,3 @@ def open_in_chromium(page: Path, tmp_path: Path, shot_name: str) -> tuple[str, P
     finally:
         recorder.close()
     return dom, shot, [r.split(b"\r\n")[0] for r in recorder.seen if not CHROMIUM_OWN.match(r)]
-
-
-@pytest.mark.browser
-def test_fault_run_page_in_headless_chromium(tmp_path: Path, webhook: Any, capsys: pytest.CaptureFixture[str]) -> None:
-    """A run with a preemption, a killed rank, a hang and a skipped NaN (synthesized from runner's own writers):
-    Chromium renders every attempt with its cause, the lost steps and status's goodput, fetching nothing."""
-    need(shutil.which("chromium") is not None, "chromium is not installed (scripts/install-chromium.sh, as root)")
-    rd = report_runs.fault_run(tmp_path / "runs", webhook_url=webhook.url)
-    code, out, _ = run_cli(capsys, "report", str(rd.root))
-    assert code == 0
-    page = Path(out.strip())
-    dom, shot, fetched = open_in_chromium(page, tmp_path, "report-fault-run.png")
-    assert fetched == [], f"the page fetched: {fetched}"
-    assert shot.stat().st_size > 20_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    rendered = Page(dom)
-    assert [a["outcome"] for a in rendered.attempts] == ["preempted", "failed", "hang", "completed"]
-    cells = [a["cells"] for a in rendered.attempts]
-    assert "task 3: Killed" in cells[1]
-    assert "hang: 3 of 4 ranks in collective; rank 2 on n2 (in data)" in cells[2]
-    assert "non-finite loss nan at step 93: skipped" in cells[3] and "n2 (hang)" in cells[3]
-    assert [a["lost"] for a in rendered.attempts] == ["0", "0", "7", "5"]
-    assert "40 → 67" in cells[1] and "60 → 85" in cells[2] and "80 → 100" in cells[3]
-    assert rendered.goodput == str(status_json(rd)["goodput"])
-    assert 'id="headline-steps-lost">12<' in dom
-    assert "preempted" in dom and "alerts" in dom
-    assert {"preempted", "failed", "hang", "resubmitted", "completed"} <= {
-        m.group(1) for m in re.finditer(r"<td>sent</td><td>(\w+)</td>", dom)}, "the alerts that were sent"
-    assert webhook.url not in dom
-    self_contained(page.read_text())

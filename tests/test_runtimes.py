@@ -1,6 +1,7 @@
 """The container runtimes' srun lines (golden files, shellcheck), offline builds, and the in-job image check.
 
-Runs without root: what the runtimes do on a real cluster is in tests/test_containers.py.
+Runs without root: what the runtimes do on a real cluster is in tests/test_containers.py; shellcheck and the offline
+builds, which start processes, are in tests/test_runtimes_local.py.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from runner.errors import BuildError
 from runner.host import build, render
 from runner.job import container
 from runner.rundir import RunDir, read_json
-from tests.test_render import GOLDEN, GOLDEN_CONF, RUN_DIR, lint
+from tests.test_render import GOLDEN, GOLDEN_CONF, RUN_DIR
 
 pytestmark = pytest.mark.unit
 
@@ -49,13 +50,6 @@ def check_golden(name: str, text: str, request: pytest.FixtureRequest) -> None:
 @pytest.mark.parametrize("runtime", ["podman", "pyxis"])
 def test_golden_sbatch(runtime: str, request: pytest.FixtureRequest) -> None:
     check_golden(f"job-{runtime}.sbatch", sbatch(runtime), request)
-
-
-@pytest.mark.local
-@pytest.mark.parametrize("runtime", ["podman", "pyxis"])
-def test_shellcheck(runtime: str, tmp_path: Path) -> None:
-    lint("shellcheck", "-s", "bash", text=sbatch(runtime, "container.binds=['/data/a+b', '/x@y%z']"),
-         tmp_path=tmp_path, name="job.sbatch")
 
 
 @pytest.mark.parametrize("runtime", ["apptainer", "podman", "pyxis"])
@@ -97,29 +91,6 @@ def wheelhouse(d: Path) -> Path:
     return d
 
 
-@pytest.mark.local
-def test_golden_offline_dockerfile(tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    cfg = spec.load(GOLDEN_CONF, [f"container.wheelhouse={wheelhouse(tmp_path / 'wh')}"])
-    text = render.dockerfile(cfg, "GOLDEN")
-    check_golden("Dockerfile-wheelhouse", text, request)
-    conf = tmp_path / "hadolint.yaml"
-    conf.write_text("failure-threshold: warning\n")
-    lint("hadolint", "-c", str(conf), text=text, tmp_path=tmp_path, name="Dockerfile")
-
-
-@pytest.mark.local
-def test_the_wheelhouse_enters_the_spec_hash_and_the_build_context(tmp_path: Path) -> None:
-    wh = wheelhouse(tmp_path / "wh")
-    cfg = spec.load(GOLDEN_CONF, [f"container.wheelhouse={wh}", f"container.image_dir={tmp_path / 'img'}"])
-    before = render.spec_hash(cfg, {})
-    (wh / "lightning-2.6.6-py3-none-any.whl").write_bytes(b"l")
-    assert render.spec_hash(cfg, {}) != before
-    bp = build.plan_config(cfg)
-    assert bp.wheelhouse == wh and "wheelhouse/ (the wheels of" in str(bp)
-    build.write_build_dir(bp)
-    assert sorted(p.name for p in (bp.paths.build_dir / "wheelhouse").iterdir()) == sorted(p.name for p in wh.iterdir())
-
-
 def test_a_missing_wheelhouse_is_one_line_with_the_script_to_run(tmp_path: Path) -> None:
     cfg = spec.load(GOLDEN_CONF, [f"container.wheelhouse={tmp_path / 'none'}"])
     with pytest.raises(BuildError, match=r"found no wheels in .*hint: containers/wheelhouse.sh"):
@@ -136,17 +107,6 @@ def test_image_reference_per_runtime(tmp_path: Path) -> None:
     assert image("pyxis") == f"{tmp_path}/ngc-4x8gpu-{h}.sqsh"
     assert image("podman") == f"localhost/runner-ngc-4x8gpu:{h}"
     assert image("none") == "none"
-
-
-@pytest.mark.local
-def test_pyxis_build_prints_enroot_import_where_enroot_is_missing(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PATH", str(tmp_path))  # no enroot, no builder
-    bp = build.plan_config(spec.load(GOLDEN_CONF, ["container.runtime=pyxis", f"container.image_dir={tmp_path}",
-                                                   "container.builder=podman"]))
-    assert "sqsh" not in [s.name for s in bp.steps]
-    assert (f"enroot not found: on a node with enroot run: enroot import --output {bp.paths.sqsh} "
-            f"podman://{bp.tag}") in bp.notes
 
 
 # --- inside the job: the image check (table) -------------------------------------------------------------
@@ -194,24 +154,6 @@ def test_in_container_only_with_the_images_python(tmp_path: Path, monkeypatch: p
     assert container.describe({"runtime": "apptainer", "image": "i.sif"}) == {
         "runtime": "apptainer", "image": "i.sif", "in_container": True, "image_spec_hash": "abc",
         "apptainer_container": "/images/i.sif"}
-
-
-@pytest.mark.local
-def test_build_from_run_uses_the_runs_config_and_refuses_another_spec(tmp_path: Path) -> None:
-    from runner.host import submit
-
-    overrides = [f"run_root={tmp_path}", f"container.image_dir={tmp_path / 'img'}", "container.builder=podman"]
-    p = submit.plan(GOLDEN_CONF, overrides, allow_missing_image=True)
-    submit.write(p)
-    manifest = json.loads(p.run.manifest.read_text())
-    assert manifest["runtime"] == "apptainer" and manifest["image"].endswith(f"-{manifest['spec_hash']}.sif")
-    assert build.plan_from_run(p.run.root).spec_hash == manifest["spec_hash"]
-    manifest["spec_hash"] = "0123456789ab"  # as if the code had changed since the run
-    p.run.manifest.write_text(json.dumps(manifest))
-    with pytest.raises(BuildError, match=r"give spec [0-9a-f]{12}; the run recorded spec 0123456789ab\. hint:"):
-        build.plan_from_run(p.run.root)
-    with pytest.raises(BuildError, match="expected a run directory"):
-        build.plan_from_run(tmp_path / "nope")
 
 
 HELPER_HEADS = [("podman", ["podman", "run", "--rm"]), ("apptainer", ["apptainer", "exec", "--nv"]),

@@ -62,17 +62,6 @@ def test_only_a_slurm_job_in_a_container_uses_the_image(tmp_path: Path, override
     assert scheduler.of(cfg.data["scheduler"]).uses_image(cfg) is uses
 
 
-@pytest.mark.local  # plan() asks git for the provenance
-def test_the_dry_run_names_the_command_each_scheduler_starts(tmp_path: Path) -> None:
-    local = submit.plan(QUICKSTART, [f"run_root={tmp_path / 'runs'}"])
-    assert local.argv[1:] == ["-m", "runner.job.launch", str(local.run.root)]
-    slurm = submit.plan(QUICKSTART, [f"run_root={tmp_path / 'runs'}", "scheduler=slurm",
-                                                 "container.runtime=none", "resume.successor=true"])
-    assert slurm.argv[0] == "sbatch" and slurm.argv[-1] == str(slurm.run.script)
-    assert any(n.startswith("successor:") for n in slurm.notes)
-    assert not any(n.startswith("successor:") for n in local.notes)
-
-
 def _facts(tmp_path: Path, *overrides: str, bad: tuple[str, ...] = ()) -> submit.Facts:
     """A plan's facts made by hand: no git, no podman, no nodes file, no clock."""
     run = RunDir(tmp_path / "runs" / "quickstart-20260101-000000")

@@ -210,24 +210,6 @@ def test_time_left_and_requeue_ask_slurm_through_one_door(monkeypatch: pytest.Mo
     assert slurm.requeue("12") == "slurm_load_jobs error: Invalid job id specified"
 
 
-@pytest.mark.local
-def test_the_dry_run_prints_the_argv_that_is_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`runner submit --dry-run` shows the plan's argv; the submission runs that very argv (one function builds
-    both, bad nodes left out alike)."""
-    from runner.host import nodes, submit
-
-    assert slurm.sbatch_argv("/r/job.sbatch", ["--exclude=n1"], after="7") == [
-        "sbatch", "--parsable", "--exclude=n1", "--dependency=afternotok:7", "--kill-on-invalid-dep=yes",
-        "/r/job.sbatch"]
-    nodes.record(tmp_path, ["n2", "n1"], "hang", "earlier")
-    p = submit.plan(Path(__file__).parents[1] / "conf" / "slurm-2node.yaml", [f"run_root={tmp_path}"])
-    assert p.argv == ["sbatch", "--parsable", "--exclude=n1,n2", str(p.run.script)]
-    assert f"command:       {' '.join(p.argv)}" in str(p)
-    calls = fake_slurm(monkeypatch, {"sbatch": "41\n"})
-    assert submit.execute(p) == 0
-    assert calls.argv == [p.argv] and p.run.job_id() == "41"
-
-
 # Which source wins (commands replaced by the recordings)
 
 
@@ -524,12 +506,6 @@ def test_detect_uses_the_owner_of_a_local_address(monkeypatch: pytest.MonkeyPatc
     assert ifname.detect_ifname("10.77.0.1") == "eth0"
     assert ifname.detect_ifname("10.77.0.2") == "eth0"
     # What the launcher does with the detected name (user patterns kept, the config wins): test_preflight.py
-
-
-@pytest.mark.local
-def test_detect_on_this_machine() -> None:
-    assert ifname.detect_ifname("127.0.0.1") == "lo"
-    assert ifname.detect_ifname("no-such-host.invalid") is None
 
 
 def test_sbatch_gets_a_clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,11 +17,9 @@ from typing import Any
 
 import pytest
 
-from runner import spec
-from runner.host import render, submit
 from tests.waiting import until
 
-pytestmark = pytest.mark.local
+pytestmark = pytest.mark.slurm
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf" / "slurm-2node.yaml"
@@ -64,73 +62,6 @@ def assert_bitwise(a: dict[str, Any], b: dict[str, Any]) -> None:
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), key
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Rendering (no cluster needed)
-
-
-def render_for(*overrides: str) -> str:
-    plan = submit.plan(CONF, ["run_root=/shared/runs", *overrides])
-    return plan.files["job.sbatch"].replace(str(plan.run.root), "RUN_DIR")
-
-
-def test_apptainer_and_none_differ_only_in_the_exec_prefix() -> None:
-    none = render_for("container.runtime=none").splitlines()
-    app = render_for("container.runtime=apptainer", "container.image=/shared/img.sif").splitlines()
-    changed = [(a, b) for a, b in zip(none, app, strict=True) if a != b]
-    assert len(changed) == 1, changed
-    a, b = changed[0]
-    assert a.startswith("env -u RUNNER_WEBHOOK_URL srun ") and b.startswith("env -u RUNNER_WEBHOOK_URL srun ")
-    prefix_none, _, tail_none = a.partition(" -m runner.job.launch ")
-    prefix_app, _, tail_app = b.partition(" -m runner.job.launch ")
-    assert tail_none == tail_app == '"$RUN_DIR" &'
-    assert prefix_none.endswith(render.q(sys.executable))
-    assert "apptainer exec --nv" in prefix_app and "/shared/img.sif python" in prefix_app
-    # what the launcher needs crosses into the container explicitly (--cleanenv would drop it)
-    for name in render.CONTAINER_ENV:
-        assert f'--env "{name}=${name}"' in prefix_app
-
-
-def test_rendezvous_lines() -> None:
-    text = render_for()
-    lines = text.splitlines()
-    assert 'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in lines
-    assert "export MASTER_PORT=$((10000 + 2 * (SLURM_JOB_ID % 10000)))" in lines
-    assert "export RUNNER_PREFLIGHT_PORT=$((MASTER_PORT + 1))" in lines
-    assert 'export OMP_NUM_THREADS="${SLURM_CPUS_PER_TASK:-1}"' in lines
-    assert "#SBATCH --cpus-per-task=1" in lines and "#SBATCH --nodes=2" in lines
-    assert "#SBATCH --ntasks-per-node=2" in lines and not any("--gres" in x for x in lines)
-    assert "GLOO_SOCKET_IFNAME=" not in text  # detected per node by the launcher
-    fixed = render_for("network.ifname=ib0", "container.runtime=apptainer", "container.image=/i.sif")
-    assert "export GLOO_SOCKET_IFNAME=ib0" in fixed.splitlines()
-    assert "export NCCL_SOCKET_IFNAME=ib0" in fixed.splitlines()
-    assert '--env "GLOO_SOCKET_IFNAME=$GLOO_SOCKET_IFNAME"' in fixed
-    assert '--env "NCCL_SOCKET_IFNAME=$NCCL_SOCKET_IFNAME"' in fixed
-
-
-def test_rendezvous_shell_part_runs(tmp_path: Path) -> None:
-    """The rendezvous lines as bash runs them, with a stub scontrol (job 12345 on n[3-4])."""
-    text = render_for()
-    part = text[text.index("# Rendezvous"):text.index("# Host-side hooks")]
-    stub = tmp_path / "scontrol"
-    stub.write_text('#!/bin/sh\n[ "$1 $2 $3" = "show hostnames n[3-4]" ] && printf "n3\\nn4\\n"\n')
-    stub.chmod(0o755)
-    probe = part + 'echo "$MASTER_ADDR $MASTER_PORT $OMP_NUM_THREADS $SRUN_CPUS_PER_TASK"\n'
-    env = {"PATH": f"{tmp_path}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "n[3-4]", "SLURM_JOB_ID": "12345",
-           "SLURM_CPUS_PER_TASK": "3"}
-    out = subprocess.run(["bash", "-uc", probe], capture_output=True, text=True, env=env, timeout=10)
-    assert out.stdout.split() == ["n3", str(10000 + 2 * (12345 % 10000)), "3", "3"], out.stderr
-    env["SLURM_JOB_NODELIST"] = "bad"
-    out = subprocess.run(["bash", "-uc", probe], capture_output=True, text=True, env=env, timeout=10)
-    assert out.returncode != 0 and "cannot read the first node" in out.stderr
-
-
-@pytest.mark.unit
-def test_config_is_valid_and_world_size_4() -> None:
-    cfg = spec.load(CONF)
-    assert cfg.world_size == 4 and cfg.data["scheduler"] == "slurm" and cfg.data["container"]["runtime"] == "none"
-    assert cfg.global_batch == 32
 
 
 # ---------------------------------------------------------------------------------------------------------------

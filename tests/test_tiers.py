@@ -1,4 +1,5 @@
-"""Every test has exactly one tier, and a unit test asks for nothing that starts processes (tests/conftest.py).
+"""Every test has exactly one tier, every file holds tests of one tier, and a unit test asks for nothing that starts
+processes (tests/conftest.py).
 
 It checks what this session collected, before `-m` deselected anything: `scripts/test.sh --unit` and the full run
 collect all of tests/, a run of one file checks that file.
@@ -6,15 +7,20 @@ collect all of tests/, a run of one file checks that file.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from tests.conftest import COLLECTED_KEY, FIXTURE_TIERS, PROBLEMS_KEY, TIER_KEY, TIERS, fixture_tier, resolve_tier
+from tests.conftest import (
+    COLLECTED_KEY,
+    FIXTURE_TIERS,
+    PROBLEMS_KEY,
+    TIER_KEY,
+    TIERS,
+    fixture_tier,
+    mixed_files,
+    resolve_tier,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -24,6 +30,15 @@ def test_every_collected_test_has_exactly_one_tier(request: pytest.FixtureReques
     assert request.node in collected
     wrong = [f"{item.nodeid} {problem}" for item in collected for problem in item.stash[PROBLEMS_KEY]]
     assert not wrong, "\n".join(wrong)
+
+
+def test_each_collected_file_holds_tests_of_one_tier(request: pytest.FixtureRequest) -> None:
+    """A file's name says what its tests need: the tests of a second tier go to a sibling file named for it."""
+    collected = request.config.stash.get(COLLECTED_KEY, [])
+    mixed = mixed_files((item.nodeid.split("::")[0], item.stash[TIER_KEY]) for item in collected)
+    assert not mixed, "\n".join(f"{path} holds tests of {len(tiers)} tiers ({', '.join(tiers)}): move the {tier} ones "
+                                f"to a sibling file named for it (tests/conftest.py)"
+                                for path, tiers in mixed.items() for tier in tiers[1:])
 
 
 class _Fake:
@@ -62,6 +77,22 @@ def test_the_tier_rules_fail_when_broken(marks: list[list[str]], fixtures: list[
         assert len(problems) == 1 and problem in problems[0], problems
 
 
+@pytest.mark.parametrize(("tests", "mixed"), [
+    ([("test_a.py", [[], ["unit"]], []), ("test_a.py", [[], ["unit"]], ["tmp_path"])], {}),
+    ([("test_a.py", [[], ["unit"]], []), ("test_a.py", [["local"], ["unit"]], [])],  # a test says its own
+     {"test_a.py": ["unit", "local"]}),
+    ([("test_a.py", [[], ["unit"]], []), ("test_a_local.py", [[], ["local"]], [])], {}),  # moved to its sibling
+    ([("test_a.py", [[]], ["slurm_cluster"]), ("test_a.py", [["podman"]], []), ("test_b.py", [["unit"]], [])],
+     {"test_a.py": ["slurm", "podman"]}),  # a tier from a fixture counts as any other
+    ([("test_a.py", [[], ["local"]], []), ("test_a.py", [[]], [])], {}),  # no tier: the rule above reports it
+])
+def test_a_file_with_tests_of_two_tiers_is_caught(tests: list[tuple[str, list[list[str]], list[str]]],
+                                                  mixed: dict[str, list[str]]) -> None:
+    tiers = [(path, resolve_tier(_Fake(marks, fixtures))[0] or "")  # type: ignore[arg-type]
+             for path, marks, fixtures in tests]
+    assert mixed_files(tiers) == mixed
+
+
 def test_a_fixture_marked_with_its_tier_gives_it_to_the_tests_that_use_it() -> None:
     @fixture_tier("local")
     def trains() -> None: ...
@@ -84,22 +115,3 @@ def test_a_test_carries_its_one_tier_itself(request: pytest.FixtureRequest) -> N
 
 def test_each_fixture_tier_is_a_tier_heavier_than_unit() -> None:
     assert set(FIXTURE_TIERS.values()) <= set(TIERS) - {"unit"}
-
-
-@pytest.mark.local
-def test_a_unit_test_that_starts_a_process_fails(tmp_path: Path) -> None:
-    """The guard of tests/conftest.py, seen from outside: a pytest session whose unit test runs `true`."""
-    (tmp_path / "test_starts.py").write_text(
-        "import subprocess\nimport pytest\npytestmark = pytest.mark.unit\n\n"
-        "def test_runs_true():\n    subprocess.run(['true'], check=True)\n\n"
-        "def test_runs_nothing():\n    pass\n")
-    (tmp_path / "conftest.py").write_text("from tests.conftest import *  # noqa: F403\n"
-                                          "from tests.conftest import _unit_starts_no_process  # noqa: F401\n")
-    repo = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": str(repo), "COLUMNS": "300"}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
-                           str(tmp_path)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "2 passed, 1 error" in proc.stdout, proc.stdout  # test_runs_true passes, then errors at teardown
-    said = "ERROR test_starts.py::test_runs_true - Failed: a unit test started 1 process(es), first fork_exec(['true'])"
-    assert said in proc.stdout, proc.stdout

@@ -1,36 +1,18 @@
 """User code in the job: targets imported before training, the real global batch measured, resume exactness said.
 
-Real local runs (2 processes, gloo DDP on CPU) of Lightning's own BoringModel + BoringDataModule, which take
-none of runner's ``dataloader`` settings and train on a plain DataLoader (issue 13, "Your own model").
+Real local runs in tests/test_user_code_local.py (2 processes, gloo DDP on CPU) of Lightning's own BoringModel +
+BoringDataModule, which take none of runner's ``dataloader`` settings and train on a plain DataLoader (issue 13,
+"Your own model").
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-import yaml
 
 from runner.job import honesty, targets
-from runner.rundir import EXIT_PREFLIGHT, RunDir
 
 pytestmark = pytest.mark.unit
-
-REPO = Path(__file__).resolve().parents[1]
-QUICKSTART = REPO / "conf" / "quickstart.yaml"
-
-
-def submit(root: Path, *overrides: str, conf: Path = QUICKSTART) -> tuple[subprocess.CompletedProcess[str], Path]:
-    out = subprocess.run([sys.executable, "-m", "runner", "submit", str(conf), f"run_root={root}", *overrides],
-                         capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
-    [run] = root.glob("quickstart-*")
-    return out, run
 
 
 def test_batch_len_and_resumable() -> None:
@@ -46,45 +28,3 @@ def test_target_import_problem_is_one_line() -> None:
     assert targets.problem("runner.dev.example.TinyRegressor") is None
     assert "cannot import nowhere_pkg" in (targets.problem("nowhere_pkg.Data") or "")
     assert "has no class or function 'Nope'" in (targets.problem("runner.dev.example.Nope") or "")
-
-
-@pytest.mark.local
-def test_target_missing_in_the_image_stops_before_training(tmp_path: Path) -> None:
-    out, run = submit(tmp_path, "data._target_=only_in_image_pkg.Data", "trainer.max_steps=3")
-    assert out.returncode == EXIT_PREFLIGHT, out.stdout + out.stderr
-    logs = "".join(p.read_text() for p in (run / "logs").rglob("rank-*.log"))
-    assert "preflight: cannot import only_in_image_pkg for only_in_image_pkg.Data" in logs
-    assert "Traceback" not in logs
-    assert not list((run / "checkpoints").glob("step-*"))
-
-
-@pytest.mark.local
-def test_boring_model_global_batch_and_exactness_are_told(tmp_path: Path) -> None:
-    conf = tmp_path / "boring.yaml"
-    data = yaml.safe_load(QUICKSTART.read_text())
-    data.update(name="quickstart", model={"_target_": "lightning.pytorch.demos.BoringModel"},
-                data={"_target_": "lightning.pytorch.demos.BoringDataModule"})
-    conf.write_text(yaml.safe_dump(data))
-    out, run = submit(tmp_path, "trainer.max_steps=3", conf=conf)
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "does not take `dataloader`" in out.stderr  # said at submit, before anything runs
-    manifest = json.loads((run / "manifest.json").read_text())
-    assert manifest["data_module"] == {"target": "lightning.pytorch.demos.BoringDataModule",
-                                       "takes_dataloader": False, "global_batch": "the data module's own"}
-    [measured] = [e for e in RunDir(run).events() if e["event"] == "data"]
-    assert measured["exactness"] == honesty.EPOCH_ONLY
-    # BoringDataModule's DataLoader has the default batch size 1: 1 x 2 ranks x 2 accumulation (the quickstart's),
-    # not the config's own arithmetic (8 x 2 x 2 = 32).
-    assert (measured["local_batch"], measured["global_batch"], measured["configured_global_batch"]) == (1, 4, 32)
-    rank0 = next((run / "logs").rglob("rank-00000.log")).read_text()
-    assert "global batch measured at the first step: 4" in rank0 and "epoch boundaries" in rank0
-
-
-@pytest.mark.local
-def test_runner_data_module_is_exact_and_measured_as_configured(tmp_path: Path) -> None:
-    out, run = submit(tmp_path, "trainer.max_steps=3")
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert json.loads((run / "manifest.json").read_text())["data_module"]["takes_dataloader"] is True
-    [measured] = [e for e in RunDir(run).events() if e["event"] == "data"]
-    assert measured["exactness"] == honesty.EXACT
-    assert measured["global_batch"] == measured["configured_global_batch"] == 32

@@ -9,9 +9,9 @@ and can kill the run at that moment.
 
 What it does not reproduce: the writes themselves are not slowed (every file lands at full speed, fsyncs included),
 only rank 0 is held (the other ranks go on training), nothing but the publication of a checkpoint waits, and the
-sleep does not depend on how much is written. It relies on callback.py calling ``checkpoint.wait_for_files`` through
-the module (an attribute looked up at call time) with paths inside the staging directory; if that changes, the
-tests that use it stop finding their moment and fail (they do not pass silently).
+sleep does not depend on how much is written. It relies on runner's checkpoint writer (runner/job/) calling
+``checkpoint.wait_for_files`` through the module (an attribute looked up at call time) with paths inside the staging
+directory; if that changes, the tests that use it stop finding their moment and fail (they do not pass silently).
 
 It shadows any other ``sitecustomize`` on the path (there is none in runner's venv).
 """
