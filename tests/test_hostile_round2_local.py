@@ -241,7 +241,7 @@ def test_a_url_passed_through_env_lands_only_in_a_private_file_and_still_reaches
     assert secret.stat().st_mode & 0o777 == 0o600 and SECRET_URL in secret.read_text()
     assert p.run.script.stat().st_mode & 0o777 == 0o755
     script = p.run.script.read_text()
-    start, end = script.index("RUN_DIR="), script.index("# Rendezvous")
+    start, end = script.index("RUN_DIR="), script.index("# One thread per CPU")
     out = subprocess.run(["bash", "-c", script[start:end] + 'printf "%s|%s" "$MY_HOOK" "$OTHER"'],
                          capture_output=True, text=True, timeout=60)
     assert out.stdout == f"{SECRET_URL}|kept", out.stderr

@@ -41,9 +41,7 @@ def test_apptainer_and_none_differ_only_in_the_exec_prefix() -> None:
 def test_rendezvous_lines() -> None:
     text = render_for()
     lines = text.splitlines()
-    assert 'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in lines
-    assert "export MASTER_PORT=$((10000 + 2 * (SLURM_JOB_ID % 10000)))" in lines
-    assert "export RUNNER_PREFLIGHT_PORT=$((MASTER_PORT + 1))" in lines
+    assert any(x.startswith('begun=$("$RUNNER_PY" -m runner.host.jobhook begin') for x in lines)  # the rendezvous
     assert 'export OMP_NUM_THREADS="${SLURM_CPUS_PER_TASK:-1}"' in lines
     assert "#SBATCH --cpus-per-task=1" in lines and "#SBATCH --nodes=2" in lines
     assert "#SBATCH --ntasks-per-node=2" in lines and not any("--gres" in x for x in lines)
@@ -56,17 +54,25 @@ def test_rendezvous_lines() -> None:
 
 
 def test_rendezvous_shell_part_runs(tmp_path: Path) -> None:
-    """The rendezvous lines as bash runs them, with a stub scontrol (job 12345 on n[3-4])."""
+    """The rendezvous as the batch host makes it: job 12345 on n[3-4], the hostlist expanded by scontrol (a stub
+    here: no controller is needed to expand a hostlist, only the command's interface); the threads per task in bash."""
     text = render_for()
-    part = text[text.index("# Rendezvous"):text.index("# Host-side hooks")]
+    part = text[text.index("# One thread per CPU"):text.index("# Host-side hooks")]
     stub = tmp_path / "scontrol"
     stub.write_text('#!/bin/sh\n[ "$1 $2 $3" = "show hostnames n[3-4]" ] && printf "n3\\nn4\\n"\n')
     stub.chmod(0o755)
-    probe = part + 'echo "$MASTER_ADDR $MASTER_PORT $OMP_NUM_THREADS $SRUN_CPUS_PER_TASK"\n'
+    probe = part + 'echo "$OMP_NUM_THREADS $SRUN_CPUS_PER_TASK"\n'
     env = {"PATH": f"{tmp_path}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "n[3-4]", "SLURM_JOB_ID": "12345",
-           "SLURM_CPUS_PER_TASK": "3"}
+           "SLURM_CPUS_PER_TASK": "3", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     out = subprocess.run(["bash", "-uc", probe], capture_output=True, text=True, env=env, timeout=10)
-    assert out.stdout.split() == ["n3", str(10000 + 2 * (12345 % 10000)), "3", "3"], out.stderr
-    env["SLURM_JOB_NODELIST"] = "bad"
-    out = subprocess.run(["bash", "-uc", probe], capture_output=True, text=True, env=env, timeout=10)
-    assert out.returncode != 0 and "cannot read the first node" in out.stderr
+    assert out.stdout.split() == ["3", "3"], out.stderr
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    begin = [sys.executable, "-m", "runner.host.jobhook", "begin", str(run)]
+    out = subprocess.run(begin, capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "export MASTER_ADDR=n3\n" in out.stdout and f"export MASTER_PORT={10000 + 2 * (12345 % 10000)}\n" in \
+        out.stdout and f"export RUNNER_PREFLIGHT_PORT={10000 + 2 * (12345 % 10000) + 1}\n" in out.stdout
+    env["SLURM_JOB_NODELIST"] = "n[9"
+    out = subprocess.run(begin, capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode != 0 and "cannot read the first node" in out.stderr and not out.stdout
