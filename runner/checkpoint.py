@@ -20,40 +20,91 @@ from typing import Any
 
 from runner.rundir import atomic_write, read_json
 
-_STEP = re.compile(r"^step-(\d{7,})$")
-MARKER = "COMPLETE"
-MODEL = "model.ckpt"
-MANIFEST = "manifest.json"  # step, time, config hash, files and their digests; written last, before MARKER
 SHARDED = "dcp"  # manifest "format" of a sharded checkpoint: torch distributed checkpoint files, one per rank
-DCP_METADATA, DCP_META = ".metadata", "meta.pt"  # DCP's index of the shards; Lightning's non-tensor state
 log = logging.getLogger(__name__)
 
 
-def step_dir(root: Path, step: int) -> Path:
-    return root / f"step-{step:07d}"
+class CheckpointDir:
+    """A run's checkpoints root and every file name in it, in the manner of submitit's ``JobPaths``: nothing else
+    joins a checkpoint's names. A step is written into its staging directory, invisible to readers, published by a
+    rename and marked complete last; the class methods name the files of one step directory, staging or published.
+    """
 
+    MARKER = "COMPLETE"
+    MODEL = "model.ckpt"  # the whole Lightning checkpoint (DDP, FSDP1: gathered)
+    MANIFEST = "manifest.json"  # step, time, config hash, files and their digests; written last, before MARKER
+    DCP_INDEX = ".metadata"  # a sharded checkpoint: torch DCP's index of the shards
+    DCP_META = "meta.pt"  # a sharded checkpoint: Lightning's non-tensor state (internals.META, tested equal)
+    _STEP = re.compile(r"^step-(\d{7,})$")
+    _STAGING = re.compile(r"^\.staging-step-(\d+)$")
 
-def staging_dir(root: Path, step: int) -> Path:
-    """Where ranks write before the checkpoint is published by a rename (invisible to readers)."""
-    return root / f".staging-step-{step:07d}"
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def step(self, step: int) -> Path:
+        return self.root / f"step-{step:07d}"
+
+    def staging(self, step: int) -> Path:
+        """Where ranks write before the checkpoint is published by a rename (invisible to readers)."""
+        return self.root / f".staging-step-{step:07d}"
+
+    def steps(self) -> list[tuple[int, Path]]:
+        """Every published step directory, complete or not, with its step (in no order)."""
+        return self._numbered(self._STEP)
+
+    def stagings(self) -> list[tuple[int, Path]]:
+        """Every staging directory, with its step (in no order)."""
+        return self._numbered(self._STAGING)
+
+    def _numbered(self, pattern: re.Pattern[str]) -> list[tuple[int, Path]]:
+        found = [(pattern.match(p.name), p) for p in self.root.iterdir()] if self.root.is_dir() else []
+        return [(int(m.group(1)), p) for m, p in found if m]
+
+    @classmethod
+    def marker(cls, step_dir: Path) -> Path:
+        return step_dir / cls.MARKER
+
+    @classmethod
+    def model(cls, step_dir: Path) -> Path:
+        return step_dir / cls.MODEL
+
+    @classmethod
+    def manifest(cls, step_dir: Path) -> Path:
+        return step_dir / cls.MANIFEST
+
+    @classmethod
+    def meta(cls, step_dir: Path) -> Path:
+        return step_dir / cls.DCP_META
+
+    @staticmethod
+    def rng(step_dir: Path, rank: int) -> Path:
+        """One rank's random generators at the step."""
+        return step_dir / f"rng-rank{rank:05d}.pt"
+
+    @staticmethod
+    def digest(step_dir: Path, rank: int) -> Path:
+        """Where a rank leaves the size and sha256 of the shard it wrote, for rank 0's manifest."""
+        return step_dir / f"shard-rank{rank:05d}.json"
+
+    @staticmethod
+    def shards(step_dir: Path, rank: int) -> list[Path]:
+        """The DCP shard files one rank wrote (DCP names them ``__RANK_N.distcp``)."""
+        return sorted(step_dir.glob(f"__{rank}_*.distcp"))
 
 
 def complete(root: Path, config_hash: str | None = None, force: bool = False) -> list[tuple[int, Path]]:
     """Complete checkpoints, newest first; incomplete ones and ones of another config are skipped loudly."""
     found = []
-    for path in root.glob("step-*") if root.is_dir() else []:
-        m = _STEP.match(path.name)
-        if not m:
-            continue
-        if not (path / MARKER).is_file():
-            log.warning("skipping %s: no %s marker (a write that never finished)", path, MARKER)
+    for step, path in CheckpointDir(root).steps():
+        if not CheckpointDir.marker(path).is_file():
+            log.warning("skipping %s: no %s marker (a write that never finished)", path, CheckpointDir.MARKER)
             continue
         manifest = manifest_of(path)
         if config_hash and manifest.get("config_hash") != config_hash and not force:
             log.warning("skipping %s: written by config %s, this run is %s (resume.force=true overrides)", path,
                         manifest.get("config_hash"), config_hash)
             continue
-        found.append((int(m.group(1)), path))
+        found.append((step, path))
     return sorted(found, reverse=True)
 
 
@@ -72,11 +123,11 @@ def verify(path: Path) -> str | None:
         world = manifest.get("world_size")
         if not isinstance(shards, dict) or not isinstance(world, int) or len(shards) != world:
             return f"manifest lists {len(shards) if isinstance(shards, dict) else 'no'} shards for world size {world}"
-        for name in (DCP_METADATA, DCP_META, *shards.values()):
+        for name in (CheckpointDir.DCP_INDEX, CheckpointDir.DCP_META, *shards.values()):
             if name not in files:
                 return f"manifest does not list {name}"
-    elif MODEL not in files:
-        return f"manifest does not list {MODEL}"
+    elif CheckpointDir.MODEL not in files:
+        return f"manifest does not list {CheckpointDir.MODEL}"
     for name, meta in files.items():
         f = path / name
         if not isinstance(meta, dict):
@@ -115,30 +166,31 @@ def publish(root: Path, step: int, manifest: dict[str, Any]) -> Path:
     The manifest records each file's size and sha256 as read back from disk, so a resume can tell a checkpoint
     that was damaged after it was written (a full disk, a bad copy) from a good one.
     """
-    staging, final = staging_dir(root, step), step_dir(root, step)
+    ckpts = CheckpointDir(root)
+    staging, final = ckpts.staging(step), ckpts.step(step)
     known: dict[str, Any] = {}  # a sharded checkpoint's shards, each hashed by the rank that wrote it
     if manifest.get("format") == SHARDED:
         shards = {}
         for rank in range(int(manifest["world_size"])):
-            got = read_json(digest_file(staging, rank), {}) or {}
+            got = read_json(CheckpointDir.digest(staging, rank), {}) or {}
             shards[str(rank)] = got["name"]
             known[got["name"]] = {"size": got["size"], "sha256": got["sha256"]}
-            digest_file(staging, rank).unlink()
+            CheckpointDir.digest(staging, rank).unlink()
         manifest = {**manifest, "shards": shards}
     manifest = {**manifest, "files": {p.name: known.get(p.name) or {"size": p.stat().st_size, "sha256": _digest(p)}
                                       for p in sorted(staging.iterdir()) if p.is_file()}}
     # This write fsyncs the staging directory, and with it the names of the other ranks' files.
-    atomic_write(staging / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True))
+    atomic_write(CheckpointDir.manifest(staging), json.dumps(manifest, indent=2, sort_keys=True))
     if final.exists():
         shutil.rmtree(final)
     staging.rename(final)
-    atomic_write(final / MARKER, f"{step}\n")
+    atomic_write(CheckpointDir.marker(final), f"{step}\n")
     return final
 
 
 def manifest_of(path: Path) -> dict[str, Any]:
     """The manifest of the checkpoint at ``path``; {} when missing or damaged (said once)."""
-    found = read_json(path / MANIFEST, {})
+    found = read_json(CheckpointDir.manifest(path), {})
     return found if isinstance(found, dict) else {}
 
 
@@ -147,19 +199,14 @@ def is_sharded(path: Path) -> bool:
     return bool(manifest_of(path).get("format") == SHARDED)
 
 
-def digest_file(staging: Path, rank: int) -> Path:
-    """Where a rank leaves the size and sha256 of the shard it wrote, for rank 0's manifest."""
-    return staging / f"shard-rank{rank:05d}.json"
-
-
 def write_digests(staging: Path, rank: int) -> None:
     """Hash this rank's shard (DCP names it ``__RANK_N.distcp``) and leave the result for rank 0: the ranks hash
     in parallel, and no rank reads another's shard."""
-    found = sorted(staging.glob(f"__{rank}_*.distcp"))
+    found = CheckpointDir.shards(staging, rank)
     if len(found) != 1:
         raise RuntimeError(f"rank {rank} wrote {len(found)} shard files into {staging}, expected 1")
     f = found[0]
-    atomic_write(digest_file(staging, rank), json.dumps({"name": f.name, "size": f.stat().st_size,
+    atomic_write(CheckpointDir.digest(staging, rank), json.dumps({"name": f.name, "size": f.stat().st_size,
                                                          "sha256": _digest(f)}), sync_dir=False)
 
 
@@ -169,9 +216,8 @@ def prune(root: Path, keep: int) -> None:
     for _, path in found[keep:]:
         shutil.rmtree(path, ignore_errors=True)
     newest = found[0][0] if found else -1
-    for path in root.glob(".staging-step-*"):
-        m = re.search(r"(\d+)$", path.name)
-        if m and int(m.group(1)) < newest:
+    for step, path in CheckpointDir(root).stagings():
+        if step < newest:
             shutil.rmtree(path, ignore_errors=True)
 
 
@@ -220,5 +266,5 @@ class Writer:
 
 def remove_staging(root: Path) -> None:
     """Remove every staging directory: called before an attempt's first write, they are a dead attempt's."""
-    for path in root.glob(".staging-step-*"):
+    for _, path in CheckpointDir(root).stagings():
         shutil.rmtree(path, ignore_errors=True)

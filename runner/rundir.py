@@ -323,6 +323,9 @@ class RunDir(Ledger):
     def final(self) -> Path:
         return self.root / "final"
 
+    def final_weights(self, rank: int) -> Path:  # one rank's weights after training: what a resumed run is compared by
+        return self.final / f"rank-{rank:05d}.pt"
+
     @property
     def env_file(self) -> Path:
         return self.root / "env.json"
@@ -367,6 +370,17 @@ class RunDir(Ledger):
     def hang_reports(self, attempt: int) -> Path:
         """Each rank's own report of a hang in ``attempt`` (``rank-XXXXX.json``), summed up in ``hang``."""
         return self.root / "hangs" / f"{ATTEMPT_PREFIX}{attempt}"
+
+    def hang_report(self, attempt: int, rank: int) -> Path:
+        return self.hang_reports(attempt) / f"rank-{rank:05d}.json"
+
+    def hang_request(self, attempt: int) -> Path:  # a rank that saw the hang asks every other rank for its report
+        return self.hang_reports(attempt) / "requested"
+
+    @staticmethod
+    def by_rank(folder: Path) -> dict[int, Path]:
+        """The ``rank-XXXXX.json`` files of a per-rank folder (``ranks``, ``heartbeats``, ``hang_reports``), by rank."""
+        return {int(p.stem[5:]): p for p in folder.glob("rank-*.json") if p.stem[5:].isdigit()}
 
     @property
     def stragglers(self) -> Path:  # rank 0's latest comparison of the ranks' step times

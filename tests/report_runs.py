@@ -40,11 +40,11 @@ def plan_run(root: Path, conf: str, *overrides: str) -> RunDir:
 
 def ckpt(rd: RunDir, step: int, productive_s: float, world: int, when: float | None = None) -> None:
     """One complete checkpoint as the ranks write it: files in the staging directory, then rank 0 publishes."""
-    staging = checkpoint.staging_dir(rd.checkpoints, step)
+    staging = checkpoint.CheckpointDir(rd.checkpoints).staging(step)
     staging.mkdir(parents=True, exist_ok=True)
-    (staging / checkpoint.MODEL).write_bytes(b"weights %d" % step)
+    checkpoint.CheckpointDir.model(staging).write_bytes(b"weights %d" % step)
     for r in range(world):
-        (staging / f"rng-rank{r:05d}.pt").write_bytes(b"rng")
+        checkpoint.CheckpointDir.rng(staging, r).write_bytes(b"rng")
     cfg_hash = json.loads(rd.manifest.read_text())["config_hash"]
     checkpoint.publish(rd.checkpoints, step, {"step": step, "epoch": 0, "config_hash": cfg_hash,
                                               "world_size": world, "time": when or time.time(),
@@ -106,7 +106,7 @@ def _attempt(rd: RunDir, job: str, nodelist: str, hosts: list[str], restarts: in
     preflight(rd, hosts, 0.15)
     time.sleep(0.1)  # startup: imports, rendezvous, loading the checkpoint
     rd.record("train_start", step=from_step, lost_steps=lost, attempt=attempt,
-              resumed_from=str(checkpoint.step_dir(rd.checkpoints, from_step)) if from_step else None)
+              resumed_from=str(checkpoint.CheckpointDir(rd.checkpoints).step(from_step)) if from_step else None)
     return attempt, time.time()
 
 
@@ -265,7 +265,7 @@ def thirty_day_run(root: Path, checkpoints: int = 10_000, attempts: int = 200, r
             d.mkdir(parents=True)
             (d / "manifest.json").write_text(json.dumps({"step": step, "time": when, "productive_s": round(kept, 3),
                                                          "config_hash": manifest["config_hash"]}))
-            (d / checkpoint.MARKER).write_text(f"{step}\n")
+            checkpoint.CheckpointDir.marker(d).write_text(f"{step}\n")
         if a % 17 == 0:
             lines.append(_line(train + 100, "nonfinite_skipped", step=step - 50, what="loss inf"))
         if a % 23 == 0:

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.unit
 
 def make(root: Path, files: dict[str, bytes], step: int = 10) -> Path:
     """A complete checkpoint whose manifest lists `files` with their real sizes and hashes."""
-    staging = checkpoint.staging_dir(root, step)
+    staging = checkpoint.CheckpointDir(root).staging(step)
     staging.mkdir(parents=True)
     for name, data in files.items():
         (staging / name).write_bytes(data)
@@ -81,3 +81,18 @@ def test_one_write_in_flight_and_errors_reach_the_caller(tmp_path: Path) -> None
     with pytest.raises(OSError, match="disk full"):
         writer.wait()
     writer.wait()  # reported once
+
+
+def test_the_checkpoint_directory_names_every_file(tmp_path: Path) -> None:
+    """The layout on disk, which the host side and older runner versions read: one class names it."""
+    ckpts = checkpoint.CheckpointDir(tmp_path)
+    step, staging = ckpts.step(20), ckpts.staging(20)
+    assert (step.name, staging.name) == ("step-0000020", ".staging-step-0000020")
+    assert [p.name for p in (ckpts.marker(step), ckpts.model(step), ckpts.manifest(step), ckpts.meta(step),
+                             ckpts.rng(step, 3), ckpts.digest(staging, 3))] == \
+        ["COMPLETE", "model.ckpt", "manifest.json", "meta.pt", "rng-rank00003.pt", "shard-rank00003.json"]
+    for d in (step, staging, ckpts.step(1234567), *(tmp_path / n for n in ("step-12", "step-x", ".staging-step-x"))):
+        d.mkdir()
+    (staging / "__3_0.distcp").write_bytes(b"shard")
+    assert sorted(ckpts.steps()) == [(20, step), (1234567, ckpts.step(1234567))]  # seven digits or more
+    assert ckpts.stagings() == [(20, staging)] and ckpts.shards(staging, 3) == [staging / "__3_0.distcp"]

@@ -64,9 +64,9 @@ def test_the_fixed_bucket_ddp_overrides_and_calls_what_torch_and_lightning_have(
 def test_the_sharded_checkpoints_files_are_named_as_runner_expects(tmp_path: Path) -> None:
     """DCP's index and shard names (``checkpoint.verify``, ``write_digests``) and Lightning's name for the rest."""
     internals.dcp_save({"state_dict": {"w": torch.zeros(3)}}, tmp_path, None)
-    assert (tmp_path / checkpoint.DCP_METADATA).is_file()
+    assert (tmp_path / checkpoint.CheckpointDir.DCP_INDEX).is_file()
     checkpoint.write_digests(tmp_path, 0)  # finds this rank's one shard
-    assert internals.META == checkpoint.DCP_META
+    assert checkpoint.CheckpointDir.meta(tmp_path).name == internals.META
 
 
 @pytest.mark.parametrize("mark", [*internals.COLLECTIVE_FRAMES, *internals.DATA_FRAMES])

@@ -152,7 +152,8 @@ def test_a_nan_from_the_script_stops_it_with_finite_checkpoints_only(tmp_path: P
     assert [step for step, _ in checkpoint.complete(run.checkpoints)] == [20, 10]
     written = [int(p.name.rsplit("-", 1)[1]) for p in run.checkpoints.glob("*step-*")]  # staged ones too
     assert max(written) < 25
-    state = torch.load(run.checkpoints / "step-0000020" / checkpoint.MODEL, weights_only=False)["state_dict"]
+    model = checkpoint.CheckpointDir.model(run.checkpoints / "step-0000020")
+    state = torch.load(model, weights_only=False)["state_dict"]
     assert state and all(torch.isfinite(t).all() for t in state.values())
 
 

@@ -143,8 +143,8 @@ def _ledger(run: RunDir, missing: list[str]) -> list[dict[str, Any]]:
 def _checkpoints(run: RunDir) -> list[dict[str, Any]]:
     """Every complete checkpoint's manifest (step, time, productive_s), oldest first."""
     out = []
-    for p in run.checkpoints.glob("step-*") if run.checkpoints.is_dir() else []:
-        if (p / checkpoint.MARKER).is_file():
+    for _, p in checkpoint.CheckpointDir(run.checkpoints).steps():
+        if checkpoint.CheckpointDir.marker(p).is_file():
             m = checkpoint.manifest_of(p)
             if isinstance(m, dict) and isinstance(m.get("step"), int) and isinstance(m.get("time"), (int, float)):
                 out.append(m)
@@ -418,7 +418,7 @@ def collect(run: RunDir) -> Report:
     events = _ledger(run, missing)
     cfg_hash = manifest.get("config_hash")
     ours = [int(m["step"]) for m in ckpts if not cfg_hash or m.get("config_hash") == cfg_hash]
-    last = (max(ours), checkpoint.step_dir(run.checkpoints, max(ours))) if ours else None  # as checkpoint.latest
+    last = (max(ours), checkpoint.CheckpointDir(run.checkpoints).step(max(ours))) if ours else None  # as latest()
     try:
         row = status.row(run, last=last)
     except Exception as e:  # the page still shows what can be read

@@ -103,7 +103,7 @@ class Guarantees:
         if last:
             # A sharded checkpoint is the directory itself: Lightning's ModelParallelStrategy loads a DCP directory
             # (``meta.pt`` beside the shards) into this world size, resharding when it differs from the writer's.
-            ckpt = str(last[1]) if checkpoint.is_sharded(last[1]) else str(last[1] / checkpoint.MODEL)
+            ckpt = str(last[1]) if checkpoint.is_sharded(last[1]) else str(checkpoint.CheckpointDir.model(last[1]))
             self.checkpoint.resuming(last[1])
             self.honesty.resuming(last[1])
             log.info("resuming from %s (step %d)%s", last[1], last[0],
@@ -136,5 +136,4 @@ class Guarantees:
     def save_final(self, trainer: L.Trainer) -> None:
         """Each rank's weights after training (``final/rank-XXXXX.pt``): what a resumed run is compared by."""
         state = trainer.lightning_module.state_dict()  # with fsdp: this rank's shards (never gathered)
-        save({k: internals.local(v).detach().cpu() for k, v in state.items()},
-             self.rd.final / f"rank-{self.rank:05d}.pt")
+        save({k: internals.local(v).detach().cpu() for k, v in state.items()}, self.rd.final_weights(self.rank))

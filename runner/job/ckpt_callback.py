@@ -19,6 +19,7 @@ import torch
 from lightning.pytorch.strategies import DDPStrategy
 
 from runner import __version__, checkpoint
+from runner.checkpoint import CheckpointDir
 from runner.job import internals, owner, rng
 from runner.job.agreement import STOP, SUPERSEDED, Agreement
 from runner.job.guards import NonFiniteGuard
@@ -108,7 +109,7 @@ class RunnerCheckpoint(L.Callback):
                       resumed_from=str(resume_from) if resume_from else None)
             checkpoint.remove_staging(rd.checkpoints)  # a dead attempt's half-written files
         if resume_from is not None:
-            rng_file = resume_from / f"rng-rank{trainer.global_rank:05d}.pt"
+            rng_file = CheckpointDir.rng(resume_from, trainer.global_rank)
             if rng_file.is_file():
                 self.rng = torch.load(rng_file, weights_only=False)
             else:
@@ -162,7 +163,7 @@ class RunnerCheckpoint(L.Callback):
         root, rank, world = self.rd.checkpoints, trainer.global_rank, trainer.world_size
         mid_epoch = batches != trainer.num_training_batches
         self.writer.wait()  # never two writes in flight
-        staging = checkpoint.staging_dir(root, step)
+        staging, published = CheckpointDir(root).staging(step), CheckpointDir(root).step(step)
         if rank == 0:
             self.progress(step)
         shards: dict[str, Any] | None = None
@@ -175,7 +176,7 @@ class RunnerCheckpoint(L.Callback):
         elif not isinstance(trainer.strategy, DDPStrategy):  # FSDP1 & co. gather inside save_checkpoint
             staging.mkdir(parents=True, exist_ok=True)
             trainer.strategy.barrier("runner-ckpt-mkdir")
-            trainer.save_checkpoint(staging / checkpoint.MODEL)
+            trainer.save_checkpoint(CheckpointDir.model(staging))
         else:
             state = internals.snapshot(trainer, self.buffers)
         rng_state = rng.state()
@@ -189,28 +190,28 @@ class RunnerCheckpoint(L.Callback):
         def write() -> None:
             staging.mkdir(parents=True, exist_ok=True)
             if rank == 0 and state is not None:
-                save(state, staging / checkpoint.MODEL)
+                save(state, CheckpointDir.model(staging))
             if shards is not None:
                 internals.dcp_save(shards, staging, group)  # returns once every rank's shard is written
                 if rank == 0:
-                    save(meta, staging / internals.META, sync_dir=False)
+                    save(meta, CheckpointDir.meta(staging), sync_dir=False)
                 checkpoint.write_digests(staging, rank)  # each rank hashes its own shard, in parallel
             # Rank 0 publishes (renames) the staging directory as soon as every file is there, and fsyncs
             # it first: the other ranks must not fsync a directory that may be gone by then.
-            save(rng_state, staging / f"rng-rank{rank:05d}.pt", sync_dir=rank == 0)
+            save(rng_state, CheckpointDir.rng(staging, rank), sync_dir=rank == 0)
             if rank != 0:
                 return
-            expected = [staging / f"rng-rank{r:05d}.pt" for r in range(world)]
+            expected = [CheckpointDir.rng(staging, r) for r in range(world)]
             if shards is not None:
-                expected += [checkpoint.digest_file(staging, r) for r in range(world)]
+                expected += [CheckpointDir.digest(staging, r) for r in range(world)]
             missing = checkpoint.wait_for_files(expected, publish_timeout)
             if missing:
-                log.warning("checkpoint step-%07d not published: %s never written", step,
+                log.warning("checkpoint %s not published: %s never written", published.name,
                             ", ".join(p.name for p in missing))
                 return
             checkpoint.publish(root, step, manifest)
             checkpoint.prune(root, keep)
-            log.info("checkpoint step-%07d complete", step)
+            log.info("checkpoint %s complete", published.name)
 
         self.writer.submit(write)
         self.last_saved = step

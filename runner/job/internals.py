@@ -281,7 +281,8 @@ def move_epoch_position(ckpt: dict[str, Any], world: int) -> tuple[int, int, int
     return done, old, new
 
 
-META: str = _METADATA_FILENAME  # Lightning's name for the non-tensor part of a distributed checkpoint
+META: str = _METADATA_FILENAME  # Lightning's name for the non-tensor part of a distributed checkpoint, as it reads it
+# (runner writes it as checkpoint.CheckpointDir.meta: tests/test_internals.py checks they are one name)
 
 
 def checkpoint_group() -> Any:

@@ -147,16 +147,8 @@ class Watchdog:
         self.host = socket.gethostname()
 
     @property
-    def beats(self) -> Path:
-        return self.rd.heartbeats
-
-    @property
-    def reports(self) -> Path:
-        return self.rd.hang_reports(self.attempt)
-
-    @property
     def request(self) -> Path:
-        return self.reports / "requested"
+        return self.rd.hang_request(self.attempt)
 
     def start(self) -> Watchdog:
         self._advanced = time.monotonic()  # the first step's clock starts here
@@ -224,7 +216,7 @@ class Watchdog:
     def _report_stragglers(self) -> None:
         """Rank 0: compare every rank's timings; a rank slow in two reports in a row goes to the ledger once (the host
         side alerts it: ``runner.host.notices``)."""
-        beats = [b for p in self.beats.glob("rank-*.json")
+        beats = [b for p in RunDir.by_rank(self.rd.heartbeats).values()
                  if isinstance(b := read_json(p), dict) and b.get("attempt") == self.attempt]
         rows = stragglers.compare(beats)
         atomic_write(self.rd.stragglers, json.dumps({"time": time.time(), "ranks": rows}))
@@ -248,7 +240,7 @@ class Watchdog:
         log.error("no step for %.0f s (limit %.0f s) at step %d; this rank is in %s", report["stalled_s"],
                   self.limit(), self._step, report["phase"])
         try:
-            atomic_write(self.reports / f"rank-{self.rank:05d}.json", json.dumps(report, indent=1))
+            atomic_write(self.rd.hang_report(self.attempt, self.rank), json.dumps(report, indent=1))
             self.request.touch()
             self._conclude()
         except OSError as e:
@@ -289,7 +281,7 @@ class Watchdog:
         log.error("%s", summary["summary"])
 
     def _reports(self) -> dict[int, dict[str, Any]]:
-        return {int(p.stem.split("-")[1]): rep for p in self.reports.glob("rank-*.json")
+        return {rank: rep for rank, p in RunDir.by_rank(self.rd.hang_reports(self.attempt)).items()
                 if isinstance(rep := read_json(p), dict)}
 
     def _summary_written(self) -> bool:
@@ -306,7 +298,7 @@ class Watchdog:
 
     def _beating(self, reported: set[int], since: float) -> bool:
         """Whether a rank that has not reported wrote a heartbeat of this attempt within an interval of ``since``."""
-        for p in self.beats.glob("rank-*.json"):
+        for p in RunDir.by_rank(self.rd.heartbeats).values():
             b = read_json(p)
             if isinstance(b, dict) and b.get("attempt") == self.attempt and b.get("rank") not in reported \
                     and float(b.get("time", 0)) >= since - self.interval_s:
@@ -320,10 +312,10 @@ def rank_hosts(rd: RunDir, attempt: int) -> dict[int, str]:
     with its node too. Another attempt's files never name a node (its ranks may have run elsewhere)."""
     hosts: dict[int, str] = {}
     for folder, key in ((rd.ranks, "hostname"), (rd.heartbeats, "host")):
-        for p in folder.glob("rank-*.json"):
+        for rank, p in RunDir.by_rank(folder).items():
             b = read_json(p)
             if isinstance(b, dict) and b.get("attempt") == attempt and b.get(key):
-                hosts[int(p.stem.split("-")[1])] = str(b[key])
+                hosts[rank] = str(b[key])
     return hosts
 
 
