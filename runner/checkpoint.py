@@ -18,6 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from runner import records
+from runner.records import CheckpointManifest
 from runner.rundir import atomic_write, read_json
 
 SHARDED = "dcp"  # manifest "format" of a sharded checkpoint: torch distributed checkpoint files, one per rank
@@ -160,7 +162,7 @@ def _digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def publish(root: Path, step: int, manifest: dict[str, Any]) -> Path:
+def publish(root: Path, step: int, manifest: CheckpointManifest) -> Path:
     """Turn a fully written staging directory into ``step-XXXXXXX`` and mark it complete (rank 0 only).
 
     The manifest records each file's size and sha256 as read back from disk, so a resume can tell a checkpoint
@@ -169,6 +171,7 @@ def publish(root: Path, step: int, manifest: dict[str, Any]) -> Path:
     ckpts = CheckpointDir(root)
     staging, final = ckpts.staging(step), ckpts.step(step)
     known: dict[str, Any] = {}  # a sharded checkpoint's shards, each hashed by the rank that wrote it
+    manifest = manifest.copy()
     if manifest.get("format") == SHARDED:
         shards = {}
         for rank in range(int(manifest["world_size"])):
@@ -176,9 +179,9 @@ def publish(root: Path, step: int, manifest: dict[str, Any]) -> Path:
             shards[str(rank)] = got["name"]
             known[got["name"]] = {"size": got["size"], "sha256": got["sha256"]}
             CheckpointDir.digest(staging, rank).unlink()
-        manifest = {**manifest, "shards": shards}
-    manifest = {**manifest, "files": {p.name: known.get(p.name) or {"size": p.stat().st_size, "sha256": _digest(p)}
-                                      for p in sorted(staging.iterdir()) if p.is_file()}}
+        manifest["shards"] = shards
+    manifest["files"] = {p.name: known.get(p.name) or {"size": p.stat().st_size, "sha256": _digest(p)}
+                         for p in sorted(staging.iterdir()) if p.is_file()}
     # This write fsyncs the staging directory, and with it the names of the other ranks' files.
     atomic_write(CheckpointDir.manifest(staging), json.dumps(manifest, indent=2, sort_keys=True))
     if final.exists():
@@ -188,10 +191,10 @@ def publish(root: Path, step: int, manifest: dict[str, Any]) -> Path:
     return final
 
 
-def manifest_of(path: Path) -> dict[str, Any]:
-    """The manifest of the checkpoint at ``path``; {} when missing or damaged (said once)."""
-    found = read_json(CheckpointDir.manifest(path), {})
-    return found if isinstance(found, dict) else {}
+def manifest_of(path: Path) -> CheckpointManifest:
+    """The manifest of the checkpoint at ``path``, as its type (``runner.records``); {} when missing or damaged (said
+    once)."""
+    return records.checkpoint_manifest(read_json(CheckpointDir.manifest(path), {}))
 
 
 def is_sharded(path: Path) -> bool:

@@ -23,7 +23,7 @@ from typing import IO, Any
 from runner import records, redaction
 from runner.errors import RunnerError
 from runner.ledger import EventName, Ledger, normalize
-from runner.records import ExitStatus
+from runner.records import ExitStatus, LastExit, ProgramOutcome, ResumeVerdict
 
 log = logging.getLogger(__name__)
 
@@ -291,6 +291,14 @@ class RunDir(Ledger):
     def last_exit(self) -> Path:  # the launcher's own exit code (rank 0)
         return self.root / "last_exit.json"
 
+    def last_exit_record(self) -> LastExit | None:
+        """``last_exit.json`` as its type; None when missing, damaged or without a code."""
+        return records.last_exit(read_json(self.last_exit))
+
+    def write_last_exit(self, code: int, job_id: str | None, restart_count: str) -> None:
+        record: LastExit = {"code": code, "job_id": job_id, "time": time.time(), "restart_count": restart_count}
+        atomic_write(self.last_exit, json.dumps(record) + "\n")
+
     @property
     def cancelled(self) -> Path:  # written by `runner cancel`: never resubmit
         return self.root / "cancelled"
@@ -318,6 +326,16 @@ class RunDir(Ledger):
     @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
+
+    @property
+    def resume_verdict(self) -> Path:  # rank 0's choice of checkpoint for the other ranks of its attempt
+        return self.logs / ".resume-verdict.json"
+
+    def resume_verdict_record(self) -> ResumeVerdict | None:
+        return records.resume_verdict(read_json(self.resume_verdict, {}))
+
+    def write_resume_verdict(self, verdict: ResumeVerdict) -> None:
+        atomic_write(self.resume_verdict, json.dumps(verdict))
 
     @property
     def final(self) -> Path:
@@ -487,6 +505,17 @@ class RunDir(Ledger):
     def crash_file(self, attempt: int, rank: int) -> Path:
         """What one rank's training raised in one attempt (written by the launcher before it exits)."""
         return self.attempt_logs(attempt) / f"crash-{rank:05d}.json"
+
+    def program_outcome(self, attempt: int, rank: int) -> Path:
+        """What a program's fit did on one rank (``runner.records.ProgramOutcome``)."""
+        return self.attempt_logs(attempt) / f"program-rank-{rank:05d}.json"
+
+    def program_outcome_record(self, attempt: int, rank: int) -> ProgramOutcome | None:
+        """None when no Trainer of the program carried runner's callback through a fit (or the file is damaged)."""
+        return records.program_outcome(read_json(self.program_outcome(attempt, rank)))
+
+    def write_program_outcome(self, attempt: int, rank: int, outcome: ProgramOutcome) -> None:
+        atomic_write(self.program_outcome(attempt, rank), json.dumps(outcome))
 
     def crashes(self, attempt: int) -> dict[int, dict[str, Any]]:
         """Every crash record of ``attempt``, by rank."""

@@ -59,3 +59,93 @@ def test_only_the_records_and_the_run_directory_name_the_file() -> None:
     writers = [f"{p.relative_to(RUNNER)}: {line.strip()}" for p in sorted(RUNNER.rglob("*.py")) if p.name != "rundir.py"
                for line in p.read_text().splitlines() if re.search(r"(write_text|atomic_write)\(.*exit_status\b", line)]
     assert writers == [], "exit_status.json is written through RunDir.write_exit_status"
+
+
+@pytest.mark.parametrize(("raw", "read"), [
+    # as the launcher (rank 0) and a hang's watchdog write it
+    ({"code": 75, "job_id": "41", "time": 2.5, "restart_count": "1"},
+     {"code": 75, "job_id": "41", "time": 2.5, "restart_count": "1"}),
+    ({"code": 0, "job_id": None, "time": 1, "restart_count": "0"},  # a local run
+     {"code": 0, "job_id": None, "time": 1.0, "restart_count": "0"}),
+    # older and hand-made shapes
+    ({"code": 1, "restart_count": 2}, {"code": 1, "job_id": None, "time": 0.0, "restart_count": "2"}),
+    ({"code": 1, "job_id": 41, "restart_count": None}, {"code": 1, "job_id": None, "time": 0.0, "restart_count": None}),
+    ({"code": "75"}, None), ({"code": False}, None), ({"job_id": "41"}, None), ([], None), (None, None),
+])
+def test_the_last_exit_reads_back_as_its_type(raw: Any, read: Any) -> None:
+    assert records.last_exit(raw) == read
+
+
+@pytest.mark.parametrize(("raw", "read"), [
+    ({"step": 80, "code": None, "resumed": True, "time": 3.0, "productive_s": 12.5},
+     {"step": 80, "code": None, "resumed": True, "time": 3.0, "productive_s": 12.5}),
+    ({"step": 20, "code": 75, "resumed": False, "time": 3, "productive_s": 4},
+     {"step": 20, "code": 75, "resumed": False, "time": 3.0, "productive_s": 4.0}),
+    ({}, {"step": 0, "code": None, "resumed": False, "time": 0.0, "productive_s": None}),  # trained no step
+    ({"step": "80", "resumed": "yes", "productive_s": float("inf")},
+     {"step": 0, "code": None, "resumed": False, "time": 0.0, "productive_s": None}),
+    ([{"step": 80}], None), ("x", None), (None, None),  # None: no Trainer carried runner's callback
+])
+def test_a_program_outcome_reads_back_as_its_type(raw: Any, read: Any) -> None:
+    assert records.program_outcome(raw) == read
+
+
+@pytest.mark.parametrize(("raw", "read"), [
+    ({"attempt": 2, "job": "41", "restart": "0", "step": 20, "path": "/r/checkpoints/step-0000020"},
+     {"attempt": 2, "job": "41", "restart": "0", "step": 20, "path": "/r/checkpoints/step-0000020"}),
+    ({"attempt": 1, "job": None, "restart": "0", "step": None, "path": None},  # no checkpoint yet: from the start
+     {"attempt": 1, "job": None, "restart": "0", "step": None, "path": None}),
+    ({"attempt": 1, "step": 20}, {"attempt": 1, "job": None, "restart": None, "step": None, "path": None}),
+    ({"attempt": 1, "path": "/r/checkpoints/step-0000020"}, None),  # a path without its step: not a verdict
+    ({"attempt": "1"}, None), ({}, None), ("verdict", None),
+])
+def test_a_resume_verdict_reads_back_as_its_type(raw: Any, read: Any) -> None:
+    assert records.resume_verdict(raw) == read
+
+
+MANIFEST = {"step": 20, "epoch": 1, "config_hash": "abc", "world_size": 2, "time": 5.0, "runner_version": "0.1.0",
+            "productive_s": 30.5, "mid_epoch": True, "epoch_batches": 12, "accumulate": 2,
+            "files": {"model.ckpt": {"size": 3, "sha256": "00"}}}
+
+
+@pytest.mark.parametrize(("raw", "read"), [
+    (MANIFEST, MANIFEST),  # as checkpoint.publish writes it
+    ({**MANIFEST, "format": "dcp", "shards": {"0": "__0_0.distcp", "1": "__1_0.distcp"}},
+     {**MANIFEST, "format": "dcp", "shards": {"0": "__0_0.distcp", "1": "__1_0.distcp"}}),
+    ({"step": 10, "config_hash": "h", "time": 7}, {"step": 10, "config_hash": "h", "time": 7.0}),  # an older one
+    # hand-made: a field of the wrong type is dropped, the rest kept; files' entries are checkpoint.verify's to judge
+    ({"step": "20", "world_size": True, "mid_epoch": 1, "time": float("nan"), "shards": {"0": 5}, "extra": 1,
+      "files": {"model.ckpt": "?"}}, {"files": {"model.ckpt": "?"}}),
+    (None, {}), ([MANIFEST], {}), ("manifest", {}),
+])
+def test_a_checkpoint_manifest_reads_back_as_its_type(raw: Any, read: Any) -> None:
+    assert records.checkpoint_manifest(raw) == read
+
+
+def test_the_run_directory_writes_and_reads_the_jobs_records(tmp_path: Path) -> None:
+    run = RunDir(tmp_path)
+    assert run.last_exit_record() is None and run.resume_verdict_record() is None
+    assert run.program_outcome_record(1, 0) is None
+    run.write_last_exit(75, "41", "1")
+    assert {k: v for k, v in (run.last_exit_record() or {}).items() if k != "time"} == \
+        {"code": 75, "job_id": "41", "restart_count": "1"}
+    run.new_attempt()
+    run.write_program_outcome(1, 3, {"step": 8, "code": None, "resumed": False, "time": 1.0, "productive_s": 2.0})
+    assert run.program_outcome_record(1, 3) == {"step": 8, "code": None, "resumed": False, "time": 1.0,
+                                                "productive_s": 2.0}
+    run.write_resume_verdict({"attempt": 1, "job": None, "restart": "0", "step": None, "path": None})
+    assert run.resume_verdict_record() == {"attempt": 1, "job": None, "restart": "0", "step": None, "path": None}
+    run.last_exit.write_text('{"code": 7')  # torn
+    assert run.last_exit_record() is None
+
+
+def test_a_published_checkpoints_manifest_reads_back_as_written(tmp_path: Path) -> None:
+    from runner import checkpoint
+
+    staging = checkpoint.CheckpointDir(tmp_path).staging(20)
+    staging.mkdir()
+    checkpoint.CheckpointDir.model(staging).write_bytes(b"weights")
+    written: Any = {k: v for k, v in MANIFEST.items() if k != "files"}
+    path = checkpoint.publish(tmp_path, 20, written)
+    read = checkpoint.manifest_of(path)
+    assert {k: v for k, v in read.items() if k != "files"} == written and list(read.get("files", {})) == ["model.ckpt"]

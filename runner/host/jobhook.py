@@ -47,9 +47,10 @@ log = logging.getLogger("runner.host.jobhook")  # not __name__: run with -m, thi
 
 def launcher_code(run: RunDir, rc: int, job: str | None) -> int:
     """The exit code the ranks agreed on, if rank 0 recorded one for this attempt; else srun's."""
-    last = read_json(run.last_exit, {}) or {}
-    same = last.get("job_id") == job and str(last.get("restart_count")) == os.environ.get("SLURM_RESTART_COUNT", "0")
-    return int(last["code"]) if same and "code" in last else rc
+    last = run.last_exit_record()
+    same = last is not None and last["job_id"] == job and \
+        last["restart_count"] == os.environ.get("SLURM_RESTART_COUNT", "0")
+    return last["code"] if last is not None and same else rc
 
 
 def _alerts(run: RunDir, event: ledger.AlertEvent, decision: policy.Decision, requeued: bool | None,

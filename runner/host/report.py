@@ -146,8 +146,8 @@ def _checkpoints(run: RunDir) -> list[dict[str, Any]]:
     for _, p in checkpoint.CheckpointDir(run.checkpoints).steps():
         if checkpoint.CheckpointDir.marker(p).is_file():
             m = checkpoint.manifest_of(p)
-            if isinstance(m, dict) and isinstance(m.get("step"), int) and isinstance(m.get("time"), (int, float)):
-                out.append(m)
+            if isinstance(m.get("step"), int) and isinstance(m.get("time"), float):
+                out.append(dict(m))
     return sorted(out, key=lambda m: (m["time"], m["step"]))
 
 

@@ -24,6 +24,7 @@ from runner.job import internals, owner, rng
 from runner.job.agreement import STOP, SUPERSEDED, Agreement
 from runner.job.guards import NonFiniteGuard
 from runner.job.stopflag import StopFlag
+from runner.records import CheckpointManifest
 from runner.rundir import RunDir, atomic_write, number, read_json
 from runner.spec.typed import RunConfig
 
@@ -79,7 +80,7 @@ class RunnerCheckpoint(L.Callback):
     def resuming(self, path: Path) -> None:
         """Before ``fit``: training continues from this checkpoint."""
         self.resume_from = path
-        self.base_productive = float(number(checkpoint.manifest_of(path), "productive_s", 0.0))
+        self.base_productive = checkpoint.manifest_of(path).get("productive_s", 0.0)
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, ckpt: dict[str, Any]) -> None:
         """Before Lightning restores its loops: on another world size, a loader's global position (see
@@ -180,9 +181,10 @@ class RunnerCheckpoint(L.Callback):
         else:
             state = internals.snapshot(trainer, self.buffers)
         rng_state = rng.state()
-        manifest = {"step": step, "epoch": trainer.current_epoch, "config_hash": self.cfg_hash, "world_size": world,
-                    "time": time.time(), "runner_version": __version__, "productive_s": self.productive(),
-                    "mid_epoch": mid_epoch, "epoch_batches": batches, "accumulate": trainer.accumulate_grad_batches}
+        manifest: CheckpointManifest = {
+            "step": step, "epoch": trainer.current_epoch, "config_hash": self.cfg_hash, "world_size": world,
+            "time": time.time(), "runner_version": __version__, "productive_s": self.productive(),
+            "mid_epoch": mid_epoch, "epoch_batches": batches, "accumulate": trainer.accumulate_grad_batches}
         if shards is not None:
             manifest["format"] = checkpoint.SHARDED
         group, keep, publish_timeout = self.group, self.keep, self.publish_timeout

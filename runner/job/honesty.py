@@ -35,6 +35,7 @@ import lightning as L
 
 from runner import checkpoint
 from runner.job import internals
+from runner.records import CheckpointManifest
 from runner.rundir import RunDir
 from runner.spec.typed import RunConfig
 
@@ -74,7 +75,7 @@ class Resumed:
         return {**asdict(self), "reshaped": self.reshaped}
 
 
-def resumed(manifest: dict[str, Any], world: int, accumulate: int, global_batch: int | None, *, sharded: bool,
+def resumed(manifest: CheckpointManifest, world: int, accumulate: int, global_batch: int | None, *, sharded: bool,
             exact_resume: bool, loader_resumable: bool,
             global_position: tuple[int, int, int] | None = None) -> Resumed:
     """The honesty record of a resume from a checkpoint with this ``manifest`` onto ``world`` ranks (pure).

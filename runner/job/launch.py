@@ -21,7 +21,6 @@ import os
 import signal
 import socket
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -223,8 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     if env.rank == 0:
         # srun reports 143 when --kill-on-bad-exit ends the ranks that were still exiting; this file keeps
         # the code all ranks agreed on, for the batch script's exit hook.
-        attempt = {"code": code, "job_id": env.job_id, "time": time.time(), "restart_count": env.restart_count}
-        atomic_write(rd.last_exit, json.dumps(attempt) + "\n")
+        rd.write_last_exit(code, env.job_id, env.restart_count)
     if code in (0, EXIT_REQUEUE):  # every rank agreed to end here, so none waits on another's group
         _release_process_group()
     return code

@@ -1,5 +1,5 @@
-"""What a rank leaves behind when its training ends: its crash record, a program fit's outcome, the run's
-``finished`` marker. Read by the launcher and the batch script's exit hook.
+"""What a rank leaves behind when its training ends: its crash record, the run's ``finished`` marker. Read by the
+batch script's exit hook and ``runner status``.
 
 Standard library only: the launcher and a program's rank import it before torch.
 """
@@ -10,7 +10,6 @@ import json
 import logging
 import time
 import traceback
-from pathlib import Path
 from typing import Any
 
 from runner.rundir import RunDir, atomic_write
@@ -30,11 +29,6 @@ def record_crash(rd: RunDir, attempt: int, rank: int, step: int, exc: BaseExcept
     except OSError as e:  # the traceback still reaches the rank log
         log.warning("crash record not written: %s", e)
     return crash
-
-
-def outcome_file(rd: RunDir, attempt: int, rank: int) -> Path:
-    """What a program's fit did on this rank (written by the wrapped ``Trainer.fit``, read by the launcher)."""
-    return rd.attempt_logs(attempt) / f"program-rank-{rank:05d}.json"
 
 
 def finished(rd: RunDir, step: int | None, productive_s: float | None = None, **fields: Any) -> None:

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from runner.job import jobenv, outcome
-from runner.rundir import EXIT_PROGRAM, OWNER_FD_ENV, RunDir, read_json
+from runner.records import ProgramOutcome
+from runner.rundir import EXIT_PROGRAM, OWNER_FD_ENV, RunDir
 from runner.spec.typed import RunConfig
 
 log = logging.getLogger(__name__)
@@ -190,29 +191,29 @@ def run(rd: RunDir, cfg: RunConfig, command: list[str], ranks: tuple[int, int, i
         if not rd.crash_file(attempt, rank).exists():
             outcome.record_crash(rd, attempt, rank, -1, e)
         raise
-    return conclude(rd, code, read_json(outcome.outcome_file(rd, attempt, rank)), rank)
+    return conclude(rd, code, rd.program_outcome_record(attempt, rank), rank)
 
 
-def conclude(rd: RunDir, code: int, fit: Any, rank: int) -> int:
+def conclude(rd: RunDir, code: int, fit: ProgramOutcome | None, rank: int) -> int:
     """The exit code from the program's own and what its fit did (``fit``: None when no Trainer of the program
     carried runner's callback through a fit)."""
     if code != 0:
         log.info("the program exited %d", code)
         return code
-    if not isinstance(fit, dict):
+    if fit is None:
         log.warning("the program exited 0 and trained no Lightning Trainer with runner's callback: what needs the "
                     "callback (checkpoints and resume, the hang watchdog, the non-finite guard) did not apply")
         if rank == 0:
             outcome.finished(rd, None, lightning=False)
         return 0
-    step = int(fit.get("step", 0))
-    if step == 0 and not fit.get("resumed"):
+    step = fit["step"]
+    if step == 0 and not fit["resumed"]:
         why = "the program exited 0 without training a step (an empty data loader? max_steps=0?)"
         log.error("program: %s. hint: check its data and its Trainer's limits", why)
         if rank == 0:
             rd.record("program_error", reason="no_training", detail=why)
         return EXIT_PROGRAM
     if rank == 0:
-        outcome.finished(rd, step, fit.get("productive_s"))
+        outcome.finished(rd, step, fit["productive_s"])
     log.info("finished at step %d", step)
     return 0

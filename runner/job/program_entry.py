@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import json
 import logging
 import time
 from pathlib import Path
@@ -21,12 +20,12 @@ from typing import Any
 
 import lightning as L
 
-from runner.job import internals, jobenv, outcome
+from runner.job import internals, jobenv
 from runner.job.callback import Guarantees, RunnerCallbacks
 from runner.job.resume import current_attempt
 from runner.job.stopflag import stop_flag
 from runner.log import setup as setup_logging
-from runner.rundir import EXIT_PROGRAM, RunDir, atomic_write, read_json
+from runner.rundir import EXIT_PROGRAM, RunDir, read_json
 from runner.spec.typed import RunConfig, read_resolved
 
 log = logging.getLogger("runner.job.callback")  # rank logs name these lines runner's callback's, as before the split
@@ -116,10 +115,9 @@ def wrap_fit() -> None:
             original(*bound.args, **bound.kwargs)
 
         code = g.fit(self, call, bound.arguments.get("ckpt_path"))
-        step = int(self.global_step)
-        atomic_write(outcome.outcome_file(g.rd, g.attempt, g.rank), json.dumps(
-            {"step": step, "code": code, "resumed": g.checkpoint.resume_from is not None, "time": time.time(),
-             "productive_s": g.checkpoint.productive()}))
+        g.rd.write_program_outcome(g.attempt, g.rank, {
+            "step": int(self.global_step), "code": code, "resumed": g.checkpoint.resume_from is not None,
+            "time": time.time(), "productive_s": g.checkpoint.productive()})
         if code is not None:
             raise SystemExit(code)  # the program's code after fit runs in the attempt that finishes training
         g.save_final(self)

@@ -5,13 +5,13 @@ Standard library only (the launcher reads the attempt before torch is imported).
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 from runner import checkpoint
 from runner.job import jobenv
-from runner.rundir import RunDir, atomic_write, read_json
+from runner.records import ResumeVerdict
+from runner.rundir import RunDir
 from runner.spec.typed import RunConfig
 
 
@@ -31,18 +31,18 @@ def resume_point(rd: RunDir, cfg: RunConfig, cfg_hash: str, rank: int, attempt: 
     One reader instead of one per rank (a shared file system would serve the whole checkpoint world-size
     times). The verdict names its attempt and job, so a verdict left by an earlier attempt is never taken.
     """
-    verdict = rd.logs / ".resume-verdict.json"
     env = jobenv.current()
-    me = {"attempt": attempt, "job": env.job_id, "restart": env.restart_count}
     if rank == 0:
         last = checkpoint.latest(rd.checkpoints, cfg_hash, cfg["resume"]["force"], check=True)
-        atomic_write(verdict, json.dumps({**me, "step": last[0] if last else None,
-                                          "path": str(last[1]) if last else None}))
+        verdict: ResumeVerdict = {"attempt": attempt, "job": env.job_id, "restart": env.restart_count,
+                                  "step": last[0] if last else None, "path": str(last[1]) if last else None}
+        rd.write_resume_verdict(verdict)
         return last
     deadline = time.monotonic() + cfg["network"]["pg_timeout_s"]
     while time.monotonic() < deadline:
-        got = read_json(verdict, {}) or {}
-        if all(got.get(k) == v for k, v in me.items()):
-            return (int(got["step"]), Path(got["path"])) if got.get("path") else None
+        got = rd.resume_verdict_record()
+        if got is not None and (got["attempt"], got["job"], got["restart"]) == (attempt, env.job_id, env.restart_count):
+            return (got["step"], Path(got["path"])) if got["step"] is not None and got["path"] else None
         time.sleep(0.05)
-    raise TimeoutError(f"rank 0 gave no checkpoint verdict in {verdict} within {cfg['network']['pg_timeout_s']} s")
+    raise TimeoutError(f"rank 0 gave no checkpoint verdict in {rd.resume_verdict} within "
+                       f"{cfg['network']['pg_timeout_s']} s")

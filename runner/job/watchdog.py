@@ -276,8 +276,7 @@ class Watchdog:
         self.rd.record("hang", summary=summary["summary"], nodes=summary["nodes"], step=summary["step"])
         # The exit hook reads the agreed exit code from here (rank 0 may be the stuck one).
         env = jobenv.current()
-        atomic_write(self.rd.last_exit, json.dumps({"code": EXIT_HANG, "job_id": env.job_id, "time": time.time(),
-                                                    "restart_count": env.restart_count}) + "\n")
+        self.rd.write_last_exit(EXIT_HANG, env.job_id, env.restart_count)
         log.error("%s", summary["summary"])
 
     def _reports(self) -> dict[int, dict[str, Any]]:
