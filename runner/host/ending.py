@@ -30,7 +30,6 @@ class Why:
     cause: causes.Cause | None = None  # None: nothing runner detected itself (the alert guesses from the logs)
     crash: dict[str, Any] | None = None  # the failing rank's crash record (the launcher's)
     rank: int | None = None  # the first rank that failed, before its peers' connection errors
-    failure: causes.Failure | None = None  # that rank, its node and how, as the scheduler saw it end
     bad: list[str] = field(default_factory=list)  # the nodes a hang's or the preflight's report named
     said: str | None = None  # a report's own sentence where it names no kind of cause (a failed preflight's summary)
 
@@ -66,13 +65,13 @@ def why(run: RunDir, event: str, attempt: int, events: Sequence[Mapping[str, Any
         summary = str((report if isinstance(report, dict) else {}).get("summary") or
                       "preflight failed; see preflight.txt")
         if not bad:
-            return Why(None, crash, rank, first, bad, said=summary)
+            return Why(None, crash, rank, bad, said=summary)
         cause = causes.Cause("bad_nodes", summary, node=", ".join(bad))
     elif event == "nan":
         last: Mapping[str, Any] = next((e for e in reversed(events) if e.get("event") == "nonfinite"), {})
         step = last.get("step")
         cause = causes.Cause("nan", str(last.get("what", "loss")), step=step if isinstance(step, int) else None)
-    return Why(cause, crash, rank, first, bad)
+    return Why(cause, crash, rank, bad)
 
 
 def alert_fields(run: RunDir, w: Why, attempt: int) -> dict[str, Any]:
