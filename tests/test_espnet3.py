@@ -180,7 +180,10 @@ def test_a_resume_on_fewer_ranks_keeps_espnet3s_global_batch(recipe: Path, tmp_p
     mid_epoch = starts[1]["step"] % 8 != 0
     assert (said["mid_epoch"], said["data_exact"]) == (mid_epoch, not mid_epoch), said
     assert ("replays the epoch" if mid_epoch else "at the epoch's end") in said["data"], said
-    assert next(e for e in events(run) if e["event"] == "finished")["step"] >= epochs * 8
+    # Mid-epoch, the replayed batches are steps on top; at an epoch's end every later epoch is whole, on 1 rank as on
+    # 2 (Lightning alone would carry the 8 batches a rank had taken into the next epoch and end it halfway).
+    finished = next(e for e in events(run) if e["event"] == "finished")["step"]
+    assert finished > epochs * 8 if mid_epoch else finished == epochs * 8, (finished, starts)
 
 
 # -- training on the dev cluster -----------------------------------------------------------------------------------

@@ -69,7 +69,7 @@ def test_the_sharded_checkpoints_files_are_named_as_runner_expects(tmp_path: Pat
     assert checkpoint.CheckpointDir.meta(tmp_path).name == internals.META
 
 
-@pytest.mark.parametrize("mark", [*internals.COLLECTIVE_FRAMES, *internals.DATA_FRAMES])
+@pytest.mark.parametrize("mark", [*watchdog.COLLECTIVE_FRAMES, *watchdog.DATA_FRAMES])
 def test_the_watchdogs_private_frames_are_this_torchs(mark: str) -> None:
     if mark.endswith(".py:"):
         assert any(p.name == mark[:-1] for p in Path(torch.__file__).parent.rglob(mark[:-1]))
@@ -82,3 +82,55 @@ def test_the_watchdogs_torch_paths_are_this_torchs() -> None:
     site = Path(torch.__file__).parent.parent
     paths = [m.rstrip(":") for _, marks in watchdog.PHASES for m in marks if m.startswith("torch/")]
     assert paths and all((site / p).exists() for p in paths), paths
+
+
+class _Counting(L.LightningModule):
+    """Counts the batches it trains in each epoch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+        self.batches: dict[int, int] = {}
+
+    def training_step(self, batch: list[object], batch_idx: int) -> object:
+        self.batches[self.current_epoch] = self.batches.get(self.current_epoch, 0) + 1
+        return self.layer(batch[0]).sum()
+
+    def configure_optimizers(self) -> object:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class _SaveAtEpochEnd(L.Callback):
+    """Saves where runner's checkpoint callback does: on_train_batch_end, here of the first epoch's last batch."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
+        if trainer.current_epoch == 0 and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+            trainer.save_checkpoint(self.path)
+
+
+class _Whole(L.Callback):
+    def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        internals.start_next_epoch_whole(trainer)
+
+
+@pytest.mark.parametrize("whole, second_epoch", [(False, 8), (True, 16)], ids=["lightning-alone", "runner"])
+def test_a_resume_at_an_epochs_end_onto_longer_epochs_starts_the_next_epoch_whole(tmp_path: Path, whole: bool,
+                                                                                   second_epoch: int) -> None:
+    """Saved at the last of 8 batches (2 ranks' share of a plain DataLoader), resumed where an epoch has 16 (1 rank):
+    Lightning alone carries the 8 into the next epoch, which ends after 8 batches; with ``start_next_epoch_whole`` in
+    on_train_start it trains all 16 (ESPnet3's resume on fewer ranks at an epoch's end, tests/test_espnet3.py)."""
+    def fit(batches: int, module: _Counting, callbacks: list[L.Callback], ckpt: Path | None) -> None:
+        data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(batches, 2)), batch_size=1)
+        trainer = L.Trainer(max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                            enable_model_summary=False, accelerator="cpu", devices=1, callbacks=callbacks,
+                            default_root_dir=str(tmp_path))
+        trainer.fit(module, train_dataloaders=data, ckpt_path=ckpt)
+
+    saved = tmp_path / "epoch-end.ckpt"
+    fit(8, _Counting(), [_SaveAtEpochEnd(saved)], None)
+    resumed = _Counting()
+    fit(16, resumed, [_Whole()] if whole else [], saved)
+    assert resumed.batches == {1: second_epoch}

@@ -121,6 +121,9 @@ class RunnerCheckpoint(L.Callback):
             # it at an epoch's end.
             if not checkpoint.manifest_of(resume_from).get("mid_epoch"):
                 self.on_train_batch_start(trainer, pl_module, None, 0)
+                if internals.start_next_epoch_whole(trainer):
+                    log.info("resumed at an epoch's end on %d batches an epoch per rank: the next epoch starts whole",
+                             trainer.num_training_batches)
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:

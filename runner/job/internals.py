@@ -5,9 +5,9 @@ connector), DDP with one bucket layout for the whole run (torch's reducer), and 
 what that DDP needs (``fixed_buckets_missing``), which makes exact resume fall back to a public option instead; the
 non-finite guard's fused norm and sparse values; the timeout of a process group that already exists; sharded
 training (``trainer.strategy: fsdp``): Lightning's ModelParallelStrategy with runner's default sharding, the
-sharded checkpoint snapshot (Lightning's checkpoint connector again) and its DCP write; the frames of torch's own
-code that tell the hang watchdog what a stuck rank waits in. tests/test_internals.py checks each against the
-installed torch and Lightning.
+sharded checkpoint snapshot (Lightning's checkpoint connector again) and its DCP write. The frames of torch's own
+code that tell the hang watchdog what a stuck rank waits in are the watchdog's (``runner.job.watchdog``, which a plain
+program starts without Lightning). tests/test_internals.py checks each against the installed torch and Lightning.
 """
 
 from __future__ import annotations
@@ -281,6 +281,21 @@ def move_epoch_position(ckpt: dict[str, Any], world: int) -> tuple[int, int, int
     return done, old, new
 
 
+def start_next_epoch_whole(trainer: Any) -> bool:
+    """A resume from a checkpoint taken at its epoch's last batch, onto a layout with more batches per rank in an
+    epoch (fewer ranks): Lightning closes the saved epoch (its last batch was the loader's last) but carries the saved
+    per-rank count of batches into the next epoch, which then ends that many batches early. Called in
+    ``on_train_start`` (the loops restored, the new epoch's length known, the epoch loop not yet reset): the count is
+    set to the epoch's last batch, so Lightning starts the next epoch at its first batch, as on the same layout.
+    Returns True when it changed the count."""
+    progress = trainer.fit_loop.epoch_loop.batch_progress
+    batches = trainer.num_training_batches
+    if not progress.is_last_batch or batches == float("inf") or progress.current.completed + 1 >= batches:
+        return False
+    progress.current.completed = int(batches) - 1
+    return True
+
+
 META: str = _METADATA_FILENAME  # Lightning's name for the non-tensor part of a distributed checkpoint, as it reads it
 # (runner writes it as checkpoint.CheckpointDir.meta: tests/test_internals.py checks they are one name)
 
@@ -297,14 +312,3 @@ def dcp_save(shards: dict[str, Any], path: Any, group: Any) -> None:
     import torch.distributed.checkpoint as dcp
 
     dcp.save(shards, checkpoint_id=path, process_group=group)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The hang watchdog's phases (runner.job.watchdog.PHASES adds the public frames): "file:function" substrings of
-# torch's private code. Renamed in another torch, a stuck rank's phase reads vaguer; nothing fails.
-
-# torch.distributed's collectives, and DDP's own broadcasts (torch/nn/parallel/distributed.py): the buffer sync
-# before each forward.
-COLLECTIVE_FRAMES = ("distributed_c10d.py:", ":_distributed_broadcast_coalesced", ":_sync_buffers",
-                     ":_sync_module_buffers")
-DATA_FRAMES = ("_next_data",)  # a DataLoader iterator fetching the next batch
