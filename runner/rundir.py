@@ -502,6 +502,12 @@ class RunDir(Ledger):
         except FileNotFoundError:
             return None
 
+    def nonfinite_stop(self, attempt: int) -> Path:  # a plain program's rank saw a NaN/inf loss: every rank stops
+        return self.signals(attempt) / "nonfinite"
+
+    def nonfinite_seen(self, attempt: int, rank: int) -> Path:  # this rank is stopping for it (runner.steps)
+        return self.signals(attempt) / "nonfinite-seen" / f"rank-{rank:05d}"
+
     def crash_file(self, attempt: int, rank: int) -> Path:
         """What one rank's training raised in one attempt (written by the launcher before it exits)."""
         return self.attempt_logs(attempt) / f"crash-{rank:05d}.json"

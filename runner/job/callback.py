@@ -37,6 +37,30 @@ from runner.spec.typed import RunConfig
 log = logging.getLogger("runner.job.callback")
 
 
+class Pulse(L.Callback):
+    """The Lightning callback that feeds the watchdog from the training thread (timestamps only, no I/O). Here, not
+    in ``runner.job.watchdog``: the watchdog needs no Lightning (a plain program's ``runner.progress`` feeds it)."""
+
+    def __init__(self, wd: watchdog.Watchdog) -> None:
+        self.wd = wd
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        self.wd.batch_start()
+
+    def on_before_backward(self, trainer: L.Trainer, *args: Any) -> None:
+        self.wd.before_backward()
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        self.wd.beat(trainer.global_step)
+
+    def on_validation_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        self.wd.busy(True)  # validation is progress too: restart the stall clock
+        self.wd.busy(False)
+
+    def on_train_end(self, trainer: L.Trainer, *args: Any) -> None:
+        self.wd.stop()
+
+
 class RunnerCallbacks(L.Callback):
     """runner's parts as one Lightning callback (``combine`` adds their hooks); ``runner``: whose parts they are."""
 
@@ -80,7 +104,7 @@ class Guarantees:
         self.watchdog = watchdog.Watchdog(rd, rank, world, attempt, factor=w["factor"], floor_s=w["floor_s"],
                                           report_every_s=w["straggler_report_s"],
                                           first_step_s=w["first_step_s"]) if w["enabled"] else None
-        pulse = [watchdog.Pulse(self.watchdog)] if self.watchdog else []
+        pulse = [Pulse(self.watchdog)] if self.watchdog else []
         self.honesty = Honesty(rd, configured_batch, rank, world, cfg["checkpoint"]["exact_resume"],
                                moved=lambda: self.checkpoint.moved)
         # The non-finite guard runs before the optimizer step and before the checkpoint callback; the watchdog's
@@ -110,6 +134,8 @@ class Guarantees:
                      f" instead of the program's ckpt_path {asked}" if asked else "")
         if self.watchdog:
             self.watchdog.start()  # imports, preflight and the program's own start are not hangs
+        flag = self.checkpoint.flag
+        flag.driving = True  # a signal now waits for an agreed step (stopflag: a program's meaning outside a fit)
         try:
             call(ckpt)
         except SIGTERMException:
@@ -122,6 +148,7 @@ class Guarantees:
             outcome.record_crash(self.rd, self.attempt, self.rank, step(), e)
             raise
         finally:
+            flag.driving = False
             if self.watchdog:
                 self.watchdog.stop()
         if self.guard.tripped_at is not None:

@@ -29,14 +29,12 @@ import threading
 import time
 import traceback
 from collections import Counter, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import lightning as L
-
 from runner import stragglers
-from runner.job import internals, jobenv
+from runner.job import jobenv
 from runner.rundir import EXIT_HANG, RunDir, atomic_write, read_json
 
 log = logging.getLogger(__name__)
@@ -46,13 +44,21 @@ log = logging.getLogger(__name__)
 # them is not named beside ranks in the other: both wait for the same missing rank.
 WAITING = frozenset({"collective", "backward"})
 
+# "file:function" substrings of torch's private code (tests/test_internals.py checks them against the installed
+# torch; renamed in another torch, a stuck rank's phase reads vaguer, nothing fails). Here, not in runner.job.internals
+# (which imports torch and Lightning): a plain program's ``runner.progress`` starts this watchdog without Lightning.
+# torch.distributed's collectives, and DDP's own broadcasts (torch/nn/parallel/distributed.py): the buffer sync
+# before each forward.
+COLLECTIVE_FRAMES = ("distributed_c10d.py:", ":_distributed_broadcast_coalesced", ":_sync_buffers",
+                     ":_sync_module_buffers")
+DATA_FRAMES = ("_next_data",)  # a DataLoader iterator fetching the next batch
+
 # (phase, substrings of "file:function" of any frame in the stack): the first rule that matches names the phase.
 # Checked innermost frame first, so a collective inside backward is a collective.
-# torch's private frames come from internals.
 PHASES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("collective", (*internals.COLLECTIVE_FRAMES, "torch/distributed/", "reduce_boolean_decision", ":barrier")),
+    ("collective", (*COLLECTIVE_FRAMES, "torch/distributed/", "reduce_boolean_decision", ":barrier")),
     ("checkpoint", ("torch/serialization.py:", "save_checkpoint", "runner/checkpoint.py:")),
-    ("data", ("torch/utils/data/", ":__getitem__", ":__iter__", ":__next__", *internals.DATA_FRAMES)),
+    ("data", ("torch/utils/data/", ":__getitem__", ":__iter__", ":__next__", *DATA_FRAMES)),
     ("backward", ("torch/autograd/", ":backward")),
     ("optimizer", ("torch/optim/", "optimizer_step")),
     ("forward", (":forward", ":training_step")),
@@ -124,11 +130,12 @@ class Watchdog:
 
     def __init__(self, rd: RunDir, rank: int, world: int, attempt: int, *, factor: float, floor_s: float,
                  interval_s: float = 2.0, report_every_s: float = 30.0, first_step_s: float | None = None,
-                 exit: Any = os._exit) -> None:
+                 exit: Any = os._exit, on_beat: Callable[[], None] | None = None) -> None:
         self.rd, self.rank, self.world, self.attempt = rd, rank, world, attempt
         self.factor, self.floor_s, self.interval_s = factor, floor_s, interval_s
         self.first_step_s = first_step_s  # the longest wait for the first step once armed (None: no limit)
         self._exit = exit
+        self._on_beat = on_beat  # also run on the thread at every beat (a plain program's peers' non-finite stop)
         self._step = -1
         self._advanced = time.monotonic()
         # The last 50 of each, appended by the training thread; the watchdog thread reads them whole (sorted() and
@@ -166,6 +173,20 @@ class Watchdog:
             if self._step >= 0:
                 self._durations.append(now - self._advanced)
             self._step, self._advanced = step, now
+
+    def stepped(self, step: int) -> float:
+        """A plain program's one call per step (``runner.progress``): ``beat`` where no hook marks the batch's start
+        or its backward, so the whole step is this rank's own time (a data wait cannot be told apart: none is
+        counted). Returns the time it read."""
+        now = time.monotonic()
+        if step != self._step:
+            if self._step >= 0:
+                self._durations.append(now - self._advanced)
+                self._compute.append(now - self._advanced)
+                self._data.append(0.0)
+            self._step, self._advanced = step, now
+        self._batch_end = now
+        return now
 
     def batch_start(self) -> None:
         now = time.monotonic()
@@ -207,6 +228,8 @@ class Watchdog:
                     self._report_stragglers()
             except OSError as e:  # a full or flaky shared filesystem must not stop training
                 log.warning("heartbeat not written: %s", e)
+            if self._on_beat is not None:
+                self._on_beat()
             # Another rank's hang report asks this one for its own, busy or not: a rank slow to notice on its
             # own clock would otherwise be named as not responding.
             if (not self._busy and time.monotonic() - self._advanced > self.limit()) or self.request.exists():
@@ -316,26 +339,3 @@ def rank_hosts(rd: RunDir, attempt: int) -> dict[int, str]:
             if isinstance(b, dict) and b.get("attempt") == attempt and b.get(key):
                 hosts[rank] = str(b[key])
     return hosts
-
-
-class Pulse(L.Callback):
-    """The Lightning callback that feeds the watchdog from the training thread (timestamps only, no I/O)."""
-
-    def __init__(self, wd: Watchdog) -> None:
-        self.wd = wd
-
-    def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
-        self.wd.batch_start()
-
-    def on_before_backward(self, trainer: L.Trainer, *args: Any) -> None:
-        self.wd.before_backward()
-
-    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-        self.wd.beat(trainer.global_step)
-
-    def on_validation_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-        self.wd.busy(True)  # validation is progress too: restart the stall clock
-        self.wd.busy(False)
-
-    def on_train_end(self, trainer: L.Trainer, *args: Any) -> None:
-        self.wd.stop()
