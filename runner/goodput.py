@@ -45,6 +45,9 @@ LOSSES: dict[str, str] = {
                             "cancel) until someone resumed it, or until now",
     "since the last checkpoint": "a running attempt's training after its newest complete checkpoint",
     "other": "wall time none of the above explains (before the first submission's record, clock rounding)",
+    "the program ran": "a program that shows runner no steps (it calls no runner.progress and trains no Lightning "
+                       "Trainer with runner's callback): from its start (the preflight's end) to its exit, its own "
+                       "start and its training alike, since runner cannot tell them apart",
 }
 
 
@@ -169,6 +172,17 @@ def _waited_for_person(a: Attempt, nxt: Attempt | None) -> bool:
     return nxt is not None and nxt.opener == "resubmitted" and nxt.by == "user"
 
 
+def unseen(a: Attempt, program: bool) -> bool:
+    """Whether ``a`` ran a program (``program``: the run's ``command:``) that showed runner no step (no
+    ``train_start``); a failed preflight never started it."""
+    return program and a.train_start is None and a.outcome != "preflight_failed"
+
+
+def program_start(a: Attempt) -> float:
+    """When a program's attempt handed over to the program: its preflight's end, else (no preflight) its start."""
+    return a.preflight_end if a.preflight_end is not None else a.began
+
+
 @dataclass
 class Goodput:
     """Where a run's wall time went. ``goodput`` is ``productive_s / wall_s`` (None before a checkpoint)."""
@@ -190,12 +204,13 @@ class Goodput:
 
 
 def account(runs: Sequence[Attempt], created: float, end: float, productive_s: float | None,
-            kept_step: int | None, hang_stall_s: Mapping[int, float] | None = None) -> Goodput:
+            kept_step: int | None, hang_stall_s: Mapping[int, float] | None = None, program: bool = False) -> Goodput:
     """Split ``end - created`` into productive time and the named losses (see ``LOSSES``).
 
     ``kept_step`` is the step that ``productive_s`` reaches (the newest checkpoint's, or the last); its mean step
     time prices the recomputed steps. ``hang_stall_s`` is, per attempt (by its logs/attempt-N number), how long
-    its steps had stopped when the watchdog fired (the ranks' hang reports), where known.
+    its steps had stopped when the watchdog fired (the ranks' hang reports), where known. ``program``: the run is a
+    program (``command:``), whose attempts without a step runner saw are "the program ran", not startup.
     """
     kept = productive_s or 0.0
     per_step = kept / kept_step if kept_step else 0.0
@@ -211,6 +226,10 @@ def account(runs: Sequence[Attempt], created: float, end: float, productive_s: f
         if a.train_start is not None:
             loss["startup"] += max(a.train_start - a.began - a.preflight_s, 0.0)
             trained += max(stop - a.train_start, 0.0)
+        elif unseen(a, program):  # a program that showed runner no step: runner's startup until its preflight ended
+            ran = program_start(a)
+            loss["startup"] += max(ran - a.began - a.preflight_s, 0.0)
+            loss["the program ran"] += max(stop - ran, 0.0)
         else:  # never trained: its whole run was startup (and preflight)
             loss["startup"] += max(stop - a.began - a.preflight_s, 0.0)
         loss["recomputed steps"] += a.lost_steps * per_step

@@ -4,6 +4,8 @@ non-finite guard and the report's steps, as a Lightning Trainer gets them from r
 
 from __future__ import annotations
 
+import html
+import json
 import os
 import shutil
 import signal
@@ -26,14 +28,14 @@ runner:
   name: pp
   scheduler: local
   container: {runtime: none}
-command: python mnist_ddp.py
 """
 
 
-def start(where: Path, *overrides: str, **env: str) -> tuple[subprocess.Popen[str], Path]:
-    """`runner submit` of the program in ``where``, its environment plus ``env`` (the program's test knobs)."""
+def start(where: Path, *overrides: str, command: str = "python mnist_ddp.py",
+          **env: str) -> tuple[subprocess.Popen[str], Path]:
+    """`runner submit` of ``command`` in ``where``, its environment plus ``env`` (the program's test knobs)."""
     shutil.copy(PROGRAM, where / "mnist_ddp.py")
-    (where / "conf.yaml").write_text(CONF)
+    (where / "conf.yaml").write_text(f"{CONF}command: {command}\n")
     proc = subprocess.Popen([sys.executable, "-m", "runner", "submit", "conf.yaml", *overrides], cwd=where,
                             env={**os.environ, "OMP_NUM_THREADS": "1", **env}, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
@@ -62,8 +64,30 @@ def test_a_plain_program_with_the_one_line_finishes_and_its_report_draws_its_ste
     report = subprocess.run([sys.executable, "-m", "runner", "report", str(run.root)], capture_output=True, text=True,
                             timeout=60)
     assert report.returncode == 0, report.stderr
-    page = run.report_page.read_text()
+    page = html.unescape(run.report_page.read_text())
     assert "attempt 1: steps 1 to 30" in page  # the steps chart's line
+    assert "runner kept no checkpoint" in page and "no steps were kept" not in page
+    assert "runner sees no steps" not in page
+
+
+def test_a_program_that_shows_runner_no_step_is_reported_as_such(tmp_path: Path) -> None:
+    """A command runner sees no step of (not Python: no hook, no runner.progress): the report says so once, labels
+    its time "the program ran" instead of startup, draws no empty steps chart, and says runner kept no checkpoint
+    rather than that no steps were kept."""
+    code, out, run = ended(*start(tmp_path, command="sleep 2"))
+    assert code == 0, out
+    rows = subprocess.run([sys.executable, "-m", "runner", "status", str(run.root), "--json"], capture_output=True,
+                          text=True, timeout=60)
+    [row] = json.loads(rows.stdout)
+    assert row["losses_s"]["the program ran"] >= 2.0 and row["losses_s"]["startup"] > 0, row
+    report = subprocess.run([sys.executable, "-m", "runner", "report", str(run.root)], capture_output=True, text=True,
+                            timeout=60)
+    assert report.returncode == 0, report.stderr
+    page = html.unescape(run.report_page.read_text())
+    assert page.count("runner sees no steps of this program") == 1
+    assert "the program ran (runner sees no steps of it)" in page and "the program ran 2." in page
+    assert "No steps to draw" in page and '<svg class="steps"' not in page
+    assert "runner kept no checkpoint of this program" in page and "no steps were kept" not in page
 
 
 def test_a_stopped_rank_of_a_plain_program_is_named_as_a_hang(tmp_path: Path) -> None:

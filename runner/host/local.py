@@ -290,7 +290,9 @@ def _start(run: RunDir, world_size: int, per_node: int, attempt: int, owner: Own
     secret = redaction.webhook_names(cfg)
     inherited = {k: v for k, v in os.environ.items() if k not in secret}
     for rank in range(world_size):
-        env = {**inherited, **world.attempt_env(run.root, attempt, at), **world.rank_env(rank, world_size, per_node),
+        place = world.rank_env(rank, rank % per_node, rank // per_node, world_size, per_node, attempt=attempt,
+                               max_restarts=cfg["resume"]["max_restarts"], run_id=run.name, inherited=inherited)
+        env = {**inherited, **world.attempt_env(run.root, attempt, at), **place,
                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), OWNER_FD_ENV: str(owner.fd)}
         for key in [k for k in env if k.startswith("SLURM_")]:
             del env[key]

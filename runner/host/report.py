@@ -105,6 +105,7 @@ class Report:
     identity: list[tuple[str, str]]
     config: str
     missing: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what runner cannot see of this run, said once at the top
 
 
 def clock(t: float | None) -> str:
@@ -178,7 +179,31 @@ class _Scale:
         return [(round(i * self.width / n, 2), duration(i * self.span / n)) for i in range(n + 1)]
 
 
-def _timeline(runs: Sequence[goodput.Attempt], sc: _Scale, end: float) -> list[Segment]:
+# Said once on the page of a program that ran without showing runner a step.
+NO_STEPS = ("runner sees no steps of this program: it calls no runner.progress (and trains no Lightning Trainer with "
+            "runner's callback), so runner cannot tell its start from its training (that time is \"the program "
+            "ran\", not startup), and its hang watchdog, non-finite guard and steps chart do not apply. One line in "
+            "its training loop gives them: runner.progress(step, loss=loss.item()) (README: program mode)")
+NO_CHECKPOINT = ("runner kept no checkpoint of this program: what it saves itself is its own (runner neither "
+                 "sees nor counts it)")
+
+
+def unseen(runs: Sequence[goodput.Attempt], program: bool) -> list[int]:
+    """The attempts of a program that ran without showing runner a step (no ``train_start``; a failed preflight
+    never started it): their time after the preflight is "the program ran"."""
+    return [a.number for a in runs if goodput.unseen(a, program)]
+
+
+def step_ticks(top: int, height: float) -> list[tuple[float, str]]:
+    """The steps axis: whole steps only, each once (a chart up to step 1 has ticks 0 and 1, never 0, 0, 0, 1, 1)."""
+    top = max(top, 1)
+    return [(round(height - v / top * height, 2), str(v)) for v in sorted({round(f * top) for f in
+                                                                             (0, 0.25, 0.5, 0.75, 1)})]
+
+
+def _timeline(runs: Sequence[goodput.Attempt], sc: _Scale, end: float, blind: Sequence[int] = ()) -> list[Segment]:
+    """One row of bars per attempt; ``blind``: the attempts whose time after the preflight is "the program ran"
+    (``unseen``)."""
     segs: list[Segment] = []
 
     def bar(a: goodput.Attempt, t0: float | None, t1: float | None, kind: str, words: str) -> None:
@@ -192,7 +217,12 @@ def _timeline(runs: Sequence[goodput.Attempt], sc: _Scale, end: float) -> list[S
         nxt = runs[i + 1] if i + 1 < len(runs) else None
         stop = a.stop(end)
         bar(a, a.queued, a.started, "wait", "waiting for Slurm")
-        bar(a, a.began, a.train_start if a.train_start is not None else stop, "startup", "startup")
+        if a.number in blind:
+            ran = goodput.program_start(a)
+            bar(a, a.began, ran, "startup", "startup")
+            bar(a, ran, stop, "program", "the program ran (runner sees no steps of it)")
+        else:
+            bar(a, a.began, a.train_start if a.train_start is not None else stop, "startup", "startup")
         if a.preflight_end is not None:
             bar(a, a.preflight_end - a.preflight_s, a.preflight_end, "preflight",
                 f"preflight {a.preflight_status or '?'}")
@@ -398,8 +428,8 @@ def _files(run: RunDir, missing: list[str]) -> tuple[dict[str, Any], list[dict[s
         missing.append("config.yaml is missing: the config is unknown")
     ckpts = _checkpoints(run)
     if not ckpts:
-        missing.append("no complete checkpoint: no steps were kept" if run.checkpoints.is_dir()
-                       else "checkpoints/ is missing")
+        missing.append(("no complete checkpoint: no steps were kept" if not status.program_mode(run) else
+                        NO_CHECKPOINT) if run.checkpoints.is_dir() else "checkpoints/ is missing")
     done = read_json(run.finished, None)
     if run.finished.exists() and not isinstance(done, dict):
         missing.append("finished is unreadable: the end of training is taken from the ledger")
@@ -426,6 +456,7 @@ def collect(run: RunDir) -> Report:
         missing.append(f"status: {e}")
     runs = goodput.attempts(events)
     acc = status.accounting(run, events, manifest, last)
+    blind = unseen(runs, any(a.train_start is None for a in runs) and status.program_mode(run))
     end = float(done.get("time") or time.time())
     created = float(manifest.get("created", runs[0].queued if runs else end))
     end_step = done.get("step")
@@ -456,12 +487,24 @@ def collect(run: RunDir) -> Report:
                 "last outcome": str(row.get("last_outcome") or (runs[-1].outcome if runs else None) or "-")}
     return Report(
         run.name, str(run.root), str(row.get("state")), clock(time.time()), headline, acc, _loss_bars(acc),
-        _rows(runs, events, manifest, excluded, end, end_step), _timeline(runs, sc, end),
-        max(len(runs), 1) * ROW_H, sc.ticks(), lines, marks, chart_h,
-        [(round(chart_h - f * chart_h, 2), str(round(f * top))) for f in (0, 0.25, 0.5, 0.75, 1)], ranks,
+        _ran(_rows(runs, events, manifest, excluded, end, end_step), runs, blind, end), _timeline(runs, sc, end, blind),
+        max(len(runs), 1) * ROW_H, sc.ticks(), lines, marks, chart_h, step_ticks(top, chart_h) if lines else [], ranks,
         rank_attempt, [c for c in pre.get("checks") or [] if isinstance(c, dict)], str(pre.get("summary", "")),
         hang if isinstance(hang, dict) else None, _bad_nodes(run), _alerts(run), _identity(manifest), config,
-        missing)
+        missing, [NO_STEPS] if blind else [])
+
+
+def _ran(rows: list[AttemptRow], runs: Sequence[goodput.Attempt], blind: Sequence[int], end: float) \
+        -> list[AttemptRow]:
+    """The attempts table's rows, where runner saw no step of the program: startup until the program started (its
+    preflight's end), then "the program ran" instead of a training time."""
+    for row, a in zip(rows, runs, strict=True):
+        if a.number in blind:
+            ended = a.ended is not None or a.finished is not None
+            ran = goodput.program_start(a)
+            row.startup = duration(max(ran - a.began - a.preflight_s, 0.0))
+            row.trained = f"the program ran {duration(max(a.stop(end) - ran, 0.0))}" if ended else "the program runs"
+    return rows
 
 
 def render(report: Report, secrets: Sequence[str] = ()) -> str:

@@ -156,7 +156,19 @@ def accounting(run: RunDir, events: Sequence[Mapping[str, Any]], manifest: Mappi
     end = done.get("time") or time.time()
     runs = goodput.attempts(events)
     stalls = {a.log_attempt: _hang_stall(run, a.log_attempt) for a in runs if a.hang and a.log_attempt}
-    return goodput.account(runs, manifest.get("created", end), end, kept, kept_step, stalls)
+    program = any(a.train_start is None for a in runs) and program_mode(run)  # the config only where it matters
+    return goodput.account(runs, manifest.get("created", end), end, kept, kept_step, stalls, program)
+
+
+def program_mode(run: RunDir) -> bool:
+    """Whether the run runs a program (``command:``): runner sees its steps only through ``runner.progress`` or a
+    Lightning Trainer (then its ledger has ``train_start``)."""
+    from runner.spec.typed import read_resolved
+
+    try:
+        return bool(read_resolved(run.config).get("command"))
+    except Exception:  # an unreadable config: its row says so elsewhere
+        return False
 
 
 def _hang_stall(run: RunDir, attempt: int) -> float:
