@@ -10,6 +10,7 @@ ranks import this module; it needs nothing but the standard library and the run 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,7 +43,30 @@ def attempt_env(run_dir: Path, attempt: int, at: Rendezvous) -> dict[str, str]:
             "RUNNER_RUN_DIR": str(run_dir), ATTEMPT_ENV: str(attempt)}
 
 
-def rank_env(rank: int, world: int, per_node: int) -> dict[str, str]:
-    """torchrun's variables for one rank of ``world``, ``per_node`` on each node."""
-    return {"RANK": str(rank), "LOCAL_RANK": str(rank % per_node), "NODE_RANK": str(rank // per_node),
-            "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(per_node)}
+ROLE = "default"  # torchrun's --role default: every rank has one role, so its role ranks are its ranks
+FABRIC_ENV = ("LT_DEVICES", "LT_NUM_NODES")  # `fabric run`'s: an unedited ``Fabric()`` trains the world runner started
+
+
+def rank_env(rank: int, local: int, node: int, world: int, per_node: int, *, attempt: int, max_restarts: int,
+             run_id: str | None, inherited: Mapping[str, str]) -> dict[str, str]:
+    """What a launcher tells one rank of ``world`` (``per_node`` on each node): every variable torchrun's agent
+    sets its workers (``torch.distributed.elastic.agent.server.local_elastic_agent``, ``_start_workers``; but
+    MASTER_ADDR and MASTER_PORT, which are the attempt's), runner's ``NODE_RANK`` (Lightning's own environment reads
+    it) and ``fabric run``'s world (``FABRIC_ENV``: without them ``Fabric()`` trains one device per process).
+
+    ``run_id`` is ``TORCHELASTIC_RUN_ID``, by which Lightning, Fabric and torch (``is_torchelastic_launched``) know
+    torchrun started the process; None leaves it out: under srun, where Slurm's variables are the launcher's and
+    Lightning's ``SLURMEnvironment`` must be the one chosen (its order puts torchelastic first). Each attempt is one
+    restart of torchrun's worker group (``TORCHELASTIC_RESTART_COUNT``: attempts before this one); there is no
+    agent's store (rank 0's ``init_process_group`` hosts it: ``TORCHELASTIC_USE_AGENT_STORE=False``).
+    """
+    env = {"RANK": str(rank), "LOCAL_RANK": str(local), "NODE_RANK": str(node), "GROUP_RANK": str(node),
+           "ROLE_RANK": str(rank), "ROLE_NAME": ROLE, "LOCAL_WORLD_SIZE": str(per_node), "WORLD_SIZE": str(world),
+           "GROUP_WORLD_SIZE": str(-(-world // per_node)), "ROLE_WORLD_SIZE": str(world),
+           "TORCHELASTIC_RESTART_COUNT": str(max(attempt - 1, 0)), "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
+           "TORCHELASTIC_USE_AGENT_STORE": str(False),
+           "TORCH_NCCL_ASYNC_ERROR_HANDLING": inherited.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+           "LT_DEVICES": str(per_node), "LT_NUM_NODES": str(-(-world // per_node))}
+    if run_id is not None:
+        env["TORCHELASTIC_RUN_ID"] = run_id
+    return env

@@ -14,7 +14,8 @@ pytestmark = pytest.mark.unit
 
 @pytest.mark.parametrize(("env", "expected"), [
     ({}, ((0, 0, 0, 1), None, "0", None, False)),  # started by hand: one rank, no job, no attempt said
-    ({**rank_env(3, 4, 2), "RUNNER_ATTEMPT": "2"}, ((3, 1, 1, 4), None, "0", 2, False)),  # the local driver
+    ({**rank_env(3, 1, 1, 4, 2, attempt=2, max_restarts=3, run_id="r", inherited={}), "RUNNER_ATTEMPT": "2"},
+     ((3, 1, 1, 4), None, "0", 2, False)),  # the local driver
     ({"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NODEID": "2", "SLURM_NTASKS": "8", "SLURM_JOB_ID": "41",
       "SLURM_RESTART_COUNT": "1", "SLURM_JOB_NAME": "train", "RANK": "0", "WORLD_SIZE": "1", "RUNNER_ATTEMPT": "x"},
      ((5, 1, 2, 8), "41", "1", None, True)),  # srun's task ids win over torchrun's; a bad attempt is not said

@@ -27,10 +27,13 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
-from runner.job import jobenv, outcome
+from runner import rundir
+from runner.job import jobenv, outcome, stephook
+from runner.job.stopflag import StopFlag, stop_flag
 from runner.records import ProgramOutcome
-from runner.rundir import EXIT_PROGRAM, OWNER_FD_ENV, RunDir
+from runner.rundir import EXIT_PROGRAM, EXIT_REQUEUE, OWNER_FD_ENV, RunDir
 from runner.spec.typed import RunConfig
+from runner.world import rank_env
 
 log = logging.getLogger(__name__)
 _PYTHON = re.compile(r"python(\d+(\.\d+)?)?\Z")
@@ -91,12 +94,6 @@ def prepare(rd: RunDir, command: list[str], manifest: dict[str, Any], rank: int)
     return EXIT_PROGRAM
 
 
-def environment(rank: int, local: int, node: int, world: int, per_node: int) -> dict[str, str]:
-    """torchrun's variables for this rank (MASTER_ADDR and MASTER_PORT are set by whoever started the rank)."""
-    return {"RANK": str(rank), "LOCAL_RANK": str(local), "NODE_RANK": str(node), "WORLD_SIZE": str(world),
-            "LOCAL_WORLD_SIZE": str(per_node)}
-
-
 GROUP = "lightning.pytorch.callbacks_factory"
 FACTORY = "runner.job.program_entry:factory"  # runner's entry point in GROUP (pyproject.toml declares it)
 
@@ -154,11 +151,15 @@ def _owner_fds() -> tuple[int, ...]:
         return ()
 
 
-def _run_child(command: list[str], cwd: Path, signals: list[int]) -> int:
+def _run_child(command: list[str], cwd: Path, signals: list[int], flag: StopFlag) -> int:
     child = subprocess.Popen(command, cwd=cwd, pass_fds=_owner_fds())  # noqa: S603 -- the user's own command
 
-    def forward(signum: int, frame: Any) -> None:
-        child.send_signal(signum)
+    def forward(signum: int, frame: Any) -> None:  # the program's meaning, as in this process (``stopflag``)
+        if signum == signal.SIGINT:
+            flag.interrupted = True
+        else:
+            flag.signum = signum
+        child.send_signal(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
 
     for sig in signals:
         signal.signal(sig, forward)
@@ -169,7 +170,11 @@ def _run_child(command: list[str], cwd: Path, signals: list[int]) -> int:
 def run(rd: RunDir, cfg: RunConfig, command: list[str], ranks: tuple[int, int, int, int], attempt: int) -> int:
     """Run the program as this rank; the launcher's exit code."""
     rank, local, node, world = ranks
-    os.environ.update(environment(rank, local, node, world, cfg["num_device"]))
+    # torchrun's variables (the local driver set them already; under srun they are mapped from Slurm's task ids),
+    # without TORCHELASTIC_RUN_ID under srun: there Lightning and Fabric read Slurm's (``world.rank_env``).
+    os.environ.update(rank_env(rank, local, node, world, cfg["num_device"], attempt=attempt,
+                               max_restarts=cfg["resume"]["max_restarts"],
+                               run_id=None if jobenv.current().under_slurm else rd.name, inherited=os.environ))
     os.environ[jobenv.PROGRAM_ENV] = str(rd.root)
     entry_point(rd)
     cwd = Path.cwd()  # the program's (``prepare``)
@@ -180,18 +185,47 @@ def run(rd: RunDir, cfg: RunConfig, command: list[str], ranks: tuple[int, int, i
     np.random.seed(cfg["seed"] + rank)
     torch.manual_seed(cfg["seed"] + rank)
     here = in_process(command)
+    flag = stop_flag(cfg["slurm"]["signal"])
+    if stopped(rd, flag, attempt):
+        log.info("a stop came before the program started: exit %d (requeue)", EXIT_REQUEUE)
+        return EXIT_REQUEUE
+    flag.for_program()
+    steps = stephook.install(rd, cfg, flag, rank, world)
     log.info("program: %s (%s, in %s)", " ".join(command), "in this process" if here else "a child process", cwd)
     try:
         if here:
             code = _run_here(command, cwd)
         else:
             code = _run_child(command, cwd, [getattr(signal, f"SIG{cfg['slurm']['signal']}"), signal.SIGTERM,
-                                             signal.SIGINT])
+                                             signal.SIGINT], flag)
+    except KeyboardInterrupt:
+        code = 128 + signal.SIGINT
     except Exception as e:  # the traceback reaches the log; a crash in the program's own code is recorded too
-        if not rd.crash_file(attempt, rank).exists():
-            outcome.record_crash(rd, attempt, rank, -1, e)
-        raise
+        if stopped(rd, flag, attempt):  # e.g. a collective whose peers already stopped
+            log.info("the program ended with %s: %s after a stop signal", type(e).__name__, e)
+            code = 1
+        else:
+            if not rd.crash_file(attempt, rank).exists():
+                outcome.record_crash(rd, attempt, rank, -1, e)
+            raise
+    finally:
+        steps.remove()
+    if stopped(rd, flag, attempt) and code not in KEPT:
+        log.info("the program exited %d after a stop signal: exit %d (%s)", code, EXIT_REQUEUE,
+                 "interrupted" if flag.interrupted else "requeue")
+        return EXIT_REQUEUE
     return conclude(rd, code, rd.program_outcome_record(attempt, rank), rank)
+
+
+# runner's own exit codes, which a program's Lightning fit returns through runner's callback: kept after a stop
+KEPT = (EXIT_REQUEUE, rundir.EXIT_PREFLIGHT, rundir.EXIT_SUPERSEDED, rundir.EXIT_HANG, rundir.EXIT_NONFINITE,
+        EXIT_PROGRAM)
+
+
+def stopped(rd: RunDir, flag: StopFlag, attempt: int) -> bool:
+    """Whether this attempt was asked to stop: a signal this process got (``flag``), one announced to the ranks
+    (a program's own handler took it; ``RunDir.announce_signal``), or ``runner cancel``."""
+    return flag.stopped or rd.pending_signal(attempt).exists() or rd.cancelled.exists()
 
 
 def conclude(rd: RunDir, code: int, fit: ProgramOutcome | None, rank: int) -> int:
