@@ -35,7 +35,15 @@ from typing import Any, Literal
 
 from runner.ledger import Outcome
 from runner.records import ExitStatus
-from runner.rundir import EXIT_HANG, EXIT_NONFINITE, EXIT_PREFLIGHT, EXIT_PROGRAM, EXIT_REQUEUE, EXIT_SUPERSEDED
+from runner.rundir import (
+    EXIT_HANG,
+    EXIT_NONFINITE,
+    EXIT_PREFLIGHT,
+    EXIT_PROGRAM,
+    EXIT_REQUEUE,
+    EXIT_SUPERSEDED,
+    EXIT_USAGE,
+)
 from runner.slurmstates import RESUBMIT_STATES, SLURM_REQUEUES, JobInfo, exit_code
 from runner.spec.typed import RunConfig
 
@@ -203,7 +211,9 @@ def after_exit(outcome: str, attempt: int, job_id: str | None, limits: Limits,
     """
     used = failures(events)
     if outcome == "failed" and (error := program_error(events)) is not None:
-        return Decision("stop", f"the program cannot train: {error.get('detail') or 'see its rank logs'}")
+        usage = "it refused its command line (exit 2, a usage error)" if error.get("exit_code") == EXIT_USAGE \
+            else "see its rank logs"
+        return Decision("stop", f"the program cannot train: {error.get('detail') or usage}")
     if outcome == "failed" and (loop := crash_loop(events)) is not None:
         return Decision("stop", f"crash loop: {loop.get('type')} at {loop.get('frame')}, step {loop.get('step')}, "
                                 "in two attempts in a row")
@@ -436,11 +446,14 @@ def same_crash(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> bool
 
 def program_error(events: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     """When the last exit was the launcher's "the program cannot train" (a command that does not exist, a program that
-    exits 0 without a step, a Trainer of another world size): the launcher's ledger entry saying why ({} when it
-    wrote none). Another attempt would end the same way."""
+    exits 0 without a step, a Trainer of another world size) or the program's usage error (exit 2: its command line
+    refused): the launcher's ledger entry saying why ({"exit_code": 2} or {} when it wrote none). Another attempt
+    would end the same way: the command and the config must change, in a new submission."""
     exits = [e for e in events if e["event"] == "exit"]
-    if not exits or exits[-1].get("exit_code") != EXIT_PROGRAM:
+    if not exits or exits[-1].get("exit_code") not in (EXIT_PROGRAM, EXIT_USAGE):
         return None
+    if exits[-1].get("exit_code") == EXIT_USAGE:
+        return {"exit_code": EXIT_USAGE}
     return next((e for e in reversed(events) if e["event"] == "program_error"), {})
 
 

@@ -615,3 +615,4 @@ EXIT_SUPERSEDED = 78  # another job owns the run now (its job_id): this one stop
 EXIT_NONFINITE = 80  # the non-finite guard stopped training (a NaN/inf loss or gradient) before a checkpoint of it
 EXIT_HANG = 79  # the hang watchdog stopped a job whose steps stopped advancing (hang.json says who, where)
 EXIT_PROGRAM = 81  # program mode: the command cannot start, trains nothing, or trains another world size
+EXIT_USAGE = 2  # the program refused its command line (argparse; python's "can't open file"): it would again

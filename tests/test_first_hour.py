@@ -3,10 +3,13 @@ line true for what happens next, per scheduler and workload (a table)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -118,3 +121,93 @@ def test_a_target_module_beside_the_config_is_found_from_any_directory(tmp_path:
         assert out.returncode == 0, out.stdout + out.stderr
     [run] = (tmp_path / "runs").glob("quickstart-*")
     assert (run / "finished").exists()
+
+
+# Issue 38: `runner validate` and `runner submit` agree (one checking path), a local run needs no container: section,
+# and ranks never wait on a terminal.
+
+PROGRAM = "num_nodes: 1\nnum_device: 2\nname: fh\ncommand: {command}\n"
+
+
+@pytest.mark.parametrize(("command", "overrides", "code", "says"), [
+    ("python train.py", [], 0, None),  # no container: section, scheduler local: runtime none
+    ("python train.py", ["container.runtime=apptainer"], 2, "container.runtime: found apptainer with scheduler: local"),
+    ("python nope.py", [], 2, "no script 'nope.py' in"),
+    ("python -", [], 2, "reads its program from stdin"),
+    ("python", [], 2, "reads its program from stdin"),
+])
+def test_validate_and_submit_agree(tmp_path: Path, command: str, overrides: list[str], code: int,
+                                   says: str | None) -> None:
+    (tmp_path / "train.py").write_text("")
+    (tmp_path / "conf.yaml").write_text(PROGRAM.format(command=command))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    outs = [subprocess.run([sys.executable, "-m", "runner", *args, "conf.yaml", *overrides], capture_output=True,
+                           text=True, timeout=120, cwd=tmp_path, env=env)
+            for args in (["validate"], ["submit", "--dry-run"])]
+    assert [o.returncode for o in outs] == [code, code], [o.stderr for o in outs]
+    if says:
+        assert all(says in one_line_error(o) for o in outs), [o.stderr for o in outs]
+    else:
+        assert "runtime: none" in outs[0].stdout and "image check" not in outs[1].stdout, outs[1].stdout
+
+
+def test_a_local_program_without_a_container_section_runs_and_its_ranks_read_no_terminal(tmp_path: Path) -> None:
+    """The first program-mode config a newcomer writes: no container:, a script that reads stdin (a prompt it
+    forgot). The ranks get /dev/null, as under srun: the script reads EOF and goes on, though runner's own stdin
+    stays open."""
+    (tmp_path / "train.py").write_text("import sys\nprint('stdin said', repr(sys.stdin.read()))\n")
+    (tmp_path / "conf.yaml").write_text(PROGRAM.format(command="python train.py"))
+    with (tmp_path / "out.txt").open("w") as out, subprocess.Popen(
+            [sys.executable, "-m", "runner", "submit", "conf.yaml"], cwd=tmp_path, stdin=subprocess.PIPE, stdout=out,
+            stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"}) as proc:
+        proc.wait(timeout=120)  # its stdin open, never written: a rank that read it would wait forever
+        assert proc.stdin is not None
+        proc.stdin.close()
+    [run] = (tmp_path / "runs").glob("fh-*")
+    logs = sorted(run.glob("logs/attempt-1/rank-*.log"))
+    said = (tmp_path / "out.txt").read_text()
+    assert len(logs) == 2 and all("stdin said ''" in log.read_text() for log in logs), said
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "cancel"])
+def test_a_lightning_program_exits_once_runners_stop_checkpoint_is_written(tmp_path: Path, how: str) -> None:
+    """Lightning's transformer example with a slow validation, its own ModelCheckpoint and work at each epoch's end
+    (tests/programs/lightning_transformer.py): once runner's checkpoint of the stop is complete, the ranks exit
+    within seconds (never after the epoch's end, a validation of a minute, the program's own checkpoint), and the
+    attempt ends with an `exit` in the ledger."""
+    from runner import checkpoint
+    from runner.rundir import RunDir
+    from tests.waiting import until
+
+    shutil.copy(REPO / "tests" / "programs" / "lightning_transformer.py", tmp_path / "train.py")
+    command = "python train.py --devices ${num_device} --num_nodes ${num_nodes} --sleep 0.1 --slow 1"
+    (tmp_path / "conf.yaml").write_text(PROGRAM.format(command=command) + "checkpoint: {every_n_steps: 1000}\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with (tmp_path / "out.txt").open("w") as out, subprocess.Popen(
+            [sys.executable, "-m", "runner", "submit", "conf.yaml"], cwd=tmp_path, stdout=out,
+            stderr=subprocess.STDOUT, env=env) as proc:
+        def step() -> int:
+            assert proc.poll() is None, (tmp_path / "out.txt").read_text()
+            runs = list((tmp_path / "runs").glob("fh-*/progress.json"))
+            return int(json.loads(runs[0].read_text()).get("step") or 0) if runs else 0
+
+        until("training's 10th step", lambda: step() >= 10, 120)
+        [root] = (tmp_path / "runs").glob("fh-*")
+        run = RunDir(root)
+        if how == "ctrl-c":
+            proc.send_signal(signal.SIGINT)
+        else:
+            cancel = subprocess.Popen([sys.executable, "-m", "runner", "cancel", str(root)], env=env, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        until("runner's checkpoint of the stop", lambda: checkpoint.complete(run.checkpoints), 60, every=0.02)
+        written = time.monotonic()
+        proc.wait(timeout=120)
+        took = time.monotonic() - written
+    said = (tmp_path / "out.txt").read_text()
+    assert took < 10, f"the ranks exited {took:.0f} s after runner's checkpoint of the stop\n{said}"
+    if how == "cancel":
+        told, _ = cancel.communicate(timeout=60)
+        assert "stopped" in told and "killed" not in told, told
+    [end] = [e for e in run.events() if e["event"] == "exit"]
+    assert end["outcome"] == ("interrupted" if how == "ctrl-c" else "cancelled"), end
+    assert not list(tmp_path.glob("checkpoints-own/*.ckpt")), "the program's own checkpoint ran after the stop"

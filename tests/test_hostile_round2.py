@@ -181,12 +181,12 @@ def test_container_code_that_leads_outside_the_project_through_a_symlink_is_refu
     conf = project / "conf.yaml"
     conf.write_text(QUICKSTART.read_text())
     with pytest.raises(ConfigError) as err:
-        spec.load(conf, [f"container.code=[runner, {entry}]", "container.runtime=podman"])
+        spec.load(conf, [f"container.code=[runner, {entry}]", "container.runtime=podman", "scheduler=slurm"])
     (line,) = [p for p in err.value.problems if "container.code[1]" in p]
     assert "leads outside it" in line
     (project / "mycode" / "inner").symlink_to(project / "mycode")  # a link inside the project is fine
     if how == "entry":
-        spec.load(conf, ["container.code=[runner, mycode]", "container.runtime=podman"])
+        spec.load(conf, ["container.code=[runner, mycode]", "container.runtime=podman", "scheduler=slurm"])
 
 
 @pytest.mark.parametrize("image", ["../../..", ".", "/", "images/.."])

@@ -77,6 +77,18 @@ home: ${oc.env:HOME}
 """
 
 
+SCRIPTS = ("train.py", "x.py", "t.py", "other.py", "my train.py")  # what these configs' commands run
+
+
+@pytest.fixture(autouse=True)
+def in_the_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ranks start where runner runs (validate checks that a command's script is there): the scripts these
+    configs name are in the test's directory, and runner runs in it."""
+    monkeypatch.chdir(tmp_path)
+    for name in SCRIPTS:
+        (tmp_path / name).write_text("")
+
+
 def write(tmp_path: Path, text: str, name: str = "conf.yaml") -> Path:
     path = tmp_path / name
     path.write_text(text)

@@ -15,9 +15,9 @@ import yaml
 from runner import spec
 from runner.host import submit
 from runner.rundir import RunDir
-from tests.test_program_config import BLOCK, REPO, SEED, write
+from tests.test_program_config import BLOCK, REPO, SCRIPTS, SEED, in_the_project, write
 
-pytestmark = pytest.mark.local
+pytestmark = [pytest.mark.local, pytest.mark.usefixtures(in_the_project.__name__)]
 
 
 def cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -132,4 +132,4 @@ def test_dry_run_of_a_program_prints_its_command_and_config_and_writes_nothing(t
         assert f"--- {name} ---" in out.stdout
     program_yaml = yaml.safe_load(out.stdout.split("--- program/conf.yaml ---", 1)[1])
     assert program_yaml["exp_name"] == "${self_name:}" and "runner" not in program_yaml
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["conf.yaml"]  # no run directory, no file
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["conf.yaml", *SCRIPTS])  # no run directory

@@ -170,11 +170,10 @@ def test_a_program_that_never_reaches_a_step_is_a_hang(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("command, reason, says", [
-    ("python nope.py", "not_found", "no script 'nope.py' in"),
     ("no-such-binary --x", "not_found", "no command 'no-such-binary' on PATH"),
     (TRAIN.replace("--max_steps 80", "--max_steps 0"), "no_training", "the program exited 0 without training a step"),
     (TRAIN.replace("--devices ${num_device}", "--devices 1"), "world_size", "the program's Trainer trains 1 ranks"),
-], ids=["no-script", "no-command", "no-training", "world-size"])
+], ids=["no-command", "no-training", "world-size"])  # no script: validate refuses it (test_first_hour.py)
 def test_a_program_that_cannot_train_says_why_in_one_line(tmp_path: Path, command: str, reason: str,
                                                           says: str) -> None:
     code, out, run = submit(tmp_path, command)

@@ -67,8 +67,10 @@ def test_view_is_the_validated_dict(tmp_path: Any) -> None:
     assert v is cfg.data and v["trainer"]["accumulate_grad_batches"] >= 1 and v["name"] == "quickstart"
 
 
-def test_program_mode_fills_what_the_view_declares(tmp_path: Any) -> None:
+def test_program_mode_fills_what_the_view_declares(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """A program's trainer and loaders lack keys the view declares: filled, so a reader never misses one."""
+    monkeypatch.chdir(tmp_path)  # where the ranks start: the script is there
+    (tmp_path / "train.py").write_text("")
     path = tmp_path / "p.yaml"
     path.write_text("command: python train.py\nnum_device: 2\ntrainer: {logger: false}\n")
     v = load(path).data

@@ -11,7 +11,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from runner.policy import Decision, Limits, failures
+from runner.policy import Decision, Limits, failures, program_error
+from runner.rundir import EXIT_PROGRAM, EXIT_USAGE
+
+# After a command that cannot run (exit 81) or a usage error (exit 2): a resume runs the same command and config.
+SUBMIT_AGAIN = "fix the command or the config it names, then submit the config again (`runner submit CONF`); a " \
+               "resume would run the same command and fail the same way"
 
 # What happens next after an alert's event, when nothing more is known (no decision was made for it).
 NEXT_STEPS: dict[str, str] = {  # keyed by every AlertEvent (tests/test_alerts.py)
@@ -39,7 +44,8 @@ CAUSE_STEPS: dict[str, str] = {  # keyed by every CauseKind (tests/test_alerts.p
     "preemption": "Nothing by hand: it resumes from the newest complete checkpoint when it runs again.",
     "nccl_timeout": "Check the network between the nodes (`runner preflight`; network.debug: true) and the rank "
                     "whose log ends first.",
-    "program": "Fix the command or the program it names, then `runner resume`.",
+    "program": "Fix the command, the config or the program it names, then submit the config again (`runner "
+               "submit CONF`): a resume would run the same command.",
     "exception": "Read the traceback in the rank log named here; fix the code, then `runner resume`.",
     "crash_loop": "Not retried: the same exception ended two attempts in a row. Fix it, then `runner resume`.",
     "bad_nodes": "Fix or drain the node it names; the run is resubmitted without it where attempts remain.",
@@ -63,16 +69,17 @@ By = Literal["hook", "cron", "user", "local", "parallel"]
 
 def next_step(outcome: str, decision: Decision | None = None, attempt: int = 1, limits: Limits | None = None,
               requeued: bool | None = None, events: Sequence[Mapping[str, Any]] | None = None, *, by: By = "hook",
-              run: str = "", job_id: str | None = None) -> str:
+              run: str = "", job_id: str | None = None, exit_code: int | None = None) -> str:
     """The "Next:" line of every alert and console summary: the one author of what happens to a run next.
 
     For the exit hook: what it did (``decision``; ``requeued`` whether ``scontrol requeue`` went through) and what
     ``runner cron`` will do with the run (``next_action``). ``by="cron"`` or ``"user"`` with a ``resubmit`` decision
     and the new ``job_id``: the resubmission; ``by="cron"`` with ``give_up``: cron's last word. ``by="local"`` and
     ``"parallel"``: a run nothing resubmits by itself (``run`` names it). ``hook_failed``: a host-side hook of the
-    batch script that could not run. Without a ``decision``: what an alert of ``outcome`` means (``NEXT_STEPS``)."""
+    batch script that could not run. Without a ``decision``: what an alert of ``outcome`` means (``NEXT_STEPS``).
+    ``exit_code``: a local attempt's (exit 81 or 2: ``SUBMIT_AGAIN``)."""
     if by == "local":
-        return local_next_step(outcome, run)
+        return local_next_step(outcome, run, exit_code)
     if by == "parallel":
         return parallel_next_step(outcome, run)
     if outcome == "hook_failed":
@@ -94,6 +101,8 @@ def next_step(outcome: str, decision: Decision | None = None, attempt: int = 1, 
     if decision.action == "give_up":
         return f"not retried: {decision.reason} (resume.max_restarts={limits.max_restarts}); `runner resume` it " \
                "once the cause is fixed"
+    if decision.action == "stop" and outcome == "failed" and program_error(events or ()) is not None:
+        return f"stopped, not retried: {decision.reason}. {SUBMIT_AGAIN[0].upper()}{SUBMIT_AGAIN[1:]}"
     if decision.action == "stop":
         return f"stopped, not retried: {decision.reason}. `runner resume` it once the cause is fixed"
     if decision.action == "resubmit":
@@ -123,11 +132,14 @@ def parallel_next_step(outcome: str, run: str) -> str:
            "items not done yet, the failed ones again, and skips the rest"
 
 
-def local_next_step(outcome: str, run: str) -> str:
+def local_next_step(outcome: str, run: str, exit_code: int | None = None) -> str:
     """What happens next to a local run after ``outcome``: nothing by itself (``runner cron`` resubmits Slurm runs
-    only); the person who runs it resumes it."""
+    only); the person who runs it resumes it, or submits it again after a command that cannot run (``exit_code``
+    81 or 2)."""
     if outcome == "completed":
         return "nothing: training finished"
+    if outcome == "failed" and exit_code in (EXIT_PROGRAM, EXIT_USAGE):
+        return f"nothing by itself: {SUBMIT_AGAIN}"
     if outcome == "nan":
         return f"nothing by itself (a local run is not resubmitted): fix the model or data, then `runner resume {run}`"
     if outcome == "preflight_failed":

@@ -330,7 +330,7 @@ def _builder_has(builder: str, tag: str) -> bool:
 
 def plan(path: str | Path, overrides: list[str] | None = None, force: bool = False) -> BuildPlan:
     """Render the build directory in memory and decide what has to run; changes nothing."""
-    return plan_config(spec.load(path, overrides or []), force)
+    return plan_config(spec.load(path, overrides or [], start=False), force)
 
 
 def plan_from_run(run_dir: Path, force: bool = False) -> BuildPlan:
@@ -341,7 +341,7 @@ def plan_from_run(run_dir: Path, force: bool = False) -> BuildPlan:
     if not isinstance(manifest, dict) or not run.config.is_file():
         raise BuildError(f"{run_dir}: found no manifest.json and config.yaml; expected a run directory. "
                          "hint: see `runner status`")
-    cfg = spec.load(run.config)
+    cfg = spec.load(run.config, start=False)
     cfg.path = Path(manifest.get("config_file") or cfg.path)
     bp = plan_config(cfg, force)
     want = manifest.get("spec_hash")

@@ -45,21 +45,8 @@ from runner.spec.typed import read_resolved
 log = logging.getLogger(__name__)
 KILL_WAIT_S = 5.0  # after a rank failed, how long the others get to exit by themselves (Slurm's KillWait)
 CANCEL_WAIT_S = 30.0  # `runner cancel`: how long the ranks get to checkpoint and exit before they are killed
+DRIVER_WAIT_S = 10.0  # `runner cancel`: how long the driver gets to record the end once its ranks are killed
 READER_WAIT_S = 2.0  # how long a starter waits out a lock held by no live run's process (a reader's look)
-
-
-def runtime_refusal(config: object, runtime: str) -> str | None:
-    """Why a local run of this config cannot start, or None: a runtime that runs the ranks in an image, here where the
-    ranks start with this machine's Python outside any image (each rank would stop at once, exit 77: not in the run's
-    image). Inside a runner image (its spec file is there) a local run is in the image already."""
-    from runner.image import SPEC
-
-    if runtime == "none" or SPEC.is_file():
-        return None
-    return (f"{config}: container.runtime: found {runtime} with scheduler: local; expected none: a local run starts "
-            "its ranks with this machine's Python, outside any image. hint: set container.runtime: none (or pass "
-            "container.runtime=none) to run it here, or run it in its image on Slurm: `runner build CONF`, then "
-            "scheduler: slurm")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -231,8 +218,9 @@ def _stop(run: RunDir, pids: list[int], wait_s: float) -> str:
         return f"its {len(ranks)} local processes stopped {time.monotonic() - start:.1f} s after SIGTERM"
     for pid in ranks:
         _kill_group(pid)
-    with contextlib.suppress(OSError):
-        os.kill(driver, signal.SIGKILL)
+    if not _wait_free(run, DRIVER_WAIT_S):  # the driver records the attempt's end (its exit) once its ranks are gone
+        with contextlib.suppress(OSError):
+            os.kill(driver, signal.SIGKILL)
     gone = _wait_free(run, 10)
     return (f"its {len(ranks)} local processes did not stop within {wait_s:.0f} s of SIGTERM: killed, "
             f"{'gone' if gone else 'still holding the lock'} {time.monotonic() - start:.1f} s after SIGTERM")
@@ -300,8 +288,9 @@ def _start(run: RunDir, world_size: int, per_node: int, attempt: int, owner: Own
         env.update(redaction.secret_env_items(run.secret_env))  # config.yaml holds these redacted
         # Own session: a Ctrl-C at the terminal reaches only the driver, which turns it into a checkpoint. The lock's
         # descriptor is inherited: the run stays locked while any rank lives, even if the driver is killed.
+        # stdin from /dev/null, as srun gives a batch job's tasks: a program that reads it ends instead of waiting.
         procs.append(subprocess.Popen([sys.executable, "-m", "runner.job.launch", str(run.root)], env=env,
-                                      start_new_session=True, pass_fds=(owner.fd,)))
+                                      stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=(owner.fd,)))
     return procs
 
 
@@ -486,7 +475,7 @@ def _record_end(run_dir: RunDir, cfg: Any, att: _Attempt, attempt: int) -> int:
     _console(run_dir, event, rc, why.sentence, why.rank or 0, attempt)
     if event in LOCAL_ALERTS and ledger.is_alert_event(event):
         alerts.notify(run_dir.root, cfg["alerts"], event, job_id="", attempt=attempt, nodes=socket.gethostname(),
-                      exit_code=rc, next_step=nextstep.next_step(event, by="local", run=run_dir.name),
+                      exit_code=rc, next_step=nextstep.next_step(event, by="local", run=run_dir.name, exit_code=rc),
                       **ending.alert_fields(run_dir, why, attempt))
     return rc
 
@@ -509,4 +498,4 @@ def _console(run_dir: RunDir, event: str, rc: int, cause: str | None, rank: int,
         print(f"run {run_dir.root}: finished")
         return
     print(f"run {run_dir.root}: {event} (exit {rc})" + (f": {cause}" if cause else ""))
-    print(f"next: {nextstep.next_step(event, by='local', run=run_dir.name)}")
+    print(f"next: {nextstep.next_step(event, by='local', run=run_dir.name, exit_code=rc)}")

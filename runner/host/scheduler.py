@@ -51,10 +51,6 @@ class Scheduler:
     queue: ClassVar[bool] = False
     detached: ClassVar[bool] = False
 
-    def refusal(self, cfg: spec.Config) -> str | None:
-        """Why ``cfg`` cannot run under this scheduler (one line, found when planning), or None."""
-        return None
-
     def uses_image(self, cfg: spec.Config) -> bool:
         """Whether an attempt runs in the config's image (``runner submit`` then checks the image first)."""
         return False
@@ -99,9 +95,6 @@ class Local(Scheduler):
     """The ranks on this machine, started by a driver that holds the run's owner lock while any of them lives."""
 
     name = "local"
-
-    def refusal(self, cfg: spec.Config) -> str | None:
-        return local.runtime_refusal(cfg.path, cfg.data["container"]["runtime"])
 
     def launch(self, run: RunDir, cfg: spec.Config, bad_nodes: Sequence[str]) -> Launch:
         return Launch([sys.executable, "-m", "runner.job.launch", str(run.root)])

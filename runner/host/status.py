@@ -138,11 +138,45 @@ def history(run: RunDir, events: Sequence[Mapping[str, Any]], manifest: Mapping[
     Goodput is training time kept in checkpoints (or in the finished run) divided by wall time since submit
     (``runner.goodput``).
     """
-    exits = [e for e in events if e["event"] == "exit" and e.get("outcome")]
-    return {"last_outcome": exits[-1]["outcome"] if exits else None,
-            "last_cause": exits[-1].get("cause") if exits else None,
+    outcome, cause = last_outcome(events)
+    return {"last_outcome": outcome, "last_cause": cause,
             "lost_steps": [e.get("lost_steps", 0) for e in events if e["event"] == "train_start"][1:],
             **accounting(run, events, manifest, last).as_json()}
+
+
+# What begins an attempt (its outcome is then not known yet) and what a person's cancel ends it with.
+_ATTEMPT_BEGINS = ("submitted", "resubmitted", "start")
+
+
+def last_outcome(events: Sequence[Mapping[str, Any]]) -> tuple[str | None, str | None]:
+    """The latest attempt's outcome and cause: its ``exit``; ``cancelled`` when a person cancelled it before one was
+    written; (None, None) while it has none. Never an earlier attempt's."""
+    for e in reversed(events):
+        if e["event"] == "exit" and e.get("outcome"):
+            return e["outcome"], e.get("cause")
+        if e["event"] == "cancelled":
+            return "cancelled", None
+        if e["event"] in _ATTEMPT_BEGINS:
+            return None, None
+    return None, None
+
+
+LAST_WIDTH = 70  # the LAST column's outcome and cause, cut between words
+
+
+def last_cell(outcome: str | None, cause: str | None) -> str:
+    """The LAST column: the outcome and its cause on one line (a cause's newlines and runs of spaces folded, the
+    outcome said once when the cause begins with it), cut between words with "..." past ``LAST_WIDTH``."""
+    if outcome is None:
+        return "-"
+    text = " ".join((cause or "").split())
+    if text.startswith(f"{outcome}:"):
+        text = text[len(outcome) + 1:].lstrip()
+    line = f"{outcome}: {text}" if text else outcome
+    if len(line) <= LAST_WIDTH:
+        return line
+    cut = line[:LAST_WIDTH - 3].rsplit(" ", 1)[0].rstrip(" ,;:(")
+    return f"{cut}..."
 
 
 def accounting(run: RunDir, events: Sequence[Mapping[str, Any]], manifest: Mapping[str, Any],
@@ -274,8 +308,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             d[1] = f"pending ({r['reason']})"
         d[5] = ",".join(map(str, r["lost_steps"])) or "-"
         d[6] = f"{r['goodput']:.0%}" if telling(r) else "-"
-        if r.get("last_cause"):
-            d[7] = f"{d[7]}: {r['last_cause'][:60]}"
+        d[7] = last_cell(r.get("last_outcome"), r.get("last_cause"))
         if r.get("kind") == "parallel":  # a `runner parallel` run: items instead of checkpoints
             d[3] = f"{r['items_done']}/{r['items_total']} items" + (f", {r['items_failed']} failed"
                                                                     if r["items_failed"] else "")

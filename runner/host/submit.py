@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from runner import __version__, alerts, policy, spec
-from runner.errors import ConfigError, SubmitError
+from runner.errors import SubmitError
 from runner.host import build, nodes, render, scheduler
 from runner.host.provenance import git_provenance
 from runner.rundir import RunDir, atomic_write, read_json
@@ -149,9 +149,7 @@ def make(f: Facts, path: Path, overrides: list[str], allow_missing_image: bool =
     """The plan from its facts alone: the run directory's files, the command that starts the run and every other
     command the submission may run, and what the dry run says about them."""
     cfg, run = f.cfg, f.run
-    sched = scheduler.of(cfg.data["scheduler"])
-    if why := sched.refusal(cfg):
-        raise ConfigError([why])
+    sched = scheduler.of(cfg.data["scheduler"])  # what it would refuse, spec.load refused (validate says it too)
     manifest = alerts.redact_obj({
         "runner_version": __version__, "config_hash": cfg.hash(), "config_file": str(path.resolve()),
         "overrides": overrides, "scheduler": cfg.data["scheduler"], "image": f.image,

@@ -61,6 +61,21 @@ class Pulse(L.Callback):
         self.wd.stop()
 
 
+class StopNow(L.Callback):
+    """Once runner's checkpoint of a stop (a signal's agreed step) is written, training ends at once, the way
+    Lightning's own SIGTERM handling ends it (``SIGTERMException`` after the batch): ``trainer.should_stop`` would
+    still run the epoch's end, a validation and the program's own checkpoint callbacks. Last of runner's parts, so
+    each of them has seen the step; ``Guarantees.fit`` turns the exception into the requeue exit."""
+
+    def __init__(self, ckpt: RunnerCheckpoint) -> None:
+        self.ckpt = ckpt
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        if self.ckpt.stopped_by_signal:
+            self.ckpt.on_train_end(trainer, pl_module)  # the agreement's reduction done, the checkpoint complete
+            raise SIGTERMException
+
+
 class RunnerCallbacks(L.Callback):
     """runner's parts as one Lightning callback (``combine`` adds their hooks); ``runner``: whose parts they are."""
 
@@ -110,7 +125,7 @@ class Guarantees:
         # The non-finite guard runs before the optimizer step and before the checkpoint callback; the watchdog's
         # pulse first of all, so the stall clock stops before the last checkpoint is awaited at the end.
         self.parts: list[L.Callback] = [*(extra or []), *pulse, self.guard, OwnerCheck(rd, job), self.checkpoint,
-                                        self.honesty]
+                                        self.honesty, StopNow(self.checkpoint)]
         self.callback = combine(self.parts)
         self.callback.runner = self  # how the wrapped Trainer.fit finds its trainer's guarantees
 
@@ -139,8 +154,8 @@ class Guarantees:
         try:
             call(ckpt)
         except SIGTERMException:
-            if self.checkpoint.stopped_by_signal:  # our callback checkpointed before Lightning's SIGTERM exit
-                log.info("checkpointed on SIGTERM; exit %d", EXIT_REQUEUE)
+            if self.checkpoint.stopped_by_signal:  # runner's stop checkpoint is written (StopNow ended the fit)
+                log.info("stopped on signal at step %d; exit %d (requeue)", step(), EXIT_REQUEUE)
                 return EXIT_REQUEUE
             log.warning("terminated (SIGTERM) before the end of training")
             return EXIT_TERMINATED

@@ -516,11 +516,14 @@ def _programs(path: str) -> bool:
 
 
 def load(path: str | Path, overrides: list[str] | None = None, run_dir: str = "${run_dir}",
-         files: bool = True, kind: str = "train") -> Config:
+         files: bool = True, kind: str = "train", start: bool = True) -> Config:
     """Read, override, interpolate and validate a config; raise ConfigError listing every problem.
 
     ``files``: check paths the config names on this machine (``container.code`` next to the config, ``run_root``);
     False for a run directory's own resolved config, which was checked when it was submitted.
+    ``start``: also check what starting the run from here needs, as ``runner submit`` would (its scheduler takes its
+    runtime, sbatch reads its run directory, its command starts in this directory); False for ``runner build``,
+    which builds a local config's image for another scheduler.
     ``kind="parallel"`` (``runner parallel``) checks only what a Dask workload reads (``SCHEMA_PARALLEL``):
     its ``data`` then holds no training sections, and the training properties of Config do not apply.
     ``${...}`` names keys as the file does (``${runner.seed}`` under a runner: block); ``${run_dir}`` is
@@ -556,9 +559,15 @@ def load(path: str | Path, overrides: list[str] | None = None, run_dir: str = "$
                              f"model: and data: are runner's own training, command: your program: remove one; if "
                              f"{key}: is your program's, put runner's settings in a runner: block")
                 del own[key]
+        written = validate.runtime_written(own)
         validate.check_schema(own, SCHEMA_PROGRAM if program else SCHEMA, problems)
+        validate.default_runtime(own, written)
         validate.check_command(own, problems)
         validate.check_rules(own, problems, base if files else None, program)
+        if files and start:
+            validate.check_where_it_runs(own, problems)
+        if files and start and program:
+            validate.check_command_start(own, problems, Path.cwd())
         takes = validate.check_targets(own, problems, base)
         own[PROGRAM] = copy.deepcopy(parts.program)
     else:

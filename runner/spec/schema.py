@@ -96,6 +96,11 @@ _LOADER = {
 }
 
 # The schema: dicts are sections, F are leaves, "*" means free-form (kwargs passed through).
+RUNTIMES = ("apptainer", "singularity", "podman", "pyxis", "none")
+# The runtimes each scheduler's ranks can start in, the first the one a config gets when it writes none: a local run's
+# ranks start with this machine's Python, outside any image (inside a runner image a local run is in it already).
+SCHEDULER_RUNTIMES = {"local": ("none",), "slurm": RUNTIMES}
+
 SCHEMA: dict[str, Any] = {
     "name": _f((str, NONE), None, pattern=NAME, expect="1 to 100 letters, digits, _ . -"),
     "num_nodes": _f(int, 1, **POS_INT),
@@ -128,7 +133,7 @@ SCHEMA: dict[str, Any] = {
         "nccl_tests": _f(bool, False),
         "perftest": _f(bool, False),
         "install_lightning": _f(bool, True),
-        "runtime": _f(str, "apptainer", choices=("apptainer", "singularity", "podman", "pyxis", "none")),
+        "runtime": _f(str, "apptainer", choices=RUNTIMES),  # unwritten: the scheduler's first (SCHEDULER_RUNTIMES)
         "builder": _f(str, "auto", choices=("auto", "docker", "podman")),
         "image_dir": _f(str, "images"),
         "image": _f((str, NONE), None),

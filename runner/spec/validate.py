@@ -33,6 +33,7 @@ from runner.spec.schema import (
     RUNS_CHANGER_PREFIXES,
     RUNS_CHANGERS,
     SBATCH_SAFE,
+    SCHEDULER_RUNTIMES,
     SCHEMA,
     SHARDING,
     TIME,
@@ -224,6 +225,38 @@ def check_rules(d: dict[str, Any], problems: Problems, base: Path | None = None,
     _check_strings(d, problems, base, program)
 
 
+def runtime_written(d: dict[str, Any]) -> bool:
+    """Whether the config (after overrides) names ``container.runtime``."""
+    return isinstance(d.get("container"), dict) and "runtime" in d["container"]
+
+
+def default_runtime(d: dict[str, Any], written: bool) -> None:
+    """After the schema: a ``container.runtime`` the user did not write is the scheduler's first
+    (``SCHEDULER_RUNTIMES``): ``none`` for a local run, whose ranks start outside any image (a runtime that needs one
+    would always be refused there), ``apptainer`` on Slurm. A written runtime always wins."""
+    runtimes = SCHEDULER_RUNTIMES.get(d["scheduler"]) if isinstance(d["scheduler"], str) else None
+    if not written and runtimes:
+        d["container"]["runtime"] = runtimes[0]
+
+
+def check_where_it_runs(d: dict[str, Any], problems: Problems) -> None:
+    """What ``runner submit`` would refuse on this machine, said by ``runner validate`` too (one checking path): a
+    local run of a runtime that needs an image, a run directory whose path sbatch cannot read."""
+    from runner.image import SPEC  # inside a runner image a local run is in its image already
+
+    runtime, sched = d["container"]["runtime"], d["scheduler"]
+    runtimes = SCHEDULER_RUNTIMES.get(sched) if isinstance(sched, str) else None
+    if runtimes and runtime is not BAD and runtime not in runtimes and not SPEC.is_file():
+        problems.add("container.runtime", Said(f"{runtime} with scheduler: {sched}"), f"{' or '.join(runtimes)}: a "
+                     f"{sched} run starts its ranks with this machine's Python, outside any image", "set "
+                     "container.runtime: none (or pass container.runtime=none) to run it here, or run it in its image "
+                     "on Slurm: `runner build CONF`, then scheduler: slurm")
+    root = d["run_root"]
+    if isinstance(root, str) and root and not SBATCH_SAFE.match(str(Path(root).resolve())):
+        problems.add("run_root", root, "a path of letters, digits and _.-/ (sbatch reads the run directory in "
+                     "#SBATCH lines)", "set run_root to such a path")
+
+
 def _check_signing(c: dict[str, Any], problems: Problems, base: Path | None) -> None:
     """``sign_key``/``verify_key``: Apptainer's SIF signatures, so an Apptainer runtime; a signed image is verified."""
     keys = [(k, c[k]) for k in ("sign_key", "verify_key") if isinstance(c[k], str)]
@@ -371,6 +404,77 @@ def check_command(d: dict[str, Any], problems: Problems) -> None:
         d["command"] = BAD
         return
     d["command"] = argv
+
+
+_PYTHON = re.compile(r"python(\d+(\.\d+)?)?\Z")
+_SHELLS = ("sh", "bash", "dash", "zsh", "ksh")
+_PY_ARG = "WX"  # python options that take a value: -W action, -X option (attached, or the next argument)
+
+
+def _python_target(argv: list[str]) -> tuple[str, str]:
+    """What ``python ...`` runs, as the interpreter reads its options: ("script", path), ("module", name),
+    ("code", ""), ("stdin", why) or ("info", "") (``--version``)."""
+    interactive, i = False, 1
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "-":
+            return "stdin", "`python -` reads its program from stdin"
+        if arg == "--":
+            i += 1
+            break
+        if not arg.startswith("-"):
+            break
+        if arg.startswith("--"):
+            if arg in ("--help", "--help-all", "--help-env", "--help-xoptions", "--version"):
+                return "info", ""
+            i += 2 if arg == "--check-hash-based-pycs" else 1
+            continue
+        for j, flag in enumerate(arg[1:], 1):
+            if flag in "cm":
+                kind = "code" if flag == "c" else "module"
+                return ("stdin", "`python -i` reads the prompt's input from stdin") if interactive else (kind, "")
+            if flag in _PY_ARG:
+                i += 0 if arg[j + 1:] else 1
+                break
+            if flag in "hV?":
+                return "info", ""
+            interactive = interactive or flag == "i"
+        i += 1
+    if i >= len(argv):
+        return "stdin", "python with no script reads its program from stdin"
+    if interactive:
+        return "stdin", "`python -i` reads the prompt's input from stdin"
+    return "script", argv[i]
+
+
+def check_command_start(d: dict[str, Any], problems: Problems, cwd: Path) -> None:
+    """Program mode, on the machine ``runner submit`` runs on: a command that cannot start, or that would wait on
+    stdin, found before any rank starts (on Slurm: before the queue). The ranks start in ``cwd`` (the directory
+    ``runner submit`` runs in, bound into the container) with stdin from /dev/null. Checked: ``python SCRIPT``'s
+    script, a relative ``./tool``, and ``python``, ``python -``, ``python -i`` or a shell that reads stdin; a
+    module (``python -m``) and a command on PATH are the image's, checked by each rank before the program starts."""
+    argv = d["command"]
+    if not isinstance(argv, list) or not argv:
+        return
+    head = argv[0]
+    name, local = os.path.basename(head), d["container"]["runtime"] == "none"
+    hint = "check the path, or run runner submit in the directory the command is relative to"
+    found = Said(f"{shlex.join(argv)!r}")
+    if _PYTHON.fullmatch(name):
+        kind, what = _python_target(argv)
+        if kind == "stdin":
+            problems.add("command", found, "a program that reads no stdin (ranks get /dev/null)",
+                         f"{what}: name the script, e.g. python train.py")
+        elif kind == "script" and (local or not os.path.isabs(what)) and not (cwd / what).is_file():
+            problems.add("command", found, f"a script that exists where the ranks start ({cwd}, where runner runs)",
+                         f"no script {what!r} in {cwd}: {hint}")
+    elif name in _SHELLS and (len(argv) == 1 or "-s" in argv[1:] or all(a.startswith("-") for a in argv[1:])) \
+            and "-c" not in argv[1:]:
+        problems.add("command", found, "a program that reads no stdin (ranks get /dev/null)",
+                     f"{name} with no script reads its commands from stdin: name the script, e.g. {name} run.sh")
+    elif "/" in head and (local or not os.path.isabs(head)) and not (cwd / head).is_file():
+        problems.add("command", found, f"a command that exists where the ranks start ({cwd}, where runner runs)",
+                     f"no command {head!r} in {cwd}: {hint}")
 
 
 def _check_batch(d: dict[str, Any], world: int | None, problems: Problems) -> None:
