@@ -70,3 +70,55 @@ def rank_env(rank: int, local: int, node: int, world: int, per_node: int, *, att
     if run_id is not None:
         env["TORCHELASTIC_RUN_ID"] = run_id
     return env
+
+
+# `fabric run`'s options (lightning/fabric/cli.py): those that tell Fabric how to train, as the variables cli.py sets
+# (``_set_env_variables``), and those of its torchrun launch, which runner's own start of the ranks replaces.
+FABRIC_SETTINGS = {"--accelerator": "LT_ACCELERATOR", "--strategy": "LT_STRATEGY", "--devices": "LT_DEVICES",
+                   "--num-nodes": "LT_NUM_NODES", "--num_nodes": "LT_NUM_NODES", "--precision": "LT_PRECISION"}
+FABRIC_LAUNCHER = ("--node-rank", "--node_rank", "--main-address", "--main_address", "--main-port", "--main_port")
+
+
+@dataclass(frozen=True)
+class FabricRun:
+    """``fabric run [OPTIONS] SCRIPT [ARGS]`` read as its CLI (click) reads it: known options before or after SCRIPT
+    (``--opt V`` or ``--opt=V``), everything after ``--`` and every other argument the script's; the first of those
+    is SCRIPT. ``settings``: the ``LT_*`` variables its options set, ``LT_CLI_USED`` among them."""
+
+    script: list[str]  # SCRIPT and its arguments; empty when none was given
+    settings: dict[str, str]
+
+    def disagrees(self, per_node: int, nodes: int) -> list[tuple[str, str, int]]:
+        """The options that name another world than runner's: (option, its value, runner's)."""
+        wrong = []
+        for option, key, want in (("--devices", "LT_DEVICES", per_node), ("--num-nodes", "LT_NUM_NODES", nodes)):
+            if key in self.settings and self.settings[key].strip() != str(want):
+                wrong.append((option, self.settings[key], want))
+        return wrong
+
+
+def fabric_run(argv: list[str]) -> FabricRun | None:
+    """The program of a ``fabric run ...`` command (None for any other command), which runner starts itself on each
+    rank: ``python SCRIPT ARGS`` with the variables ``fabric run`` would set. An option it leaves out is runner's
+    world (``LT_DEVICES``, ``LT_NUM_NODES`` from ``rank_env``) rather than its launcher's default of one device."""
+    if len(argv) < 2 or Path(argv[0]).name != "fabric" or argv[1] != "run":
+        return None
+    settings: dict[str, str] = {"LT_CLI_USED": "1"}
+    script: list[str] = []
+    i = 2
+    while i < len(argv):
+        arg = argv[i]
+        name, eq, value = arg.partition("=")
+        if arg == "--":
+            script += argv[i + 1:]
+            break
+        if name in FABRIC_SETTINGS or name in FABRIC_LAUNCHER:
+            if not eq:
+                i += 1
+                value = argv[i] if i < len(argv) else ""
+            if name in FABRIC_SETTINGS:
+                settings[FABRIC_SETTINGS[name]] = value
+        else:
+            script.append(arg)
+        i += 1
+    return FabricRun(script, settings)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.world import rank_env
+from runner.world import fabric_run, rank_env
 
 pytestmark = pytest.mark.unit
 
@@ -47,3 +47,41 @@ def test_the_names_are_the_ones_torchs_agent_sets() -> None:
     assert len(torch_keys) > 10
     ours = rank_env(0, 0, 0, 2, 2, attempt=1, max_restarts=3, run_id="r", inherited={})
     assert torch_keys - set(ours) == {"MASTER_ADDR", "MASTER_PORT"}
+
+
+FABRIC_RUNS = [  # a `fabric run` command: (SCRIPT and its arguments, the LT_* variables its options set)
+    (["fabric", "run", "train.py"], ["train.py"], {}),
+    (["fabric", "run", "--devices", "2", "train.py", "--epochs", "3"], ["train.py", "--epochs", "3"],
+     {"LT_DEVICES": "2"}),
+    (["fabric", "run", "--devices=2", "train.py", "--epochs=3", "--num_nodes", "2", "--main-port", "5"],
+     ["train.py", "--epochs=3"], {"LT_DEVICES": "2", "LT_NUM_NODES": "2"}),  # click's options after SCRIPT too
+    (["fabric", "run", "train.py", "--", "--devices", "2"], ["train.py", "--devices", "2"], {}),
+    (["/venv/bin/fabric", "run", "--accelerator", "cpu", "--strategy", "ddp", "--precision", "bf16-mixed",
+      "--node-rank", "1", "train.py", "x"], ["train.py", "x"],
+     {"LT_ACCELERATOR": "cpu", "LT_STRATEGY": "ddp", "LT_PRECISION": "bf16-mixed"}),
+]
+
+
+@pytest.mark.parametrize(("argv", "script", "settings"), FABRIC_RUNS)
+def test_fabric_run_gives_its_script_and_variables(argv: list[str], script: list[str],
+                                                    settings: dict[str, str]) -> None:
+    """(The real CLI reads them alike: tests/test_world_local.py.)"""
+    got = fabric_run(argv)
+    assert got is not None and got.script == script and got.settings == {"LT_CLI_USED": "1", **settings}
+
+
+@pytest.mark.parametrize(("argv", "wrong"), [
+    (["fabric", "run", "train.py"], []),
+    (["fabric", "run", "--devices", "2", "--num-nodes=1", "train.py"], []),
+    (["fabric", "run", "--devices", "4", "train.py", "--num_nodes", "3"],
+     [("--devices", "4", 2), ("--num-nodes", "3", 1)]),
+    (["fabric", "run", "--devices", "auto", "train.py"], [("--devices", "auto", 2)]),
+])
+def test_fabric_runs_world_must_be_runners(argv: list[str], wrong: list[tuple[str, str, int]]) -> None:
+    got = fabric_run(argv)
+    assert got is not None and got.disagrees(2, 1) == wrong
+
+
+def test_other_commands_are_not_fabric_run() -> None:
+    for argv in (["python", "train.py"], ["fabric"], ["fabric", "consolidate", "x"], ["myfabric", "run", "t.py"]):
+        assert fabric_run(argv) is None

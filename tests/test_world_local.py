@@ -4,9 +4,14 @@ Local tier: torch's elastic imports start ``ldconfig``."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+from typing import Any
+
 import pytest
 
-from runner.world import rank_env
+from runner.world import fabric_run, rank_env
+from tests.test_world import FABRIC_RUNS
 
 pytestmark = pytest.mark.local
 
@@ -43,3 +48,24 @@ def test_lightning_and_fabric_see_the_world_runner_started(monkeypatch: pytest.M
         assert type(env).__name__ == environment
         assert (env.global_rank(), env.local_rank(), env.node_rank(), env.world_size()) == (3, 1, 1, 4)
     assert (fabric.world_size, fabric.global_rank, fabric.node_rank) == (4, 3, 1)
+
+
+@pytest.mark.parametrize(("argv", "script", "settings"), FABRIC_RUNS)
+def test_fabric_run_is_read_as_its_cli_reads_it(argv: list[str], script: list[str], settings: dict[str, str],
+                                                 tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """runner's reading of a ``fabric run`` command, and the real CLI's (Lightning's click command, its launch
+    replaced): the same SCRIPT, arguments and variables."""
+    from lightning.fabric import cli
+
+    got = fabric_run(argv)
+    assert got is not None and got.script == script and got.settings == {"LT_CLI_USED": "1", **settings}
+    seen: dict[str, Any] = {}
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").touch()
+    monkeypatch.setattr(cli, "_torchrun_launch", lambda args, script_args: seen.update(
+        script=[args.script, *script_args], env={k: v for k, v in os.environ.items() if k.startswith("LT_")}))
+    for key in [k for k in os.environ if k.startswith("LT_")]:
+        monkeypatch.delenv(key)
+    cli._main(argv[1:], standalone_mode=False)
+    defaults = {"LT_DEVICES": "1", "LT_NUM_NODES": "1"}  # fabric run's own; runner's world where left out
+    assert seen == {"script": script, "env": {**defaults, **got.settings}}

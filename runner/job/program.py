@@ -33,7 +33,7 @@ from runner.job.stopflag import StopFlag, stop_flag
 from runner.records import ProgramOutcome
 from runner.rundir import EXIT_PROGRAM, EXIT_REQUEUE, OWNER_FD_ENV, RunDir
 from runner.spec.typed import RunConfig
-from runner.world import rank_env
+from runner.world import FABRIC_ENV, fabric_run, rank_env
 
 log = logging.getLogger(__name__)
 _PYTHON = re.compile(r"python(\d+(\.\d+)?)?\Z")
@@ -49,8 +49,22 @@ def in_process(command: list[str]) -> bool:
     return command[1] == "-m" and len(command) > 2 or not command[1].startswith("-")
 
 
+def launched(command: list[str]) -> tuple[list[str], dict[str, str]]:
+    """What the rank runs, and the variables it adds: ``fabric run [OPTIONS] SCRIPT ARGS`` is ``python SCRIPT ARGS``
+    with what ``fabric run`` sets (``LT_CLI_USED`` and its options' ``LT_*``): runner is its launcher, as torchrun is
+    under ``fabric run``, so no second launcher starts. Its ``--devices``/``--num-nodes`` are runner's world (``runner
+    validate`` refuses others; ``rank_env`` sets them). Any other command is itself."""
+    fabric = fabric_run(command)
+    if fabric is None:
+        return command, {}
+    return [sys.executable, *fabric.script], {k: v for k, v in fabric.settings.items() if k not in FABRIC_ENV}
+
+
 def problem(command: list[str], cwd: Path) -> str | None:
     """Why ``command`` cannot start here (one line), or None."""
+    if fabric_run(command) is not None and len(launched(command)[0]) < 2:
+        return "`fabric run` with no script"
+    command = launched(command)[0]
     if in_process(command):
         if command[1] == "-m":
             try:
@@ -175,6 +189,8 @@ def run(rd: RunDir, cfg: RunConfig, command: list[str], ranks: tuple[int, int, i
     os.environ.update(rank_env(rank, local, node, world, cfg["num_device"], attempt=attempt,
                                max_restarts=cfg["resume"]["max_restarts"],
                                run_id=None if jobenv.current().under_slurm else rd.name, inherited=os.environ))
+    command, fabric = launched(command)
+    os.environ.update(fabric)
     os.environ[jobenv.PROGRAM_ENV] = str(rd.root)
     entry_point(rd)
     cwd = Path.cwd()  # the program's (``prepare``)
