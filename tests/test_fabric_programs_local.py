@@ -2,19 +2,22 @@
 ``runtime: none``: one written for ``fabric run`` (Lightning's image classifier example: ``Fabric()``, no
 ``launch()``) run with ``command: fabric run ...``, which runner launches itself; one that calls ``fabric.launch()``
 run with ``python``. Each trains runner's world (ranks 0 and 1 of 2; each rank's own shard and loss, the same weights
-after every step) and Ctrl-C stops it within seconds as ``interrupted``."""
+after every step) and Ctrl-C stops it within seconds as ``interrupted``; a ``fabric run`` whose devices are not
+runner's is refused before any rank starts."""
 
 from __future__ import annotations
 
 import re
 import signal
+import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
 from runner.rundir import EXIT_REQUEUE, RunDir
-from tests.test_user_programs_local import exits, submit
+from tests.test_user_programs_local import ENV, exits, submit
 
 pytestmark = pytest.mark.local
 CLASSIFIER = "fabric run --devices ${{num_device}} fabric_image_classifier.py --epochs {epochs} --sleep {sleep}"
@@ -56,3 +59,16 @@ def test_ctrl_c_stops_a_fabric_program_within_seconds_as_interrupted(tmp_path: P
     assert code == EXIT_REQUEUE and took < 10, (took, out)
     assert [(e["outcome"], e["exit_code"]) for e in exits(run)] == [("interrupted", EXIT_REQUEUE)], out
     assert not run.finished.exists() and "interrupted" in out
+
+
+def test_a_fabric_run_of_another_world_is_refused_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "train.py").touch()
+    (tmp_path / "conf.yaml").write_text("num_nodes: 1\nnum_device: 2\nrunner:\n  scheduler: local\n"
+                                        "command: fabric run --devices 4 train.py --epochs 3\n")
+    for verb in ("validate", "submit"):
+        out = subprocess.run([sys.executable, "-m", "runner", verb, "conf.yaml"], cwd=tmp_path, env=ENV, text=True,
+                             capture_output=True, timeout=60)
+        assert out.returncode == 2 and out.stdout == "" and not (tmp_path / "runs").exists(), out
+        assert out.stderr.splitlines() == ["runner: error: conf.yaml:5: command: found --devices 4; expected 2 (= "
+                                           "num_device: runner starts the ranks). hint: write --devices "
+                                           "${num_device}, or leave it out"], out.stderr

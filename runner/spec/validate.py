@@ -41,6 +41,7 @@ from runner.spec.schema import (
     TRAINER_OBJECTS,
     F,
 )
+from runner.world import fabric_run
 
 BLOCK = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")  # fsdp.blocks: Class or module.Class
 
@@ -447,6 +448,20 @@ def _python_target(argv: list[str]) -> tuple[str, str]:
     return "script", argv[i]
 
 
+def _fabric_run(d: dict[str, Any], argv: list[str], problems: Problems) -> list[str]:
+    """``fabric run [OPTIONS] SCRIPT``: runner starts the ranks (``runner.world.fabric_run``), so its ``--devices``
+    and ``--num-nodes`` must be runner's world; SCRIPT is then checked as ``python SCRIPT``'s."""
+    fabric = fabric_run(argv)
+    if fabric is None:
+        return argv
+    for option, value, want in fabric.disagrees(d["num_device"], d["num_nodes"]) if _ints(d["num_device"]) and \
+            _ints(d["num_nodes"]) else []:
+        layout = "num_device" if option == "--devices" else "num_nodes"
+        problems.add("command", Said(f"{option} {value}"), f"{want} (= {layout}: runner starts the ranks)",
+                     f"write {option} ${{{layout}}}, or leave it out")
+    return ["python", *fabric.script]
+
+
 def check_command_start(d: dict[str, Any], problems: Problems, cwd: Path) -> None:
     """Program mode, on the machine ``runner submit`` runs on: a command that cannot start, or that would wait on
     stdin, found before any rank starts (on Slurm: before the queue). The ranks start in ``cwd`` (the directory
@@ -456,10 +471,11 @@ def check_command_start(d: dict[str, Any], problems: Problems, cwd: Path) -> Non
     argv = d["command"]
     if not isinstance(argv, list) or not argv:
         return
+    argv = _fabric_run(d, argv, problems)
     head = argv[0]
     name, local = os.path.basename(head), d["container"]["runtime"] == "none"
     hint = "check the path, or run runner submit in the directory the command is relative to"
-    found = Said(f"{shlex.join(argv)!r}")
+    found = Said(f"{shlex.join(d['command'])!r}")
     if _PYTHON.fullmatch(name):
         kind, what = _python_target(argv)
         if kind == "stdin":
