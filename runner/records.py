@@ -2,10 +2,11 @@
 
 The ledger (``runner.ledger``) is the run's history; these are its current facts, one JSON file each, written by one
 process and read by others across machines and runner versions. Each has a type here and is written and read only
-through ``RunDir`` (``write_exit_status``/``exit_status_record`` and the like) or ``runner.checkpoint`` (a
-checkpoint's manifest), never by key strings on a raw dict: a renamed field fails mypy, not silently as
-``.get() -> None``. A reader normalizes what it finds: older shapes, hand edits and torn files come back as the type,
-or as None, never as an exception.
+through ``RunDir`` (``write_exit_status``/``exit_status_record`` and the like; the run's manifest also through
+``runner.host.observe.manifest_of``, which refuses a damaged one) or ``runner.checkpoint`` (a checkpoint's manifest),
+never by key strings on a raw dict: a renamed field fails mypy, not silently as ``.get() -> None``. A reader
+normalizes what it finds: older shapes, hand edits and torn files come back as the type, or as None, never as an
+exception.
 
 Standard library only: the login node, the batch host and the ranks import it.
 """
@@ -13,6 +14,7 @@ Standard library only: the login node, the batch host and the ranks import it.
 from __future__ import annotations
 
 import math
+from types import NoneType
 from typing import Any, NotRequired, TypedDict, TypeGuard, cast
 
 
@@ -166,6 +168,93 @@ def checkpoint_manifest(raw: Any) -> CheckpointManifest:
     if isinstance(shards := raw.get("shards"), dict) and all(isinstance(v, str) for v in shards.values()):
         got["shards"] = {str(k): v for k, v in shards.items()}
     return cast(CheckpointManifest, got)
+
+
+class GitState(TypedDict, total=False):
+    """The run manifest's ``git``: the checkout the config was submitted from (``runner.host.provenance``). Every
+    field is None outside git. The diff itself is never here (it may hold a token): a private file beside it."""
+
+    commit: str | None
+    dirty: bool | None  # uncommitted changes to tracked files
+    diff_files: list[str] | None  # the files those changes touch
+    diff_sha256: str | None  # of the diff (``git diff HEAD``); None when clean
+
+
+class DataModule(TypedDict, total=False):
+    """The run manifest's ``data_module`` (``runner.host.submit.data_module``): whether runner's ``dataloader``
+    settings reach the data module."""
+
+    target: str | None  # its ``_target_``; None in program mode (the program builds its own)
+    takes_dataloader: bool | None  # it takes runner's ``dataloader`` argument; None: not known (or program mode)
+    global_batch: int | str | None  # the global batch, or in words who decides it ("the data module's own")
+
+
+class RunManifest(TypedDict, total=False):
+    """The run's ``manifest.json``: what the run is, fixed when it was submitted. Writers: ``runner submit``
+    (``runner.host.submit.make``, redacted; a resize rewrites ``world_size`` and ``accumulate_grad_batches``) and
+    the ``runner parallel`` driver (``kind: parallel``, rewritten at each start). Readers: every rank's launcher (the
+    config hash, the image it must run in, the program's working directory), ``runner status``, ``report``, ``cron``,
+    ``resume``, ``build --from-run`` and the exit hook. Any field may be missing from an older or hand-made one."""
+
+    runner_version: str  # the runner that wrote it (submit, parallel)
+    kind: str  # "parallel": a `runner parallel` run (parallel); missing: a training run (submit)
+    config_hash: str  # of what determines the trajectory (spec.Config.hash): checkpoints of another are not resumed
+    config_file: str  # the config as given, resolved (submit, parallel): a _target_ module beside it is importable
+    overrides: list[str]  # the command line's key=value overrides (submit)
+    scheduler: str  # "slurm" or "local" (submit; parallel: "local"), read through runner.host.scheduler.of_manifest
+    image: str  # the image the ranks run in, "none" without one (submit)
+    runtime: str  # container.runtime: "none", "podman", "apptainer" ... (submit)
+    spec_hash: str | None  # the image's spec (runner.image.SPEC); None without a container image (submit)
+    world_size: int  # ranks (submit; a resize rewrites it)
+    global_batch: int | None  # samples per optimizer step; None when the program or the data module decides (submit)
+    accumulate_grad_batches: int | None  # None in program mode (submit; a resize rewrites it)
+    git: GitState  # the submitting checkout (submit)
+    created: float  # when it was submitted (submit; parallel: the run's first start)
+    host: str  # where it was submitted from (submit, parallel)
+    data_module: DataModule  # submit
+    cwd: str  # where `runner submit` ran: a program (command:) runs there (submit)
+    env: str  # parallel.env: "local", "local_gpu" or "slurm" (parallel)
+    items: int  # the work items of a parallel run (parallel)
+
+
+_RUN_TYPES: dict[str, tuple[type, ...]] = {
+    "runner_version": (str,), "kind": (str,), "config_hash": (str,), "config_file": (str,), "scheduler": (str,),
+    "image": (str,), "runtime": (str,), "spec_hash": (str, NoneType), "world_size": (int,),
+    "global_batch": (int, NoneType), "accumulate_grad_batches": (int, NoneType), "host": (str,), "cwd": (str,),
+    "env": (str,), "items": (int,)}
+_GIT_TYPES: dict[str, tuple[type, ...]] = {
+    "commit": (str, NoneType), "dirty": (bool, NoneType), "diff_sha256": (str, NoneType)}
+_DATA_MODULE_TYPES: dict[str, tuple[type, ...]] = {
+    "target": (str, NoneType), "takes_dataloader": (bool, NoneType), "global_batch": (int, str, NoneType)}
+
+
+def _fields(raw: dict[Any, Any], types: dict[str, tuple[type, ...]]) -> dict[str, Any]:
+    """The fields of ``raw`` that ``types`` names and whose value is of one of its types (a bool is no int)."""
+    return {k: v for k, v in raw.items() if k in types and isinstance(v, types[k])
+            and (bool in types[k] or not isinstance(v, bool))}
+
+
+def _strings(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def run_manifest(raw: Any) -> RunManifest:
+    """A run's manifest as read, as a ``RunManifest``: a field of the wrong type is dropped, and so is a field it does
+    not name; ``git`` and ``data_module`` keep their fields of the right type; {} for anything but an object."""
+    if not isinstance(raw, dict):
+        return {}
+    got = _fields(raw, _RUN_TYPES)
+    if is_number(raw.get("created")):
+        got["created"] = float(raw["created"])
+    if _strings(raw.get("overrides")):
+        got["overrides"] = list(raw["overrides"])
+    if isinstance(git := raw.get("git"), dict):
+        got["git"] = _fields(git, _GIT_TYPES)
+        if "diff_files" in git and (git["diff_files"] is None or _strings(git["diff_files"])):
+            got["git"]["diff_files"] = git["diff_files"]
+    if isinstance(data := raw.get("data_module"), dict):
+        got["data_module"] = _fields(data, _DATA_MODULE_TYPES)
+    return cast(RunManifest, got)
 
 
 def _str(value: Any) -> str | None:

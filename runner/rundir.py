@@ -23,7 +23,7 @@ from typing import IO, Any
 from runner import records, redaction
 from runner.errors import RunnerError
 from runner.ledger import EventName, Ledger, normalize
-from runner.records import ExitStatus, LastExit, ProgramOutcome, ResumeVerdict
+from runner.records import ExitStatus, LastExit, ProgramOutcome, ResumeVerdict, RunManifest
 
 log = logging.getLogger(__name__)
 
@@ -202,6 +202,12 @@ def damaged(path: Path, why: str) -> None:
 _SAID: set[tuple[str, str]] = set()
 
 
+def manifest_text(m: RunManifest) -> str:
+    """A run's ``manifest.json`` as written: by ``RunDir.write_manifest``, and in a submission's plan (which writes
+    nothing itself, and ``--dry-run`` prints)."""
+    return json.dumps(m, indent=2) + "\n"
+
+
 def number(record: Any, key: str, default: float = 0) -> Any:
     """``record[key]`` where it is a finite number (not a bool), else ``default``: a field of a JSON record read from a
     run directory, whatever shape a damaged file gave it (``{"step": null}``, ``"7"``, ``[1]``)."""
@@ -258,6 +264,16 @@ class RunDir(Ledger):
     @property
     def manifest(self) -> Path:
         return self.root / "manifest.json"
+
+    def manifest_record(self) -> RunManifest | None:
+        """``manifest.json`` as its type (``runner.records``); None when missing or damaged (said in one line).
+        ``runner.host.observe.manifest_of`` is the strict reader: a damaged manifest raises there."""
+        raw = read_json(self.manifest)
+        return None if raw is None else records.run_manifest(raw)
+
+    def write_manifest(self, m: RunManifest) -> None:
+        """Write ``manifest.json`` whole (atomically), as ``manifest_text`` renders it."""
+        atomic_write(self.manifest, manifest_text(m))
 
     @property
     def script(self) -> Path:

@@ -149,3 +149,71 @@ def test_a_published_checkpoints_manifest_reads_back_as_written(tmp_path: Path) 
     path = checkpoint.publish(tmp_path, 20, written)
     read = checkpoint.manifest_of(path)
     assert {k: v for k, v in read.items() if k != "files"} == written and list(read.get("files", {})) == ["model.ckpt"]
+
+
+RUN = {"runner_version": "0.1.0", "config_hash": "abc", "config_file": "/w/conf.yaml", "overrides": ["seed=2"],
+       "scheduler": "slurm", "image": "/img/r-1.sif", "runtime": "apptainer", "spec_hash": "0123", "world_size": 4,
+       "global_batch": 64, "accumulate_grad_batches": 2,
+       "git": {"commit": "f00", "dirty": True, "diff_files": [".env"], "diff_sha256": "ab"}, "created": 1.5,
+       "host": "login1", "data_module": {"target": "m.Data", "takes_dataloader": True, "global_batch": 64},
+       "cwd": "/w"}
+PARALLEL = {"runner_version": "0.1.0", "kind": "parallel", "scheduler": "local", "env": "local_gpu",
+            "config_file": "/w/par.yaml", "items": 100, "created": 2.0, "host": "ws"}
+
+
+@pytest.mark.parametrize(("raw", "read"), [
+    (RUN, RUN),  # as runner submit writes it
+    (PARALLEL, PARALLEL),  # as the runner parallel driver writes it
+    # program mode, a local run outside git: the None fields are the writer's, kept
+    ({**RUN, "spec_hash": None, "global_batch": None, "accumulate_grad_batches": None, "image": "none",
+      "git": {"commit": None, "dirty": None, "diff_files": None, "diff_sha256": None},
+      "data_module": {"target": None, "takes_dataloader": None, "global_batch": "the program's own"}},
+     {**RUN, "spec_hash": None, "global_batch": None, "accumulate_grad_batches": None, "image": "none",
+      "git": {"commit": None, "dirty": None, "diff_files": None, "diff_sha256": None},
+      "data_module": {"target": None, "takes_dataloader": None, "global_batch": "the program's own"}}),
+    # an older one: no data_module, cwd, spec_hash or runtime; an integer time
+    ({"runner_version": "0.0.9", "config_hash": "h", "scheduler": "slurm", "world_size": 2, "created": 100,
+      "git": {"commit": "f00", "dirty": False}},
+     {"runner_version": "0.0.9", "config_hash": "h", "scheduler": "slurm", "world_size": 2, "created": 100.0,
+      "git": {"commit": "f00", "dirty": False}}),
+    # hand-made: a field of the wrong type is dropped (in git and data_module too), the rest kept; unknown ones go
+    ({"config_hash": 7, "scheduler": ["slurm"], "world_size": True, "global_batch": "64", "created": float("nan"),
+      "overrides": ["a=1", 2], "image": None, "items": 1.5, "extra": 1, "host": "login1",
+      "git": {"commit": 5, "dirty": "yes", "diff_files": ".env", "diff_sha256": "ab", "diff": "secret"},
+      "data_module": {"target": 3, "takes_dataloader": 1, "global_batch": 64}},
+     {"host": "login1", "git": {"diff_sha256": "ab"}, "data_module": {"global_batch": 64}}),
+    ({"git": "f00", "data_module": [], "overrides": "seed=2"}, {}),
+    ({}, {}), (None, {}), ([RUN], {}), ("manifest", {}), (3, {}),
+])
+def test_a_run_manifest_reads_back_as_its_type(raw: Any, read: Any) -> None:
+    assert records.run_manifest(raw) == read
+
+
+def test_the_run_directory_writes_and_reads_its_manifest(tmp_path: Path) -> None:
+    from runner.errors import RunnerError
+    from runner.host import observe
+    from runner.rundir import manifest_text
+
+    run = RunDir(tmp_path)
+    assert run.manifest_record() is None and observe.manifest_of(run) == {}
+    written: Any = RUN
+    run.write_manifest(written)
+    assert run.manifest.read_text() == manifest_text(written) == json.dumps(RUN, indent=2) + "\n"
+    assert run.manifest_record() == RUN and observe.manifest_of(run) == RUN
+    run.manifest.write_text(json.dumps({**RUN, "world_size": "4"}))  # hand-edited: the field is dropped
+    assert "world_size" not in (run.manifest_record() or {}) and "world_size" not in observe.manifest_of(run)
+    for damaged in ('{"config_hash": "ab', "[]"):  # torn; not an object
+        run.manifest.write_text(damaged)
+        assert run.manifest_record() is None
+        with pytest.raises(RunnerError) as e:  # the strict reader: one line, the run shown as broken
+            observe.manifest_of(run)
+        assert "manifest.json" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_only_the_run_directory_and_the_strict_reader_touch_the_run_manifest() -> None:
+    touch = re.compile(r"(read_json|read_regular|json\.loads?|atomic_write|write_text|read_text)\(.*\b(run|rd|self)"
+                       r"\.manifest\b")
+    found = [f"{p.relative_to(RUNNER)}: {line.strip()}" for p in sorted(RUNNER.rglob("*.py"))
+             if str(p.relative_to(RUNNER)) not in ("rundir.py", "host/observe.py")
+             for line in p.read_text().splitlines() if touch.search(line.replace("p.run.", "run."))]
+    assert found == [], "manifest.json is read through RunDir.manifest_record or observe.manifest_of"

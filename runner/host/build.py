@@ -50,6 +50,7 @@ from runner import __version__, proc, spec
 from runner.errors import BuildError
 from runner.host import render
 from runner.host.provenance import git_provenance
+from runner.records import GitState
 from runner.rundir import RunDir, atomic_write, read_json
 from runner.spec import Config
 
@@ -244,8 +245,8 @@ class BuildPlan:
 
 def provenance(cfg: Config, spec_hash: str, base: str) -> dict[str, Any]:
     """What is known about an image before it is built: where it comes from and which code and config."""
-    git = git_provenance(Path(cfg.path).resolve().parent)
-    return {"spec_hash": spec_hash, "base_image": base, "git_commit": git["commit"], "git_dirty": git["dirty"],
+    git, _ = git_provenance(Path(cfg.path).resolve().parent)
+    return {"spec_hash": spec_hash, "base_image": base, "git_commit": git.get("commit"), "git_dirty": git.get("dirty"),
             "config_hash": cfg.hash(), "config_file": str(Path(cfg.path).resolve()), "runner_version": __version__}
 
 
@@ -337,8 +338,8 @@ def plan_from_run(run_dir: Path, force: bool = False) -> BuildPlan:
     """The build of the image a run was submitted with: its resolved config (``config.yaml``), with code paths
     relative to the config file it came from; refused when that no longer gives the recorded spec hash."""
     run = RunDir(run_dir)
-    manifest = read_json(run.manifest, None)
-    if not isinstance(manifest, dict) or not run.config.is_file():
+    manifest = run.manifest_record()
+    if manifest is None or not run.config.is_file():
         raise BuildError(f"{run_dir}: found no manifest.json and config.yaml; expected a run directory. "
                          "hint: see `runner status`")
     cfg = spec.load(run.config, start=False)
@@ -346,7 +347,7 @@ def plan_from_run(run_dir: Path, force: bool = False) -> BuildPlan:
     bp = plan_config(cfg, force)
     want = manifest.get("spec_hash")
     if want and bp.spec_hash != want:
-        git = manifest.get("git") or {}
+        git: GitState = manifest.get("git") or {}
         raise BuildError(f"{run_dir.name}: its config and today's code give spec {bp.spec_hash}; the run recorded "
                          f"spec {want}. hint: check out the run's code (git commit {git.get('commit')}, dirty: "
                          f"{git.get('dirty')}; manifest.json holds the diff) and run again")

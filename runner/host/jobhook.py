@@ -38,7 +38,8 @@ from runner import log as runner_log
 from runner.alerts import causes, nextstep
 from runner.errors import RunnerError
 from runner.host import ending, nodes, notices, observe, scheduler, slurm, successor
-from runner.rundir import ATTEMPT_ENV, EXIT_PREFLIGHT, EXIT_SUPERSEDED, SUCCESSOR_ENV, RunDir, atomic_write, read_json
+from runner.records import RunManifest
+from runner.rundir import ATTEMPT_ENV, EXIT_PREFLIGHT, EXIT_SUPERSEDED, SUCCESSOR_ENV, RunDir, atomic_write
 from runner.spec.typed import read_resolved
 
 ALERT_BUDGET_S = 15.0  # the background sender's time; what it cannot send stays queued for runner cron
@@ -166,7 +167,7 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
     return 0
 
 
-def _has_successor(rec: policy.Records, manifest: Mapping[str, Any]) -> bool:
+def _has_successor(rec: policy.Records, manifest: RunManifest) -> bool:
     return rec.successor is not None
 
 
@@ -199,7 +200,7 @@ def verify(run: RunDir, key: str) -> int:
     """``container.verify_key``: Apptainer verifies the run's SIF against the public key before any rank starts; one
     that does not verify is refused (``EXIT_PREFLIGHT``) with the reason in preflight.json, as a stale image is."""
     cfg = read_resolved(run.config)
-    image = str((read_json(run.manifest, {}) or {}).get("image") or "")
+    image = (run.manifest_record() or {}).get("image") or ""
     tool = cfg["container"]["runtime"]
     out = proc.run([tool, "verify", "--key", key, image], timeout=300, check=False)  # 127 missing, 124 timed out
     rc, said = out.returncode, out.stdout + out.stderr

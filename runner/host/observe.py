@@ -16,35 +16,35 @@ import functools
 import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
 
 from runner import policy, slurmstates
 from runner.errors import RunnerError
 from runner.host import scheduler, slurm, successor
-from runner.rundir import RunDir, read_json, read_regular
+from runner.records import RunManifest, run_manifest
+from runner.rundir import RunDir, read_regular
 from runner.spec.typed import RunConfig, read_resolved
 
 # Whether Slurm's answer matters to a question, from the run's own records and manifest.
-Need = Callable[[policy.Records, Mapping[str, Any]], bool]
+Need = Callable[[policy.Records, RunManifest], bool]
 Ask = Callable[[list[str]], Mapping[str, slurmstates.JobInfo] | None]
 
 
-def never(rec: policy.Records, manifest: Mapping[str, Any]) -> bool:
+def never(rec: policy.Records, manifest: RunManifest) -> bool:
     """The run's own records alone."""
     return False
 
 
-def unsettled(rec: policy.Records, manifest: Mapping[str, Any]) -> bool:
+def unsettled(rec: policy.Records, manifest: RunManifest) -> bool:
     """``runner cron``: Slurm's answer decides unless the records settle the run (``policy.settled``)."""
     return policy.settled(rec) is None
 
 
-def resumable(rec: policy.Records, manifest: Mapping[str, Any]) -> bool:
+def resumable(rec: policy.Records, manifest: RunManifest) -> bool:
     """``runner resume``: whether the run's Slurm job may still be alive (one job trains a run at a time)."""
     return bool(rec.job_id) and not rec.finished and scheduler.of_manifest(manifest).queue
 
 
-def shown(rec: policy.Records, manifest: Mapping[str, Any]) -> bool:
+def shown(rec: policy.Records, manifest: RunManifest) -> bool:
     """``runner status``: whether Slurm's view can change the state shown (``policy.asks_slurm``)."""
     return scheduler.of_manifest(manifest).queue and policy.asks_slurm(rec)
 
@@ -62,9 +62,10 @@ def job_ids(rec: policy.Records) -> list[str]:
     return [j for j in (rec.job_id, rec.successor) if j]
 
 
-def manifest_of(run: RunDir) -> dict[str, Any]:
-    """The run's manifest; {} when there is none yet. Raises a one-line RunnerError when it is not a JSON object
-    (a torn or hand-edited file): the caller shows that run as broken, never as another kind of run."""
+def manifest_of(run: RunDir) -> RunManifest:
+    """The run's manifest (``records.run_manifest``: a field of the wrong type dropped); {} when there is none yet.
+    Raises a one-line RunnerError when it is not a JSON object (a torn or hand-edited file): the caller shows that
+    run as broken, never as another kind of run. ``RunDir.manifest_record`` is the lenient reader."""
     try:
         text = read_regular(run.manifest)  # a FIFO or a device is refused from its stat, never opened
     except FileNotFoundError:
@@ -79,7 +80,7 @@ def manifest_of(run: RunDir) -> dict[str, Any]:
                           "restore it, or move the run directory away") from None
     if not isinstance(manifest, dict):
         raise RunnerError(f"{run.manifest}: found a JSON {type(manifest).__name__}; expected a JSON object")
-    return manifest
+    return run_manifest(manifest)
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,7 @@ class Observation:
 
     run: RunDir
     records: policy.Records
-    manifest: Mapping[str, Any]
+    manifest: RunManifest
     needed: bool = False
     job: slurmstates.JobInfo | None = None
     heir: slurmstates.JobInfo | None = None
@@ -122,7 +123,7 @@ class Observation:
 def look(run: RunDir, need: Need = never, strict: bool = False, job: str | None = None) -> Observation:
     """The run's own facts, without Slurm; ``needed`` says whether the question needs Slurm's answer (``ask``).
     ``strict``: a damaged manifest raises (``manifest_of``) instead of reading as none (said once)."""
-    manifest = manifest_of(run) if strict else read_json(run.manifest, {}) or {}
+    manifest = manifest_of(run) if strict else run.manifest_record() or {}
     rec = records(run, job)
     return Observation(run, rec, manifest, needed=need(rec, manifest))
 

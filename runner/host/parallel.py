@@ -32,6 +32,7 @@ from runner.errors import RunnerError
 from runner.log import one_line
 from runner.parallel import plan as P
 from runner.parallel.store import Store
+from runner.records import RunManifest
 from runner.rundir import RunDir, atomic_write, locked, read_json
 from runner.spec.typed import Parallel
 
@@ -272,12 +273,13 @@ def _write_run(p: Plan) -> bool:
     """The run directory's config and manifest (kind: parallel); True when this is the run's first start."""
     first = not p.run.manifest.exists()
     p.run.root.mkdir(parents=True, exist_ok=True)
-    old = json.loads(p.run.manifest.read_text()) if not first else {}
-    manifest = {"runner_version": __version__, "kind": "parallel", "scheduler": "local", "env": p.par["env"],
-                "config_file": str(p.cfg.path.resolve()), "items": p.total, "created": old.get("created", time.time()),
-                "host": socket.gethostname()}
+    old = (p.run.manifest_record() or {}) if not first else {}
+    manifest: RunManifest = {
+        "runner_version": __version__, "kind": "parallel", "scheduler": "local", "env": p.par["env"],
+        "config_file": str(p.cfg.path.resolve()), "items": p.total, "created": old.get("created", time.time()),
+        "host": socket.gethostname()}
     atomic_write(p.run.config, yaml.safe_dump(dict(p.cfg.data), sort_keys=False))
-    atomic_write(p.run.manifest, json.dumps(manifest, indent=2) + "\n")
+    p.run.write_manifest(manifest)
     return first
 
 

@@ -15,19 +15,20 @@ import hashlib
 from pathlib import Path
 
 from runner import proc
+from runner.records import GitState
 
 
-def git_provenance(path: Path) -> dict[str, object]:
-    """Commit, dirty flag, changed files and the diff's sha256 of the checkout holding ``path`` (plus ``diff``, the
-    text, for the caller to keep privately); all None outside git (or without git)."""
+def git_provenance(path: Path) -> tuple[GitState, str]:
+    """Commit, dirty flag, changed files and the diff's sha256 of the checkout holding ``path`` (all None outside
+    git, or without git), and the diff's text for the caller to keep privately ("" when there is none)."""
     def git(*args: str) -> str | None:
         out = proc.run(["git", "-C", str(path), *args], timeout=10, check=False)
         return out.stdout if out.returncode == 0 else None
 
     commit = git("rev-parse", "HEAD")
     if commit is None:
-        return {"commit": None, "dirty": None, "diff_files": None, "diff_sha256": None, "diff": None}
+        return {"commit": None, "dirty": None, "diff_files": None, "diff_sha256": None}, ""
     diff = git("diff", "HEAD") or ""
     files = (git("diff", "HEAD", "--name-only") or "").split()
     return {"commit": commit.strip(), "dirty": bool(diff.strip()), "diff_files": files,
-            "diff_sha256": hashlib.sha256(diff.encode()).hexdigest() if diff else None, "diff": diff}
+            "diff_sha256": hashlib.sha256(diff.encode()).hexdigest() if diff else None}, diff

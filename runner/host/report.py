@@ -24,6 +24,7 @@ from typing import Any
 from runner import alerts, checkpoint, goodput, stragglers
 from runner.errors import RunnerError
 from runner.host import nodes, observe, scheduler, status
+from runner.records import GitState, RunManifest
 from runner.rundir import MAX_LEDGER, REPORT_PAGE, RunDir, Unreadable, atomic_write, read_json, read_regular
 from runner.spec.typed import read_resolved
 
@@ -333,11 +334,11 @@ def _alert_row(a: Mapping[str, Any], state: str, when: Any, stamp: str = "") -> 
             "next": str(a.get("next_step") or "")}
 
 
-def _identity(manifest: Mapping[str, Any]) -> list[tuple[str, str]]:
-    git: Mapping[str, Any] = manifest["git"] if isinstance(manifest.get("git"), dict) else {}
+def _identity(manifest: RunManifest) -> list[tuple[str, str]]:
+    git: GitState = manifest.get("git") or {}
     keys = [("runner version", manifest.get("runner_version")), ("config hash", manifest.get("config_hash")),
-            ("config file", manifest.get("config_file")), ("overrides", " ".join(map(str, manifest.get("overrides")
-                                                                                   or [])) or "none"),
+            ("config file", manifest.get("config_file")),
+            ("overrides", " ".join(manifest.get("overrides") or []) or "none"),
             ("scheduler", manifest.get("scheduler")), ("image", manifest.get("image")),
             ("container runtime", manifest.get("runtime")), ("image spec hash", manifest.get("spec_hash")),
             ("git commit", git.get("commit")), ("uncommitted changes", ", ".join(git.get("diff_files") or [])
@@ -347,7 +348,7 @@ def _identity(manifest: Mapping[str, Any]) -> list[tuple[str, str]]:
     return [(k, "-" if v is None else str(v)) for k, v in keys]
 
 
-def _rows(runs: Sequence[goodput.Attempt], events: Sequence[Mapping[str, Any]], manifest: Mapping[str, Any],
+def _rows(runs: Sequence[goodput.Attempt], events: Sequence[Mapping[str, Any]], manifest: RunManifest,
           excluded: Mapping[int, str], end: float, end_step: int | None) -> list[AttemptRow]:
     """The attempts table: one row per attempt, in words."""
     sizes = _world_sizes(events)
@@ -410,12 +411,13 @@ def _loss_bars(acc: goodput.Goodput) -> list[tuple[str, str, float, float, int]]
     return bars
 
 
-def _files(run: RunDir, missing: list[str]) -> tuple[dict[str, Any], list[dict[str, Any]], str, Any, Any]:
+def _files(run: RunDir, missing: list[str]) -> tuple[RunManifest, list[dict[str, Any]], str, Any, Any]:
     """The manifest, checkpoint manifests, config text, ``finished`` and ``progress.json``; what is missing is
     said in ``missing``."""
     if not run.manifest.is_file():
         missing.append("manifest.json is missing: submission time, config hash and image unknown; goodput not "
                        "computed")
+    manifest: RunManifest
     try:
         manifest = observe.manifest_of(run)
     except RunnerError as e:

@@ -22,6 +22,7 @@ from runner import checkpoint, goodput, policy, redaction, slurmstates, straggle
 from runner import log as runner_log
 from runner.errors import InputError, RunnerError
 from runner.host import observe, scheduler
+from runner.records import RunManifest
 from runner.rundir import RunDir, read_json
 
 log = logging.getLogger(__name__)
@@ -108,13 +109,13 @@ def _row(seen: observe.Observation, last: tuple[int, Path] | None | Literal["fin
             **(_parallel_store(run).status(state, manifest.get("items", 0)) if _is_parallel(manifest) else {})}
 
 
-def _is_parallel(manifest: Mapping[str, Any]) -> bool:
+def _is_parallel(manifest: RunManifest) -> bool:
     return manifest.get("kind") == "parallel"
 
 
 def is_parallel(run: RunDir) -> bool:
     """A `runner parallel` run (its manifest says so) rather than a training run."""
-    return _is_parallel(read_json(run.manifest, {}) or {})
+    return _is_parallel(run.manifest_record() or {})
 
 
 def _parallel_store(run: RunDir) -> Any:
@@ -131,7 +132,7 @@ def broken_row(run: RunDir, problem: str) -> dict[str, Any]:
             "productive_s": None, "losses_s": {}, "error": problem}
 
 
-def history(run: RunDir, events: Sequence[Mapping[str, Any]], manifest: Mapping[str, Any],
+def history(run: RunDir, events: Sequence[Mapping[str, Any]], manifest: RunManifest,
             last: tuple[int, Path] | None) -> dict[str, Any]:
     """What the failures cost: the last outcome and its cause, steps lost per restart, and goodput with its losses.
 
@@ -179,7 +180,7 @@ def last_cell(outcome: str | None, cause: str | None) -> str:
     return f"{cut}..."
 
 
-def accounting(run: RunDir, events: Sequence[Mapping[str, Any]], manifest: Mapping[str, Any],
+def accounting(run: RunDir, events: Sequence[Mapping[str, Any]], manifest: RunManifest,
                last: tuple[int, Path] | None) -> goodput.Goodput:
     """The run's wall time since submission, split into kept training time and its named losses."""
     done = read_json(run.finished, None)
@@ -342,7 +343,7 @@ def ended(run: RunDir) -> bool | None:
     events = run.events()
     if events and events[-1]["event"] in ("exit", "cancelled", "finished", "gave_up"):
         return True
-    manifest = read_json(run.manifest, {}) or {}
+    manifest = run.manifest_record() or {}
     return False if _is_parallel(manifest) else scheduler.of_manifest(manifest).ended(run, run.job_id(), events)
 
 
@@ -411,7 +412,7 @@ def cancel(run: RunDir, wait_s: float = 30) -> int:
     from runner.rundir import atomic_write
 
     job = run.job_id()
-    manifest = read_json(run.manifest, {}) or {}
+    manifest = run.manifest_record() or {}
     if run.finished.exists():
         print(f"run {run.name} already finished; nothing to cancel")
         return 0

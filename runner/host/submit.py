@@ -7,7 +7,6 @@ It runs on the login node. ``plan()`` touches nothing: ``runner submit --dry-run
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import os
 import re
@@ -16,7 +15,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
@@ -24,7 +23,8 @@ from runner import __version__, alerts, policy, spec
 from runner.errors import SubmitError
 from runner.host import build, nodes, render, scheduler
 from runner.host.provenance import git_provenance
-from runner.rundir import RunDir, atomic_write, read_json
+from runner.records import DataModule, GitState, RunManifest
+from runner.rundir import RunDir, atomic_write, manifest_text
 from runner.spec.load import fill_builtins
 from runner.spec.typed import read_resolved
 
@@ -73,7 +73,7 @@ def new_run_dir(cfg: spec.Config) -> RunDir:
     return RunDir(root)
 
 
-def data_module(cfg: spec.Config) -> dict[str, object]:
+def data_module(cfg: spec.Config) -> DataModule:
     """What the manifest says about the data module: whether runner's ``dataloader`` settings reach it."""
     if cfg.program_mode:
         return {"target": None, "takes_dataloader": None, "global_batch": "the program's own"}
@@ -116,7 +116,7 @@ class Facts:
     image: str
     image_problem: str | None  # podman's or the image file's answer (``check_image``)
     spec_hash: str | None  # of the image's spec and the code files copied into it
-    git: dict[str, Any]  # the config's provenance, without the diff
+    git: GitState  # the config's provenance, without the diff
     diff: str  # only ever written to a private file
     secrets: list[str]  # the alert URL, to redact wherever it would land
     bad_nodes: list[str]  # the nodes the run root remembers as bad, oldest first (a Slurm job leaves them out)
@@ -130,8 +130,7 @@ def gather(path: Path, overrides: list[str], allow_missing_image: bool = False) 
     ``${run_dir}`` may name), the image, git, the alert URL, the remembered bad nodes, the clock."""
     run = new_run_dir(spec.load(path, overrides))
     cfg = spec.load(path, overrides, run_dir=str(run.root))
-    git = git_provenance(path.resolve().parent)
-    diff = str(git.pop("diff") or "")  # only in a private file: it may hold a token (see runner.host.provenance)
+    git, diff = git_provenance(path.resolve().parent)  # the diff only in a private file: it may hold a token
     bad = nodes.remembered(run.root.parent, cfg.data["resume"]["exclude_nodes_s"]) \
         if scheduler.of(cfg.data["scheduler"]).queue else {}
     image = build.image_path(cfg)
@@ -150,14 +149,14 @@ def make(f: Facts, path: Path, overrides: list[str], allow_missing_image: bool =
     command the submission may run, and what the dry run says about them."""
     cfg, run = f.cfg, f.run
     sched = scheduler.of(cfg.data["scheduler"])  # what it would refuse, spec.load refused (validate says it too)
-    manifest = alerts.redact_obj({
+    manifest: RunManifest = {
         "runner_version": __version__, "config_hash": cfg.hash(), "config_file": str(path.resolve()),
         "overrides": overrides, "scheduler": cfg.data["scheduler"], "image": f.image,
         "runtime": cfg.data["container"]["runtime"], "spec_hash": f.spec_hash, "world_size": cfg.world_size,
         "global_batch": cfg.global_batch, "accumulate_grad_batches": cfg.accumulate, "git": f.git,
-        "created": f.now, "host": f.host, "data_module": data_module(cfg), "cwd": f.cwd}, f.secrets)
+        "created": f.now, "host": f.host, "data_module": data_module(cfg), "cwd": f.cwd}
     files = {run.config.name: spec.dump(cfg.data),  # named relative to the run directory, by RunDir
-             run.manifest.name: json.dumps(manifest, indent=2) + "\n",
+             run.manifest.name: manifest_text(cast(RunManifest, alerts.redact_obj(manifest, f.secrets))),
              run.script.name: render.sbatch(cfg, run.root, f.image, f.cwd)}
     if cfg.document is not None:  # program mode: the program's config, ${program_config} in the command
         python = render.program_python(cfg, run.root, f.image, f.cwd)
@@ -312,7 +311,7 @@ def resize(run: RunDir, overrides: list[str]) -> str:
         after = spec.load(staged, files=False)
     finally:
         staged.unlink(missing_ok=True)
-    manifest = read_json(run.manifest, {})  # {} when damaged (said in one line): the resize rewrites it
+    manifest = run.manifest_record() or {}  # {} when damaged (said in one line): the resize rewrites it
     if after.hash() != before.hash() and not data["resume"]["force"]:  # one hash rule for both, whatever wrote it
         raise SubmitError(f"resume {run.name}: the new layout changes the global batch ({before.global_batch} -> "
                           f"{after.global_batch}); expected the same. hint: set global_batch_size in the config")
@@ -321,8 +320,8 @@ def resize(run: RunDir, overrides: list[str]) -> str:
         atomic_write(program.path, spec.dump(program.config))
     atomic_write(run.script, render.sbatch(after, run.root, manifest.get("image", "none"), manifest.get("cwd")))
     acc = program.accumulate if program is not None else (before.accumulate, after.accumulate)
-    manifest.update(world_size=after.world_size, accumulate_grad_batches=acc[1])
-    atomic_write(run.manifest, json.dumps(manifest, indent=2) + "\n")
+    manifest["world_size"], manifest["accumulate_grad_batches"] = after.world_size, acc[1]
+    run.write_manifest(manifest)
     b, a = before.data, after.data
     kept = (f"{before.world_size * program.accumulate[0]} rank-batches per optimizer step kept (the program's "
             "trainer.accumulate_grad_batches, in its config)") if program is not None \
@@ -338,7 +337,7 @@ def _refuse_damaged(run: RunDir) -> None:
     """What every rank of a resumed attempt reads or writes first, checked before one starts: a damaged manifest
     would crash each rank at once (and its message would advise resuming again), a ``logs`` that is a file would
     crash the launcher."""
-    if read_json(run.manifest, None) is None:
+    if run.manifest_record() is None:
         raise SubmitError(f"resume {run.name}: {run.manifest} is missing or unreadable (not the JSON object runner "
                           "submit wrote); expected the run's manifest, which every rank reads. hint: restore it, or "
                           f"submit the config again: runner submit {run.config}")

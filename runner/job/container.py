@@ -17,6 +17,7 @@ from typing import Any
 
 from runner.image import PYTHON_PREFIX as PYTHON_PREFIX
 from runner.image import SPEC as SPEC
+from runner.records import RunManifest
 from runner.rundir import RunDir, atomic_write, read_json
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,7 @@ def apptainer_image() -> str | None:
     return os.environ.get("APPTAINER_CONTAINER") or os.environ.get("SINGULARITY_CONTAINER")
 
 
-def describe(manifest: dict[str, Any]) -> dict[str, Any]:
+def describe(manifest: RunManifest) -> dict[str, Any]:
     """The fields a rank records about its container (``ranks/rank-XXXXX.json``)."""
     runtime = manifest.get("runtime", "none")
     here = inside(runtime)
@@ -48,7 +49,7 @@ def describe(manifest: dict[str, Any]) -> dict[str, Any]:
             "apptainer_container": apptainer_image()}
 
 
-def stale_image(manifest: dict[str, Any], force: bool, report: RunDir | None = None) -> bool:
+def stale_image(manifest: RunManifest, force: bool, report: RunDir | None = None) -> bool:
     """True when this rank must not train in this image: another spec than the run's (logged, naming both).
 
     A run submitted for an image (``spec_hash`` in its manifest) that starts in another one (rebuilt, or a tag

@@ -25,11 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from runner import __version__, redaction
+from runner.errors import RunnerError
 from runner.job import container, jobenv, outcome
 from runner.job.resume import current_attempt
 from runner.job.stopflag import stop_flag
 from runner.log import setup as setup_logging
-from runner.rundir import EXIT_PREFLIGHT, EXIT_REQUEUE, EXIT_TERMINATED, RunDir, atomic_write, read_json
+from runner.records import RunManifest
+from runner.rundir import EXIT_PREFLIGHT, EXIT_REQUEUE, EXIT_TERMINATED, RunDir, atomic_write
 from runner.spec.typed import Trainer as TrainerConfig
 from runner.spec.typed import read_resolved
 
@@ -65,11 +67,11 @@ def _listed(value: Any) -> list[Any]:
     return [] if value is None else value if isinstance(value, list) else [value]
 
 
-def code_path(manifest: dict[str, Any]) -> None:
+def code_path(manifest: RunManifest) -> None:
     """Put the config's directory first on ``sys.path``: a ``_target_`` module is found where ``validate`` found it
     (beside the config), whatever directory the run was started from. Not where the directory is not here (an
     image that holds the code elsewhere: ``container.code``, under its workdir)."""
-    where = Path(str(manifest.get("config_file") or "")).parent
+    where = Path(manifest.get("config_file") or "").parent
     if manifest.get("config_file") and where.is_dir() and str(where) not in sys.path:
         sys.path.insert(0, str(where))
 
@@ -94,7 +96,8 @@ def _reached_end(trainer: Any, tcfg: TrainerConfig) -> bool:
     return max_epochs is not None and max_epochs > 0 and trainer.current_epoch >= max_epochs
 
 
-def _write_rank_info(rd: RunDir, rank: int, local: int, node: int, world: int, attempt: int) -> None:
+def _write_rank_info(rd: RunDir, manifest: RunManifest, rank: int, local: int, node: int, world: int,
+                     attempt: int) -> None:
     info = {"rank": rank, "local_rank": local, "node_rank": node, "world_size": world, "attempt": attempt,
             "hostname": socket.gethostname(), "pid": os.getpid(),
             "slurm": {k: v for k, v in os.environ.items() if k in (
@@ -102,7 +105,7 @@ def _write_rank_info(rd: RunDir, rank: int, local: int, node: int, world: int, a
                 "SLURM_RESTART_COUNT", "CUDA_VISIBLE_DEVICES")},
             "master": f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}",
             "ifname": {k: os.environ.get(k) for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")},
-            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), **container.describe(read_json(rd.manifest, {}))}
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), **container.describe(manifest)}
     atomic_write(rd.rank_record(rank), json.dumps(info, indent=2))
 
 
@@ -115,7 +118,10 @@ def train(rd: RunDir) -> int:
     # timer has a 60 s grain), and a rank without a handler dies of it (SIGUSR2's default) instead of stopping
     # at its first step with a checkpoint.
     flag = stop_flag(cfg["slurm"]["signal"])
-    manifest = json.loads(rd.manifest.read_text())
+    manifest = rd.manifest_record()
+    if manifest is None:  # runner resume refuses such a run; a rank started by hand says so in one line
+        raise RunnerError(f"{rd.manifest}: found no readable JSON object; expected the manifest runner submit "
+                          f"wrote. hint: restore it, or submit the config again: runner submit {rd.config}")
     rank, local, node, world = jobenv.current().ranks()
     attempt = current_attempt(rd)
     _redirect_output(rd.rank_log(rank, attempt))
@@ -129,7 +135,7 @@ def train(rd: RunDir) -> int:
     # The NCCL/gloo environment before anything else: the interface is detected once on this node (names differ
     # between nodes) unless the config names it; rank 0 records every value in env.json.
     ne = netenv.setup(cfg, rd, rank)
-    _write_rank_info(rd, rank, local, node, world, attempt)
+    _write_rank_info(rd, manifest, rank, local, node, world, attempt)
     if container.stale_image(manifest, cfg["resume"]["force"], rd if rank == 0 else None):
         return EXIT_PREFLIGHT
     os.environ.setdefault("OMP_NUM_THREADS", "1")

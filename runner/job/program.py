@@ -30,7 +30,7 @@ from typing import Any
 from runner import rundir
 from runner.job import jobenv, outcome, stephook
 from runner.job.stopflag import StopFlag, stop_flag
-from runner.records import ProgramOutcome
+from runner.records import ProgramOutcome, RunManifest
 from runner.rundir import EXIT_PROGRAM, EXIT_REQUEUE, OWNER_FD_ENV, RunDir
 from runner.spec.typed import RunConfig
 from runner.world import FABRIC_ENV, fabric_run, rank_env
@@ -79,9 +79,9 @@ def problem(command: list[str], cwd: Path) -> str | None:
     return None
 
 
-def workdir(manifest: dict[str, Any]) -> Path:
+def workdir(manifest: RunManifest) -> Path:
     """Where the program runs: the directory ``runner submit`` ran in (as sbatch does), if it exists here."""
-    cwd = Path(str(manifest.get("cwd") or os.getcwd()))
+    cwd = Path(manifest.get("cwd") or os.getcwd())
     return cwd if cwd.is_dir() else Path.cwd()
 
 
@@ -94,7 +94,7 @@ def venv_on_path() -> None:
         os.environ["PATH"] = os.pathsep.join(p for p in (bindir, path) if p)
 
 
-def prepare(rd: RunDir, command: list[str], manifest: dict[str, Any], rank: int) -> int | None:
+def prepare(rd: RunDir, command: list[str], manifest: RunManifest, rank: int) -> int | None:
     """Before the preflight: into the program's working directory; EXIT_PROGRAM with one line (and a ledger entry)
     when the command cannot start."""
     os.chdir(workdir(manifest))

@@ -25,7 +25,7 @@ from runner.job.callback import Guarantees, RunnerCallbacks
 from runner.job.resume import current_attempt
 from runner.job.stopflag import stop_flag
 from runner.log import setup as setup_logging
-from runner.rundir import EXIT_PROGRAM, RunDir, read_json
+from runner.rundir import EXIT_PROGRAM, RunDir
 from runner.spec.typed import RunConfig, read_resolved
 
 log = logging.getLogger("runner.job.callback")  # rank logs name these lines runner's callback's, as before the split
@@ -44,8 +44,8 @@ def factory() -> list[L.Callback]:
         setup_logging(stamped=True)
     env = jobenv.current()
     rank, world = env.rank, env.world_size
-    manifest = read_json(rd.manifest, {}) or {}
-    g = Guarantees(rd, cfg, str(manifest.get("config_hash", "")), flag, rank, world, current_attempt(rd), None,
+    manifest = rd.manifest_record() or {}
+    g = Guarantees(rd, cfg, manifest.get("config_hash", ""), flag, rank, world, current_attempt(rd), None,
                    extra=[ProgramSetup(cfg)])
     wrap_fit()
     return [g.callback]
