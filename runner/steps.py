@@ -53,6 +53,8 @@ class _Run:
         self.stopping = False
         self.next_progress = 0.0
         self.last: tuple[int, float | None] = (step, None)
+        self.first_at = self.last_at = time.monotonic()  # rank 0: the first and the last step's ends (``seen``)
+        self.first = step
         w = cfg["watchdog"]
         self.wd: Any = watchdog.Watchdog(rd, self.rank, self.world, self.attempt, factor=w["factor"],
                                          floor_s=w["floor_s"], report_every_s=w["straggler_report_s"],
@@ -74,7 +76,7 @@ class _Run:
         if loss is not None and loss - loss != 0:  # NaN or inf (inf - inf is NaN): one float operation
             self.nonfinite(step, loss)
         if self.rank == 0:
-            self.last = (step, loss)
+            self.last, self.last_at = (step, loss), now
             if now >= self.next_progress:
                 self.write_progress()
 
@@ -171,6 +173,26 @@ def _start(step: int) -> Any:
         return False
     _run = _Run(run_dir, step)
     return _run
+
+
+def seen() -> tuple[int | None, float | None] | None:
+    """What this process showed runner of its training, for the end of a program (``runner.job.program``): None when
+    no step (neither ``progress`` nor ``automatic`` in a run); else rank 0's last step and its productive seconds,
+    ``(None, None)`` on the other ranks.
+
+    The productive seconds price every step up to the last (from step 0 of the program's numbering) at this
+    process's mean step time: a program that resumed from its own snapshot and numbers its steps on (``progress``) is
+    credited with the steps it kept, one whose steps are counted here (``automatic``, from 1 in each process) with
+    this process's. None with fewer than two steps (no mean to price them at)."""
+    if not _run:
+        return None
+    run = _run
+    if run.rank != 0:
+        return None, None
+    last = run.last[0]
+    if last <= run.first:
+        return last, None
+    return last, (run.last_at - run.first_at) * last / (last - run.first)
 
 
 def progress(step: int, loss: float | None = None) -> None:

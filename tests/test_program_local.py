@@ -188,16 +188,33 @@ def test_a_program_that_cannot_train_says_why_in_one_line(tmp_path: Path, comman
     assert events(run, "exit")[-1]["exit_code"] == EXIT_PROGRAM and not run.finished.exists()
 
 
-def test_a_plain_torch_program_runs_without_the_callbacks_guarantees(tmp_path: Path) -> None:
+def test_a_plain_torch_program_finishes_at_the_last_step_runner_saw(tmp_path: Path) -> None:
+    """No Trainer, no runner.progress: its optimizer steps (stephook) give the finished marker its last step and
+    productive seconds (goodput), and no warning that runner saw nothing."""
     code, out, run = submit(tmp_path, "python torch_train.py")
     assert code == 0, out
-    assert run.finished.exists()
-    assert [(e["step"], e["lightning"]) for e in events(run, "finished")] == [(None, False)]
+    assert [(e["step"], e["lightning"]) for e in events(run, "finished")] == [(20, False)]
+    done = read_json(run.finished, {})
+    assert done["step"] == 20 and 0 < done["productive_s"] < 60, done
     for rank in (0, 1):
         log = run.rank_log(rank).read_text()
         assert f"rank {rank} of 2, 2 on this node" in log and "trained 20 steps" in log
-        assert "trained no Lightning Trainer with runner's callback" in log and "did not apply" in log
+        assert "saw none of its steps" not in log, log
+    assert "finished at step 20, the last of the program's steps runner saw" in run.rank_log(0).read_text()
     assert not list(run.checkpoints.glob("step-*"))
+
+
+def test_a_program_runner_saw_no_step_of_says_so_once_it_ends(tmp_path: Path) -> None:
+    (tmp_path / "collective.py").write_text(
+        "import torch, torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\nt = torch.ones(1)\ndist.all_reduce(t)\nprint('sum', t.item())\n")
+    code, out, run = submit(tmp_path, "python collective.py")
+    assert code == 0, out
+    assert [(e["step"], e["lightning"]) for e in events(run, "finished")] == [(None, False)]
+    assert read_json(run.finished, {})["productive_s"] is None
+    for rank in (0, 1):
+        log = run.rank_log(rank).read_text()
+        assert "sum 2.0" in log and "runner saw none of its steps" in log and "did not apply" in log, log
 
 
 def test_a_program_with_its_own_fsdp_gets_sharded_checkpoints_and_resumes_bitwise(tmp_path: Path) -> None:

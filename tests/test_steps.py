@@ -69,3 +69,21 @@ def test_the_loss_check_stops_on_nan_and_inf_only(loss: float | None, stops: boo
     run.nonfinite = lambda step, value: stopped.append(step)  # type: ignore[method-assign]
     run.step(7, loss)
     assert stopped == ([7] if stops else [])
+
+
+@pytest.mark.parametrize("rank, first, last, seconds, expected", [
+    (0, 1, 21, 10.0, (21, 10.5)),  # numbered from 1: 20 intervals of 0.5 s, the first step priced too
+    (0, 100, 110, 5.0, (110, 55.0)),  # resumed from its own snapshot at step 100: the kept steps priced alike
+    (0, 3, 3, 0.0, (3, None)),  # one step: no mean step time
+    (1, 1, 21, 10.0, (None, None)),  # rank 0 says the step
+], ids=["fresh", "resumed", "one-step", "rank-1"])
+def test_what_a_program_showed_runner_prices_its_steps_at_their_mean(
+        fresh: None, monkeypatch: pytest.MonkeyPatch, rank: int, first: int, last: int, seconds: float,
+        expected: tuple[int | None, float | None]) -> None:
+    assert steps.seen() is None  # no call yet
+    monkeypatch.setattr(steps, "_run", False)
+    assert steps.seen() is None  # outside a run
+    run = steps._Run.__new__(steps._Run)
+    run.rank, run.first, run.first_at, run.last, run.last_at = rank, first, 100.0, (last, None), 100.0 + seconds
+    monkeypatch.setattr(steps, "_run", run)
+    assert steps.seen() == expected

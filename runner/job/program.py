@@ -30,7 +30,7 @@ from typing import Any
 from runner import rundir
 from runner.job import jobenv, outcome, stephook
 from runner.job.stopflag import StopFlag, stop_flag
-from runner.records import ProgramOutcome, RunManifest
+from runner.records import ProgramOutcome
 from runner.rundir import EXIT_PROGRAM, EXIT_REQUEUE, OWNER_FD_ENV, RunDir
 from runner.spec.typed import RunConfig
 from runner.world import FABRIC_ENV, fabric_run, rank_env
@@ -79,9 +79,9 @@ def problem(command: list[str], cwd: Path) -> str | None:
     return None
 
 
-def workdir(manifest: RunManifest) -> Path:
+def workdir(manifest: dict[str, Any]) -> Path:
     """Where the program runs: the directory ``runner submit`` ran in (as sbatch does), if it exists here."""
-    cwd = Path(manifest.get("cwd") or os.getcwd())
+    cwd = Path(str(manifest.get("cwd") or os.getcwd()))
     return cwd if cwd.is_dir() else Path.cwd()
 
 
@@ -94,7 +94,7 @@ def venv_on_path() -> None:
         os.environ["PATH"] = os.pathsep.join(p for p in (bindir, path) if p)
 
 
-def prepare(rd: RunDir, command: list[str], manifest: RunManifest, rank: int) -> int | None:
+def prepare(rd: RunDir, command: list[str], manifest: dict[str, Any], rank: int) -> int | None:
     """Before the preflight: into the program's working directory; EXIT_PROGRAM with one line (and a ledger entry)
     when the command cannot start."""
     os.chdir(workdir(manifest))
@@ -251,11 +251,7 @@ def conclude(rd: RunDir, code: int, fit: ProgramOutcome | None, rank: int) -> in
         log.info("the program exited %d", code)
         return code
     if fit is None:
-        log.warning("the program exited 0 and trained no Lightning Trainer with runner's callback: what needs the "
-                    "callback (checkpoints and resume, the hang watchdog, the non-finite guard) did not apply")
-        if rank == 0:
-            outcome.finished(rd, None, lightning=False)
-        return 0
+        return _plain_end(rd, rank)
     step = fit["step"]
     if step == 0 and not fit["resumed"]:
         why = "the program exited 0 without training a step (an empty data loader? max_steps=0?)"
@@ -266,4 +262,25 @@ def conclude(rd: RunDir, code: int, fit: ProgramOutcome | None, rank: int) -> in
     if rank == 0:
         outcome.finished(rd, step, fit["productive_s"])
     log.info("finished at step %d", step)
+    return 0
+
+
+def _plain_end(rd: RunDir, rank: int) -> int:
+    """A program that exited 0 with no Lightning fit: ``finished`` with its last step and productive seconds where
+    runner saw its steps (``runner.progress``, or its optimizer steps through ``stephook``); where it saw none, the
+    marker has no step and the rank log says what did not apply."""
+    steps = sys.modules.get("runner.steps")  # imported by name: runner.steps imports job code (stephook does too)
+    seen = steps.seen() if steps is not None else None
+    if seen is None:
+        log.warning("the program exited 0 and runner saw none of its steps (no Lightning Trainer with runner's "
+                    "callback, no runner.progress, no optimizer step): the hang watchdog, step timings and "
+                    "goodput did not apply")
+        if rank == 0:
+            outcome.finished(rd, None, lightning=False)
+        return 0
+    step, productive = seen
+    if rank == 0:
+        outcome.finished(rd, step, productive, lightning=False)
+        log.info("finished at step %s, the last of the program's steps runner saw (%s)", step,
+                 "one step: no productive time" if productive is None else f"{productive:.1f} s productive")
     return 0
