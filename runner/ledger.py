@@ -82,7 +82,7 @@ class Start(TypedDict):
     nodes: NotRequired[str | None]
     restart_count: NotRequired[int]
     out_offset: NotRequired[int]  # where this attempt's part of the batch output begins
-    attempt: NotRequired[int]  # runner parallel
+    attempt: NotRequired[int]  # the attempt the job runs (a Slurm job's `start`, runner parallel's)
     items_left: NotRequired[int]  # runner parallel
 
 

@@ -150,6 +150,11 @@ def test_preemption_notice_checkpoints_requeues_and_resumes(slurm_cluster: devcl
     assert row["state"] == "completed" and row["restarts"] == 1
     assert len(row["lost_steps"]) == 1 and row["lost_steps"][0] <= EVERY
     assert 0 < row["goodput"] < 1 and row["last_outcome"] == "completed"
+    # The requeued job appended to its batch output: each attempt shows its own part, one after the other (the
+    # second's exit hook may still be writing its last lines: the file read afterwards may be longer).
+    parts = [runner(env, "logs", str(run), "--batch", "--attempt", str(n)).stdout for n in (1, 2)]
+    whole = (run / "logs" / f"slurm-{first}.out").read_text(errors="replace")
+    assert all(parts) and whole.startswith("".join(parts)) and len(parts[0]) < len(whole), parts
 
 
 def test_a_notice_as_the_job_starts_stops_every_rank_at_its_first_step(slurm_cluster: devcluster.Cluster, hook: Any,

@@ -291,8 +291,10 @@ def main(argv: list[str] | None = None) -> int:
             offset = run.batch_log(job).stat().st_size if job else 0
         except OSError:
             offset = 0
+        attempt = os.environ.get(ATTEMPT_ENV, "")  # `begin` claimed it: `runner logs --batch --attempt N` finds it
         run.record("start", job_id=job, nodes=os.environ.get("SLURM_JOB_NODELIST"),
-                   restart_count=int(os.environ.get("SLURM_RESTART_COUNT", "0")), out_offset=offset)
+                   restart_count=int(os.environ.get("SLURM_RESTART_COUNT", "0")), out_offset=offset,
+                   **({"attempt": int(attempt)} if attempt.isdigit() else {}))
         return 0
     return on_exit(run, args.rc, args.signal)
 

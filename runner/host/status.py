@@ -7,6 +7,7 @@ be read becomes one row that says what is wrong, never an error that hides the o
 
 from __future__ import annotations
 
+import codecs
 import json
 import logging
 import os
@@ -15,6 +16,7 @@ import stat
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -347,22 +349,56 @@ def ended(run: RunDir) -> bool | None:
     return False if _is_parallel(manifest) else scheduler.of_manifest(manifest).ended(run, run.job_id(), events)
 
 
+@dataclass(frozen=True)
+class BatchOutput:
+    """The part of Slurm's batch output (``slurm-JOB.out``) one attempt wrote: a requeued job appends to its file,
+    so an attempt's part runs from its ``start`` record's offset to the next attempt's in the same file."""
+
+    path: Path
+    begin: int = 0
+    end: int | None = None  # None: to the file's end (the job's latest attempt)
+    attempt: int | None = None
+
+
+def batch_output(run: RunDir, attempt: int | None = None) -> BatchOutput:
+    """The batch output of ``attempt`` (default: the latest attempt that started as a Slurm job), from the ledger's
+    ``start`` records; without any (a run from before they named their attempt), the newest ``slurm-*.out``."""
+    starts = [e for e in run.events() if e["event"] == "start" and e.get("job_id")]
+    numbered = [e for e in starts if isinstance(e.get("attempt"), int)]
+    if attempt is not None and not any(e["attempt"] == attempt for e in numbered):
+        known = sorted({e["attempt"] for e in numbered})
+        raise InputError(f"{run.name}: found no Slurm job that ran attempt {attempt}; expected one of "
+                          f"{known or 'none recorded'}. hint: runner logs {run.name} --batch (the latest)")
+    if not numbered:
+        job = starts[-1]["job_id"] if starts else run.job_id()
+        if job:
+            return BatchOutput(run.batch_log(str(job)))
+        outs = sorted(run.logs.glob("slurm-*.out"), key=lambda p: p.stat().st_mtime)
+        return BatchOutput(outs[-1] if outs else run.logs / "slurm-JOB.out")
+    i = max(i for i, e in enumerate(numbered) if attempt is None or e["attempt"] == attempt)
+    this = numbered[i]
+    later = [e for e in numbered[i + 1:] if e["job_id"] == this["job_id"]]
+    end = later[0].get("out_offset") if later else None
+    return BatchOutput(run.batch_log(str(this["job_id"])), int(this.get("out_offset") or 0),
+                       end if isinstance(end, int) else None, this["attempt"])
+
+
 def log_path(run: RunDir, rank: int | None, attempt: int | None = None) -> Path:
     """A rank's log, or with ``rank=None`` Slurm's batch output (``slurm-JOB.out``: the batch shell, hooks)."""
     if rank is not None and is_parallel(run):  # `runner parallel`: the driver's
         return run.attempt_logs(attempt or (run.attempts() or [1])[-1]) / "driver.log"
     if rank is not None:
         return run.rank_log(rank, attempt)
-    job = run.job_id()
-    if job:
-        return run.batch_log(job)
-    outs = sorted(run.logs.glob("slurm-*.out"), key=lambda p: p.stat().st_mtime)
-    return outs[-1] if outs else run.logs / "slurm-JOB.out"
+    return batch_output(run, attempt).path
 
 
 def logs(run: RunDir, rank: int | None, follow: bool, poll_s: float = 0.2, attempt: int | None = None) -> int:
-    """Print a log; with ``follow``, keep printing until the run ends (waiting for the log to appear)."""
-    path = log_path(run, rank, attempt)
+    """Print a log; with ``follow``, keep printing until the run ends (waiting for the log to appear). The batch
+    output (``rank=None``) is the part the attempt wrote; an earlier attempt's part has ended (no following)."""
+    batch = rank is None and not is_parallel(run)
+    part = batch_output(run, attempt) if batch else BatchOutput(log_path(run, rank, attempt))
+    path = part.path
+    follow = follow and part.end is None
     what = f"rank {rank}" if rank is not None else "the batch script"
     if not path.exists():
         if not follow:
@@ -373,26 +409,43 @@ def logs(run: RunDir, rank: int | None, follow: bool, poll_s: float = 0.2, attem
     check_every = max(1, int(2.0 / poll_s))
     polls = unknown = 0
     f = None
+    decode = codecs.getincrementaldecoder("utf-8")(errors="replace").decode
+    left = None if part.end is None else max(part.end - part.begin, 0)
+    shown = 0
+
+    def read() -> str:  # a huge log is streamed, never read whole; an attempt's part ends where the next begins
+        nonlocal left, shown
+        n = 1 << 20 if left is None else min(1 << 20, left)
+        data = f.read(n) if f is not None and n else b""
+        left = None if left is None else left - len(data)
+        shown += len(data)
+        text = decode(data)
+        if text:
+            sys.stdout.write(text)
+        return text
+
     try:
         while True:
             if f is None and path.exists():
                 if not stat.S_ISREG(path.stat().st_mode):  # a FIFO would block the open, a device never end
                     raise RunnerError(f"{path}: found no regular file; expected a log. hint: remove it")
-                f = open(path, errors="replace")  # held open while following
-            chunk = f.read(1 << 20) if f is not None else ""  # a huge log is streamed, never read whole
-            if chunk:
-                sys.stdout.write(chunk)
-                sys.stdout.flush()
+                f = open(path, "rb")  # held open while following  # noqa: SIM115
+                f.seek(part.begin)
+            chunk = read()
+            sys.stdout.flush()
             if not follow:
-                while f is not None and (rest := f.read(1 << 20)):
-                    sys.stdout.write(rest)
+                while read():
+                    pass
+                if batch and not shown:
+                    which = f"attempt {part.attempt}'s part of " if part.attempt is not None else ""
+                    print(f"runner: {which}{path} is empty", file=sys.stderr)
                 return 0
             polls += 1
             done = ended(run) if not chunk and polls % check_every == 0 else False
             unknown = unknown + 1 if done is None else 0
             if done or unknown >= 5:  # Slurm has not known the job for ~10 s: it is gone
-                while f is not None and (rest := f.read(1 << 20)):  # what was written since the last read
-                    sys.stdout.write(rest)
+                while read():  # what was written since the last read
+                    pass
                 sys.stdout.flush()
                 return 0
             if not chunk:
