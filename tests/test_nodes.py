@@ -87,3 +87,25 @@ BLAME = [
 @pytest.mark.parametrize(("outcome", "report", "blamed"), BLAME)
 def test_which_nodes_a_report_blames(outcome: str, report: object, blamed: list[str]) -> None:
     assert nodes.named_by(outcome, report, 2) == blamed
+
+
+@pytest.mark.parametrize("bad, have, needed, let_in", [
+    (["n1"], ["n1", "n2"], 2, 1),  # a 2-node job on a 2-node partition: the one bad node must come back
+    (["n1"], ["n1", "n2"], 1, 0),  # n2 holds a 1-node job
+    (["n1", "n2"], ["n1", "n2"], 1, 1),  # the oldest (n1) back in, n2 stays out
+    (["n1", "n2"], ["n1", "n2", "n3"], 2, 1),
+    (["n9", "n1"], ["n1", "n2"], 2, 2),  # n9 is not the partition's: it counts for nothing either way
+    (["n1"], None, 2, 0),  # Slurm could not say: sbatch decides (and its refusal lets nodes in)
+    (["n1", "n2"], ["n1", "n2"], 3, 2),  # no exclusion makes room: all back in, sbatch says why it refuses
+])
+def test_the_oldest_bad_nodes_come_back_before_sbatch_when_the_partition_is_too_small(
+        bad: list[str], have: list[str] | None, needed: int, let_in: int) -> None:
+    assert nodes.let_in_first(bad, have, needed) == let_in
+
+
+@pytest.mark.parametrize("partition, found", [(None, ["n1", "n2"]), ("gpu", ["g1", "n2"]), ("nope", None)])
+def test_a_partitions_nodes_from_sinfo(partition: str | None, found: list[str] | None) -> None:
+    from runner.host import slurm
+
+    out = "n1 debug*\nn2 debug*\nn2 gpu\ng1 gpu\n\n"
+    assert slurm.parse_partition_nodes(out, partition) == found

@@ -86,8 +86,9 @@ def test_the_dry_run_lists_every_command_a_submission_may_run(tmp_path: Path) ->
     script = str(f.run.script)
     assert p.argv == ["sbatch", "--parsable", "--exclude=n1,n3", script]
     also = [n for n in p.notes if n.startswith("may also run:")]
-    assert also == [f"may also run:  sbatch --parsable --exclude=n1 {script}  (sbatch refused it: n3 let back in)",
-                    f"may also run:  sbatch --parsable {script}  (sbatch refused it: n3,n1 let back in)",
+    assert also == [f"may also run:  sbatch --parsable --exclude=n1 {script}  "
+                    "(too few nodes without them: n3 let back in)",
+                    f"may also run:  sbatch --parsable {script}  (too few nodes without them: n3,n1 let back in)",
                     f"may also run:  sbatch --parsable --exclude=n1,n3 --dependency=afternotok:JOB "
                     f"--kill-on-invalid-dep=yes {script}  (the successor, JOB being the job sbatch named)"]
     assert all(line in str(p) for line in also)

@@ -230,6 +230,28 @@ def test_when_the_remembered_bad_nodes_refuse_the_job_the_oldest_are_let_back_in
 
 
 @slurm
+def test_a_job_the_partition_cannot_hold_without_a_bad_node_is_submitted_with_it(env: dict[str, str],
+                                                                                  tmp_path: Path) -> None:
+    """2 nodes on the 2-node partition, n2 remembered as bad: the exclusion is decided before sbatch (sinfo), so the
+    one job submitted runs on both nodes; no job Slurm could never place is made first."""
+    from runner.host import nodes
+
+    nodes.record(tmp_path, ["n2"], "preflight", "earlier-run")
+    out = runner("submit", str(CONF), f"run_root={tmp_path}", "trainer.max_steps=1000000", env=env)
+    run = Path(re.search(r"submitted job (\d+): (\S+)", out.stdout).group(2))  # type: ignore[union-attr]
+    job = (run / "job_id").read_text().strip()
+    try:
+        [submitted] = [json.loads(x) for x in (run / "ledger.jsonl").read_text().splitlines()
+                       if json.loads(x)["event"] == "submitted"]
+        assert submitted["bad_nodes_let_in"] == ["n2"]
+        shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, env=env).stdout
+        assert "ExcNodeList=(null)" in shown, shown
+        assert "sbatch refused" not in out.stdout + out.stderr
+    finally:
+        runner("cancel", str(run), env=env)
+
+
+@slurm
 def test_cancel_a_running_job(env: dict[str, str], tmp_path: Path) -> None:
     out = runner("submit", str(CONF), f"run_root={tmp_path}", "trainer.max_steps=1000000",
                  "checkpoint.every_n_steps=1000000", env=env)

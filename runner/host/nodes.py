@@ -14,7 +14,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -107,17 +107,31 @@ def exclude(nodes: Iterable[str]) -> list[str]:
     return [f"--exclude={','.join(names)}"] if names else []
 
 
-def submit(script: str, root: Path, forget_after_s: float, after: str | None = None) -> tuple[str, list[str]]:
+def let_in_first(bad: Sequence[str], have: Collection[str] | None, needed: int) -> int:
+    """How many of the oldest remembered bad nodes (``bad``, oldest first) to let back in before the first sbatch,
+    so that the partition's other nodes (``have``; None: Slurm could not say) can hold ``needed`` nodes: a job Slurm
+    could never place is never submitted (sbatch may accept one and fail it at once)."""
+    if not have:
+        return 0
+    for n in range(len(bad) + 1):
+        if len(set(have) - set(bad[n:])) >= needed:
+            return n
+    return len(bad)
+
+
+def submit(script: str, root: Path, forget_after_s: float, after: str | None = None, needed: int = 0,
+           partition: str | None = None) -> tuple[str, list[str]]:
     """sbatch ``script`` without the nodes ``root`` remembers as bad; returns the job id and the remembered nodes
     that had to be let back in.
 
-    When Slurm refuses because the nodes left can never hold the job (a small partition, most of it blamed once)
-    or because it no longer knows a remembered node, the oldest exclusions are let back in one by one: a job that
+    When the job's partition (Slurm's default one for None) has too few other nodes for ``needed``, the oldest
+    exclusions are let back in before sbatch (``let_in_first``). When Slurm still refuses because the nodes left can
+    never hold the job or because it no longer knows a remembered node, more are let back in, one by one: a job that
     may land on a suspect node beats a run that can never start again. Any other refusal, or one that remains
     without exclusions, is raised as it is.
     """
     bad = [n for n, _ in sorted(remembered(root, forget_after_s).items(), key=lambda kv: (kv[1]["time"], kv[0]))]
-    let_in = 0
+    let_in = let_in_first(bad, slurm.partition_nodes(partition), needed) if bad and needed else 0
     while True:
         keep = bad[let_in:]
         try:
@@ -128,7 +142,7 @@ def submit(script: str, root: Path, forget_after_s: float, after: str | None = N
             let_in += 1
             continue
         if let_in:
-            log.warning("sbatch refused the job without %s: %s let back in (the oldest exclusions)",
+            log.warning("the job's partition cannot hold it without %s: %s let back in (the oldest exclusions)",
                         ",".join(sorted(bad)), ",".join(bad[:let_in]))
         return job, bad[:let_in]
 

@@ -134,8 +134,9 @@ class Slurm(Scheduler):
         script, notes, also = str(run.script), [], []
         if bad_nodes:
             notes.append(f"bad nodes:     {','.join(sorted(bad_nodes))} left out (`runner nodes` lists why); where "
-                         "sbatch refuses that, the oldest are let back in one by one (ledger: bad_nodes_let_in)")
-            also = [(slurm.sbatch_argv(script, nodes.exclude(bad_nodes[n:])), f"sbatch refused it: "
+                         "the partition (sinfo) cannot hold the job without them or sbatch refuses it, the oldest are "
+                         "let back in one by one (ledger: bad_nodes_let_in)")
+            also = [(slurm.sbatch_argv(script, nodes.exclude(bad_nodes[n:])), f"too few nodes without them: "
                      f"{','.join(bad_nodes[:n])} let back in") for n in range(1, len(bad_nodes) + 1)]
         if cfg.data["resume"]["successor"]:
             notes.append("successor:     the next attempt is queued behind each job (sbatch --dependency=afternotok:"
@@ -216,7 +217,8 @@ def _sbatch(run: RunDir, cfg: RunConfig, hint: str) -> tuple[str, list[str]]:
     """sbatch the run's script, bad nodes left out; returns the job id and the bad nodes let back in. A refusal is
     said in one line, with ``hint``."""
     try:
-        return nodes.submit(str(run.script), run.root.parent, cfg["resume"]["exclude_nodes_s"])
+        return nodes.submit(str(run.script), run.root.parent, cfg["resume"]["exclude_nodes_s"],
+                            needed=cfg["num_nodes"], partition=cfg["slurm"]["partition"])
     except SubmitError as e:
         raise refused(e, hint) from None
 

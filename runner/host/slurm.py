@@ -339,6 +339,22 @@ def hostnames(nodelist: str) -> list[str]:
     return (_try(["scontrol", "show", "hostnames", nodelist]) or "").split() if nodelist else []
 
 
+def partition_nodes(partition: str | None) -> list[str] | None:
+    """The nodes of ``partition`` (None: Slurm's default partition, the one sinfo marks ``*``); None when Slurm
+    cannot be asked or does not know the partition."""
+    out = _try(["sinfo", "-h", "-N", "-o", "%N %P"])
+    return None if out is None else parse_partition_nodes(out, partition)
+
+
+def parse_partition_nodes(out: str, partition: str | None) -> list[str] | None:
+    """``sinfo -h -N -o "%N %P"``'s lines (a node and one partition of it, ``*`` after the default's name) as the
+    nodes of ``partition`` (None: the default one); None when it has none."""
+    rows = [line.split() for line in out.splitlines()]
+    found = sorted({row[0] for row in rows if len(row) == 2
+                    and (row[1].rstrip("*") == partition if partition else row[1].endswith("*"))})
+    return found or None
+
+
 def unhealthy(nodelist: str) -> list[str]:
     """The nodes of ``nodelist`` (a Slurm hostlist like ``n[1-3]``) that Slurm reports down, drained, failing or
     not responding: the ones a NODE_FAIL blames. Empty when Slurm cannot be asked."""

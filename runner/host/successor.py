@@ -45,7 +45,8 @@ def queue(run: RunDir, cfg: RunConfig, after: str) -> str | None:
     if not cfg["resume"]["successor"]:
         return None
     try:
-        job, _ = nodes.submit(str(run.script), run.root.parent, cfg["resume"]["exclude_nodes_s"], after=after)
+        job, _ = nodes.submit(str(run.script), run.root.parent, cfg["resume"]["exclude_nodes_s"], after=after,
+                              needed=cfg["num_nodes"], partition=cfg["slurm"]["partition"])
     except SubmitError as e:
         log.warning("no successor queued behind job %s: %s; it is requeued or resubmitted instead", after, e)
         run.record("successor_failed", after=after, error=str(e))
