@@ -63,7 +63,13 @@ CASES = [
     ("preflight_failed", {}, [], ("preflight failed; see preflight.txt", None, None, [])),
     ("nan", {}, [], ("nan: non-finite loss at step 7; training stopped before any checkpoint of it", "nan", None, [])),
     ("completed", {}, [RankExit(0, 0), RankExit(1, 0)], (None, None, None, [])),
-    ("preempted", {}, [RankExit(0, 75), RankExit(1, -signal.SIGTERM, 2.0, "vm")], (None, None, None, [])),
+    # a notice's end is the notice, never a guess from the log's last lines (a program's command line, say)
+    ("preempted", {}, [RankExit(0, 75), RankExit(1, -signal.SIGTERM, 2.0, "vm")],
+     ("preemption: the notice came and the ranks stopped to be requeued", "preemption", None, [])),
+    ("preempted:USR2", {}, [], ("preemption: the notice (SIGUSR2) came and the ranks stopped to be requeued",
+                                "preemption", None, [])),
+    ("timeout:USR2", {}, [], ("time limit: the notice (SIGUSR2) came and the ranks stopped to be requeued",
+                              "time_limit", None, [])),
 ]
 
 
@@ -71,7 +77,8 @@ CASES = [
 def test_the_cause_is_the_same_whichever_scheduler_saw_the_end(tmp_path: Path, event: str, left: dict[str, Any],
                                                               exits: list[RankExit], want: tuple[Any, ...]) -> None:
     run = run_dir(tmp_path, **left)
-    w = ending.why(run, event, 1, NAN if event == "nan" else [], exits)
+    event, _, notice = event.partition(":")  # the signal the batch shell got, where the exit hook knows it
+    w = ending.why(run, event, 1, NAN if event == "nan" else [], exits, notice=notice or None)
     assert (w.sentence, w.cause.kind if w.cause else None, w.rank, w.bad) == want
     fields = ending.alert_fields(run, w, 1)
     assert fields.get("cause") == want[0] and fields.get("cause_kind") == want[1]

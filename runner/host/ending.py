@@ -41,12 +41,13 @@ class Why:
 
 
 def why(run: RunDir, event: str, attempt: int, events: Sequence[Mapping[str, Any]], exits: Iterable[causes.RankExit],
-        killed: Collection[int] = ()) -> Why:
+        killed: Collection[int] = (), notice: str | None = None) -> Why:
     """The cause of an attempt's end, from files the attempt wrote, never from Slurm (which may not answer).
 
     A failure's cause is the first rank that failed (``causes.first_failure``) and how, else the earliest crash
     record; a hang's is this attempt's report; a failed preflight's names its bad nodes; a non-finite value's is the
-    step and what was non-finite."""
+    step and what was non-finite; a preemption's or a time limit's is the notice (``notice``: the signal's name) the
+    ranks stopped on, never a guess from the log (whose last lines are the program's own)."""
     crashes = run.crashes(attempt)
     first = causes.first_failure(exits, crashes, killed) if event in ("failed", "hang") else None
     report = read_json(run.hang) if event == "hang" else read_json(run.preflight) if event == "preflight_failed" \
@@ -67,6 +68,10 @@ def why(run: RunDir, event: str, attempt: int, events: Sequence[Mapping[str, Any
         if not bad:
             return Why(None, crash, rank, bad, said=summary)
         cause = causes.Cause("bad_nodes", summary, node=", ".join(bad))
+    elif event in ("preempted", "timeout"):
+        signal = f" (SIG{notice})" if notice and notice != "none" else ""
+        cause = causes.Cause("preemption" if event == "preempted" else "time_limit",
+                             f"the notice{signal} came and the ranks stopped to be requeued")
     elif event == "nan":
         last: Mapping[str, Any] = next((e for e in reversed(events) if e.get("event") == "nonfinite"), {})
         step = last.get("step")

@@ -108,7 +108,7 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
         return 0
     number = os.environ.get(ATTEMPT_ENV, "")
     logs = int(number) if number.isdigit() else (run.attempts() or [0])[-1]  # the attempt's log folder
-    why = ending.why(run, event, logs, rec.events, causes.srun_exits(_batch_output(run, job, rec)))
+    why = ending.why(run, event, logs, rec.events, causes.srun_exits(_batch_output(run, job, rec)), notice=signal_name)
     crash, bad = why.crash, why.bad
     this_exit = {"event": "exit", "outcome": event, "crash": crash, "time": time.time()}
     probe_only = cfg["preflight"].get("only") is True  # `runner preflight`: a report, never a resubmission
