@@ -282,3 +282,10 @@ def test_runner_block_in_own_mode_gives_the_flat_files_config(tmp_path: Path) ->
     assert cfg.data["program"] == {"seed": "the program's", "slurm": {"time": "9:00:00"}}
     assert cfg.notes == ["slurm: at the top level it is your program's (this config has a runner: block); "
                          "runner reads runner.slurm"]
+
+
+def test_a_programs_wrong_dist_world_size_gets_a_hint_the_program_can_read(tmp_path: Path) -> None:
+    """ESPnet3 reads its config with OmegaConf, whose interpolations have no arithmetic: the hint is the number."""
+    path = write(tmp_path, SEED.replace("    dist_world_size: 16\n", "    dist_world_size: 8\n", 1))
+    [found] = [p for p in problems(path) if "dist_world_size" in p]
+    assert "hint: set dist_world_size: 16" in found and "${" not in found, found

@@ -197,7 +197,10 @@ def check_rules(d: dict[str, Any], problems: Problems, base: Path | None = None,
         if world is None or not _ints(dws, shards):
             continue
         if dws != world:
+            # A program's config goes to the program as written: a hint it can read (OmegaConf, ESPnet3's, has no
+            # arithmetic in its interpolations), where runner's own resolves ${num_nodes * num_device} itself.
             problems.add(f"dataloader.{split}.dist_world_size", dws, f"{world} (= num_nodes x num_device)",
+                         f"set dist_world_size: {world}" if program else
                          "set dist_world_size: ${num_nodes * num_device}")
         elif shards % dws:
             up = -(-shards // dws) * dws
