@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import logging
 import os
-import re
 import shlex
 import socket
 import time
@@ -25,6 +24,7 @@ from runner.host import build, nodes, render, scheduler
 from runner.host.provenance import git_provenance
 from runner.records import DataModule, GitState, RunManifest
 from runner.rundir import RunDir, atomic_write, manifest_text
+from runner.spec import program_copy
 from runner.spec.load import fill_builtins
 from runner.spec.typed import read_resolved
 
@@ -167,8 +167,10 @@ def make(f: Facts, path: Path, overrides: list[str], allow_missing_image: bool =
              f"{cfg.accumulate} accumulation" if cfg.takes_dataloader is not False else
              "global batch:  the data module's own (it does not take runner's dataloader settings)"]
     if cfg.data["command"] is not None:
+        copy = ", resolved: runner's keys left out, ${...} filled in" \
+            if cfg.data["program_copy"] == program_copy.RESOLVED else ""
         notes = [f"program:       {shlex.join(cfg.data['command'])} (on every rank; its config: "
-                 f"program/{cfg.path.name})", "global batch:  the program's own"]
+                 f"program/{cfg.path.name}{copy})", "global batch:  the program's own"]
     notes += start.notes
     notes += [f"may also run:  {shlex.join(argv)}  ({why})" for argv, why in start.also]
     if f.image_problem:
@@ -226,9 +228,6 @@ def execute(p: Plan) -> int:
 RESIZABLE = ("num_nodes", "num_device")
 
 
-_LAYOUT_REF = re.compile(r"\$\{[^}]*\b(num_nodes|num_device)\b")
-
-
 def _whole(*values: Any) -> bool:
     return all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values)
 
@@ -253,7 +252,10 @@ def _program_layout(run: RunDir, before: spec.Config, overrides: list[str], worl
         raise SubmitError(f"resume {run.name}: found a program that does not read ${{program_config}}; expected "
                           f"one that does, so that runner can write the new layout where it reads it. {hint}")
     doc = yaml.safe_load(configs[0].read_text())
-    if isinstance(doc, dict) and _LAYOUT_REF.search(str(doc.get("command"))):
+    # resolved (LightningCLI): runner's keys left out, trainer.devices/num_nodes integers; its command cannot carry
+    # the layout (spec.program_copy refuses it), so only the as-written copy, which keeps the command, is checked
+    resolved = before.data.get(program_copy.KEY) == program_copy.RESOLVED
+    if not resolved and isinstance(doc, dict) and program_copy.LAYOUT.search(str(doc.get("command"))):
         raise SubmitError(f"resume {run.name}: found num_nodes or num_device in the command line; expected them "
                           f"only in the program's config, which runner rewrites. {hint}")
     trainer = doc.get("trainer") if isinstance(doc, dict) else None
@@ -270,11 +272,16 @@ def _program_layout(run: RunDir, before: spec.Config, overrides: list[str], worl
                           f"({before.world_size} ranks x accumulation {acc}); expected a world size that divides "
                           f"{steps}, to keep the global batch. hint: "
                           f"{' or '.join(str(w) for w in range(1, steps + 1) if steps % w == 0)} ranks")
-    spec.apply_overrides(doc, overrides)
     trainer["accumulate_grad_batches"] = steps // world
-    for key, value in (("devices", doc.get("num_device")), ("num_nodes", doc.get("num_nodes"))):
-        if _whole(trainer.get(key)):  # ESPnet3 writes ${num_device}: the program resolves that itself
-            trainer[key] = value
+    if resolved:  # the layout is in trainer: alone, as integers (no num_nodes/num_device at its top)
+        layout: dict[str, Any] = {"num_nodes": before.data["num_nodes"], "num_device": before.data["num_device"]}
+        spec.apply_overrides(layout, overrides)
+        trainer.update(devices=layout["num_device"], num_nodes=layout["num_nodes"])
+    else:
+        spec.apply_overrides(doc, overrides)
+        for key, value in (("devices", doc.get("num_device")), ("num_nodes", doc.get("num_nodes"))):
+            if _whole(trainer.get(key)):  # ESPnet3 writes ${num_device}: the program resolves that itself
+                trainer[key] = value
     for loader in (doc.get("dataloader") or {}).values():
         if isinstance(loader, dict) and _whole(loader.get("dist_world_size")):
             loader["dist_world_size"] = world

@@ -21,7 +21,7 @@ import yaml
 from runner import redaction
 from runner.errors import ConfigError
 from runner.rundir import RunDir
-from runner.spec import parallel, split, validate
+from runner.spec import parallel, program_copy, split, validate
 from runner.spec.schema import BLOCK, PROGRAM, PROGRAM_TRAINER, SCHEMA, SCHEMA_PROGRAM, SHARDING
 from runner.spec.typed import RunConfig, view
 from runner.spec.validate import Problems, Said
@@ -43,7 +43,8 @@ class Config:
     notes: list[str] = field(default_factory=list)  # warnings from validation (printed, recorded in the manifest)
     takes_dataloader: bool | None = None  # whether data._target_ takes `dataloader` (None: not known statically)
     # Program mode: the program's config (program/<config name>): the file as written, after the overrides, never
-    # interpolated (the program resolves its ${...}), without the runner: block. None in runner's own mode.
+    # interpolated (the program resolves its ${...}), without the runner: block; with program_copy: resolved
+    # (LightningCLI) its keys and trainer: alone, interpolated (runner.spec.program_copy). None in runner's own mode.
     document: dict[str, Any] | None = None
 
     @property
@@ -81,14 +82,15 @@ class Config:
 
         The node count, the scheduler, the watchdog and alert settings are left out so that a run can resume on other
         capacity (accumulation is re-derived to keep the global batch) without being called a new config. In
-        program mode the command and the program's keys are in (the program's config decides its trajectory).
+        program mode the command and the program's keys are in (the program's config decides its trajectory); how
+        its copy is written (``program_copy``) is not: the program reads the same values either way.
         """
         d: dict[str, Any] = copy.deepcopy(dict(self.data))
         if not self.program_mode:  # runner's own mode hashes as it did before program mode existed
             d.pop("command", None)
             d.pop(PROGRAM, None)
         for key in ("name", "num_nodes", "num_device", "scheduler", "run_root", "slurm", "alerts", "preflight",
-                    "resume", "env", "network", "container", "parallel", "watchdog"):
+                    "resume", "env", "network", "container", "parallel", "watchdog", "program_copy"):
             d.pop(key, None)
         if not (d.get("fsdp") or {}).get("blocks"):  # the default: configs hash as before the key existed
             d.pop("fsdp", None)
@@ -507,6 +509,16 @@ def fill_builtins(value: Any, builtins: dict[str, str]) -> Any:
     return value
 
 
+def _resolver(interp: _Interp) -> Callable[[Any], Any]:
+    """One value of the program's copy resolved as runner resolves its own keys (``program_copy.resolved``)."""
+    def resolve(value: Any) -> Any:
+        try:
+            return interp.value(value)
+        except _InterpError:
+            raise program_copy.Unresolved from None
+    return resolve
+
+
 def _programs(path: str) -> bool:
     """Program mode: a key under trainer: or dataloader: that runner does not read (it is the program's)."""
     parts = path.split(".")
@@ -560,9 +572,12 @@ def load(path: str | Path, overrides: list[str] | None = None, run_dir: str = "$
                              f"{key}: is your program's, put runner's settings in a runner: block")
                 del own[key]
         written = validate.runtime_written(own)
+        copy_written = program_copy.KEY in own
         validate.check_schema(own, SCHEMA_PROGRAM if program else SCHEMA, problems)
         validate.default_runtime(own, written)
         validate.check_command(own, problems)
+        if program:
+            program_copy.choose(own, copy_written, parts.own.get("command"), builtins["program_config"], problems)
         validate.check_rules(own, problems, base if files else None, program)
         if files and start:
             validate.check_where_it_runs(own, problems)
@@ -580,6 +595,12 @@ def load(path: str | Path, overrides: list[str] | None = None, run_dir: str = "$
         shown, more = problems.items[:MAX_PROBLEMS], len(problems.items) - MAX_PROBLEMS
         raise ConfigError(shown + ([f"{path}: ... and {more} more problems like these"] if more > 0 else []))
     doc = {k: fill_builtins(v, builtins) for k, v in document.items() if k != BLOCK} if program else None
+    if program and own[program_copy.KEY] == program_copy.RESOLVED:
+        doc, left = program_copy.resolved(document, list(parts.program), _resolver(_Interp(data, builtins)),
+                                          own["num_nodes"], own["num_device"])
+        if left:
+            problems.note(f"{problems.name(program_copy.KEY)}: resolved: {', '.join(left)} left as written (a "
+                          "${...} runner cannot resolve: an OmegaConf resolver or a key it does not have)")
     redaction.remember_config(own)  # whatever this process writes for the run from now on: without its webhook URL
     return Config(data=view(own), path=path, lines=lines, notes=problems.notes, takes_dataloader=takes,
                   document=doc)

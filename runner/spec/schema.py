@@ -110,6 +110,9 @@ SCHEMA: dict[str, Any] = {
     "run_root": _f(str, "runs", pattern=SBATCH_SAFE, expect="a path without spaces or shell characters"),
     "global_batch_size": _f((int, NONE), None, **POS_INT),
     "command": _f((str, list, NONE), None),  # program mode: the argv every rank runs (a string is split like a shell)
+    # program mode: the program's copy of the config (program/NAME) as written (ESPnet3, OmegaConf) or resolved
+    # (LightningCLI); unwritten: resolved for a LightningCLI command line, else as_written (runner.spec.program_copy)
+    "program_copy": _f(str, "as_written", choices=("as_written", "resolved")),
     "trainer": {
         "accelerator": _f(str, "cpu", choices=("cpu", "gpu", "cuda", "auto")),
         "devices": _f(int, REQUIRED, **POS_INT),

@@ -164,6 +164,7 @@ class RunConfig(TypedDict):
     run_root: str
     global_batch_size: int | None
     command: list[str] | None  # program mode: the argv every rank runs; None: runner's own mode (model, data)
+    program_copy: str  # program mode: "as_written" or "resolved" (the program's copy of the config)
     trainer: Trainer
     model: dict[str, Any]
     data: dict[str, Any]
