@@ -152,7 +152,7 @@ def test_after_a_command_that_cannot_run_next_says_fix_it_and_submit_again(sched
     assert "runner resume" not in nextstep.cause_step("program")
 
 
-# `runner status`'s LAST column: the latest attempt's outcome, on one clean line.
+# `runner status`'s LAST column: the latest ended attempt's outcome (a cancel ends one), on one clean line.
 
 FAILED_EXIT = {"event": "exit", "outcome": "failed", "exit_code": 1, "attempt": 1, "time": 2.0,
                "cause": "OOM on rank 3\n  torch.cuda.OutOfMemoryError: CUDA out of memory"}
@@ -160,14 +160,14 @@ FAILED_EXIT = {"event": "exit", "outcome": "failed", "exit_code": 1, "attempt": 
 
 @pytest.mark.parametrize(("after", "outcome"), [
     ([], "failed"),
-    ([{"event": "resubmitted", "by": "user", "time": 3.0}], None),  # a new attempt: no outcome yet
-    ([{"event": "start", "job_id": "8", "time": 3.0}], None),
+    ([{"event": "resubmitted", "by": "user", "time": 3.0}], "failed"),  # what made it resubmit, until the next ends
+    ([{"event": "start", "job_id": "8", "time": 3.0}], "failed"),
     ([{"event": "resubmitted", "by": "user", "time": 3.0}, {"event": "cancelled", "job_id": "8", "time": 4.0}],
      "cancelled"),  # cancelled before it ended: never the previous attempt's "failed"
     ([{"event": "cancelled", "job_id": "7", "time": 3.0},
       {"event": "exit", "outcome": "cancelled", "exit_code": 0, "attempt": 2, "time": 4.0}], "cancelled"),
 ], ids=["its exit", "resumed", "started", "resumed then cancelled", "cancelled, then its exit"])
-def test_status_last_outcome_is_the_latest_attempts(after: list[dict[str, object]], outcome: str | None) -> None:
+def test_status_last_outcome_is_the_latest_ended_attempts(after: list[dict[str, object]], outcome: str | None) -> None:
     from runner.host import status
 
     events = [{"event": "submitted", "time": 0.0}, {"event": "start", "time": 1.0}, FAILED_EXIT, *after]

@@ -207,7 +207,7 @@ def test_a_stopped_rank_is_named_with_its_node(slurm_cluster: devcluster.Cluster
     os.kill(victim["pid"], signal.SIGSTOP)
     try:
         # The exit hook records the hang, then resubmits without the node it names (here the partition cannot
-        # do without it: 2 of 2 nodes, so sbatch's refusal lets it back in).
+        # do without it: 2 of 2 nodes, so it comes back in before sbatch).
         wait_for("the hang to be named and the run resubmitted",
                  lambda: "resubmitted" in [e["event"] for e in events(run)], 90, run)
         [end] = exits(run)

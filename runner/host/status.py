@@ -148,19 +148,15 @@ def history(run: RunDir, events: Sequence[Mapping[str, Any]], manifest: RunManif
 
 
 # What begins an attempt (its outcome is then not known yet) and what a person's cancel ends it with.
-_ATTEMPT_BEGINS = ("submitted", "resubmitted", "start")
-
-
 def last_outcome(events: Sequence[Mapping[str, Any]]) -> tuple[str | None, str | None]:
-    """The latest attempt's outcome and cause: its ``exit``; ``cancelled`` when a person cancelled it before one was
-    written; (None, None) while it has none. Never an earlier attempt's."""
+    """How the latest attempt that ended ended, and why: its ``exit``; ``cancelled`` when a person cancelled the
+    run after it (the cancelled attempt's own end, whatever an older one said); (None, None) before any ended. A
+    resubmitted run waiting for its next attempt shows what made it resubmit (a hang, a node)."""
     for e in reversed(events):
         if e["event"] == "exit" and e.get("outcome"):
             return e["outcome"], e.get("cause")
         if e["event"] == "cancelled":
             return "cancelled", None
-        if e["event"] in _ATTEMPT_BEGINS:
-            return None, None
     return None, None
 
 
