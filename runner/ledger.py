@@ -251,7 +251,7 @@ class StragglerAlert(TypedDict):
 
 
 class ProgramError(TypedDict):
-    reason: Literal["not_found", "no_training", "world_size"]
+    reason: Literal["not_found", "missing_package", "no_training", "world_size"]
     detail: str
 
 

@@ -188,6 +188,19 @@ def test_a_program_that_cannot_train_says_why_in_one_line(tmp_path: Path, comman
     assert events(run, "exit")[-1]["exit_code"] == EXIT_PROGRAM and not run.finished.exists()
 
 
+def test_a_script_whose_packages_the_ranks_python_lacks_stops_before_the_preflight(tmp_path: Path) -> None:
+    """ESPnet3's run.py under runner's own venv (no espnet3): one line naming the package and the Python, before any
+    rank builds a process group, instead of a ModuleNotFoundError on every rank after the preflight."""
+    (tmp_path / "run.py").write_text("import os\nimport espnet3_not_in_this_python\n\nprint('trained')\n")
+    code, out, run = submit(tmp_path, "python run.py --stages train")
+    assert code == EXIT_PROGRAM, out
+    [line] = [line for line in out.splitlines() if " ERROR " in line]
+    assert f"run.py imports espnet3_not_in_this_python, which this rank's Python ({sys.executable}) does not " \
+        "have" in line and "hint: run runner with the Python that has the program's packages" in line, line
+    assert [e["reason"] for e in events(run, "program_error")] == ["missing_package"]
+    assert not run.preflight.exists() and "Traceback" not in out
+
+
 def test_a_plain_torch_program_finishes_at_the_last_step_runner_saw(tmp_path: Path) -> None:
     """No Trainer, no runner.progress: its optimizer steps (stephook) give the finished marker its last step and
     productive seconds (goodput), and no warning that runner saw nothing."""

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from runner import rundir
-from runner.job import jobenv, outcome, stephook
+from runner.job import imports, jobenv, outcome, stephook
 from runner.job.stopflag import StopFlag, stop_flag
-from runner.records import ProgramOutcome
+from runner.records import ProgramOutcome, RunManifest
 from runner.rundir import EXIT_PROGRAM, EXIT_REQUEUE, OWNER_FD_ENV, RunDir
 from runner.spec.typed import RunConfig
 from runner.world import FABRIC_ENV, fabric_run, rank_env
@@ -73,15 +73,19 @@ def problem(command: list[str], cwd: Path) -> str | None:
                 found = False
             return None if found else f"no module {command[2]!r} for `python -m` (sys.path: the image's Python)"
         script = cwd / command[1]
-        return None if script.is_file() else f"no script {command[1]!r} in {cwd}"
+        if not script.is_file():
+            return f"no script {command[1]!r} in {cwd}"
+        lacking = imports.missing(script)  # before a rank imports anything: a wrong Python is one line, not a crash
+        return (f"{command[1]} imports {', '.join(lacking)}, which this rank's Python ({sys.executable}) does not "
+                f"have") if lacking else None
     if shutil.which(command[0], path=os.environ.get("PATH")) is None and not (cwd / command[0]).is_file():
         return f"no command {command[0]!r} on PATH or in {cwd}"
     return None
 
 
-def workdir(manifest: dict[str, Any]) -> Path:
+def workdir(manifest: RunManifest) -> Path:
     """Where the program runs: the directory ``runner submit`` ran in (as sbatch does), if it exists here."""
-    cwd = Path(str(manifest.get("cwd") or os.getcwd()))
+    cwd = Path(manifest.get("cwd") or os.getcwd())
     return cwd if cwd.is_dir() else Path.cwd()
 
 
@@ -94,7 +98,7 @@ def venv_on_path() -> None:
         os.environ["PATH"] = os.pathsep.join(p for p in (bindir, path) if p)
 
 
-def prepare(rd: RunDir, command: list[str], manifest: dict[str, Any], rank: int) -> int | None:
+def prepare(rd: RunDir, command: list[str], manifest: RunManifest, rank: int) -> int | None:
     """Before the preflight: into the program's working directory; EXIT_PROGRAM with one line (and a ledger entry)
     when the command cannot start."""
     os.chdir(workdir(manifest))
@@ -102,9 +106,13 @@ def prepare(rd: RunDir, command: list[str], manifest: dict[str, Any], rank: int)
     why = problem(command, Path.cwd())
     if why is None:
         return None
-    log.error("program: %s. hint: check command: in the config (it runs in the directory runner submit ran in)", why)
+    lacking = "does not have" in why
+    hint = ("run runner with the Python that has the program's packages (its venv's `runner`, or `python -m runner` "
+            "with it), or put them in the image" if lacking else
+            "check command: in the config (it runs in the directory runner submit ran in)")
+    log.error("program: %s. hint: %s", why, hint)
     if rank == 0:
-        rd.record("program_error", reason="not_found", detail=why)
+        rd.record("program_error", reason="missing_package" if lacking else "not_found", detail=why)
     return EXIT_PROGRAM
 
 
