@@ -1,8 +1,9 @@
 """Programs as their communities write them (tests/programs/, none imports runner) on the dev cluster, 2 nodes x 1
 rank, ``runtime: none``: PyTorch's torchrun tutorial script (its own snapshot and SIGTERM handler), Lightning's
 Fabric image classifier under ``fabric run`` and an Accelerate script each train one world across both nodes (ranks 0
-and 1 of 2 on n1 and n2; each rank's own shard and loss, the same weights after every step); `runner cancel` stops
-a program within seconds as ``cancelled``; a preemption notice (USR2 to the batch shell) reaches the torchrun
+and 1 of 2 on n1 and n2; each rank's own shard and loss, the same weights after every step), and so does
+Lightning's LightningCLI example with runner's checkpoints; `runner cancel` stops a program within seconds as
+``cancelled``; a preemption notice (USR2 to the batch shell) reaches the torchrun
 script's own SIGTERM handler, which saves, and the requeued attempt resumes from its snapshot."""
 
 from __future__ import annotations
@@ -30,7 +31,12 @@ COMMANDS = {
     "fabric": "fabric run --devices ${{num_device}} --num-nodes ${{num_nodes}} fabric_image_classifier.py "
               "--epochs {epochs} --sleep {sleep}",
     "accelerate": "python accelerate_regression.py --cpu --num_epochs {epochs} --sleep {sleep}",
+    "lightning_cli": "python lightning_cli_main.py fit --config ${{program_config}}",
 }
+# The rest of a LightningCLI user's config (trainer:, model:, data:; `epochs` is its max_steps).
+CLI = {"seed_everything": 7, "model": {"out_dim": 10, "learning_rate": 0.02}, "data": {},
+       "trainer": {"accelerator": "cpu", "devices": "${num_device}", "num_nodes": "${num_nodes}",
+                   "enable_progress_bar": False}}
 SAYS = {"torchrun": "rank {r} of 2 (local 0, group {r}, run None)", "fabric": "fabric rank {r} of 2",
         "accelerate": "accelerate process {r} of 2 (DistributedType.MULTI_CPU)"}
 # One line per optimizer step and rank, in each program's own words: (rank, step key, loss, weights).
@@ -54,6 +60,8 @@ def start(cluster: devcluster.Cluster, tmp: Path, kind: str, epochs: int, sleep:
     doc: dict[str, Any] = {"num_nodes": 2, "num_device": 1,
                            "command": COMMANDS[kind].format(epochs=epochs, sleep=sleep),
                            "runner": {"name": f"user-{kind}", **SETTINGS}}
+    if kind == "lightning_cli":
+        doc.update(CLI, trainer={**CLI["trainer"], "max_steps": epochs})
     (work / "program.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     env = cluster_env(cluster)
     return submit(env, work, tmp / "runs"), env
@@ -92,7 +100,23 @@ def test_each_program_trains_one_world_across_two_nodes(slurm_cluster: devcluste
         assert ranks[0][0] != ranks[1][0] and ranks[0][1] == ranks[1][1], ranks
 
 
-@pytest.mark.parametrize("kind", ["torchrun", "fabric"])
+def test_a_lightning_cli_program_trains_one_world_across_two_nodes_with_runners_checkpoints(
+        slurm_cluster: devcluster.Cluster, tmp_path: Path) -> None:
+    """Lightning's LightningCLI example with `fit --config ${program_config}`: runner's copy of the config, resolved
+    for jsonargparse, gives its Trainer 1 device on each of 2 nodes; runner's callback checkpoints it."""
+    run, _ = start(slurm_cluster, tmp_path, "lightning_cli", epochs=40, sleep=0)
+    wait_for("the run to end", lambda: bool(exits(run)), 180, run)
+    assert [(e["outcome"], e["exit_code"]) for e in exits(run)] == [("completed", 0)], exits(run)
+    hosts = {json.loads(f.read_text())["rank"]: json.loads(f.read_text())["hostname"]
+             for f in (run / "ranks").glob("rank-*.json")}
+    assert hosts == {0: "n1", 1: "n2"}, hosts
+    for rank in (0, 1):  # Lightning's own words: one process group of both ranks
+        assert f"Initializing distributed: GLOBAL_RANK: {rank}, MEMBER: {rank + 1}/2" in rank_log(run, rank, 1)
+    assert [e["step"] for e in events(run) if e["event"] == "finished"] == [40]
+    assert (run / "checkpoints" / "step-0000040" / "COMPLETE").exists()
+
+
+@pytest.mark.parametrize("kind", ["torchrun", "fabric", "accelerate"])
 def test_runner_cancel_stops_a_program_within_seconds_as_cancelled(slurm_cluster: devcluster.Cluster,
                                                                    tmp_path: Path, kind: str) -> None:
     run, env = start(slurm_cluster, tmp_path, kind, epochs=50, sleep=0.05)
