@@ -68,7 +68,8 @@ def test_real_build_labels_env_workdir_code(real: Any) -> None:
     assert labels["runner.base_digest"].startswith("localhost/runner-test-base@sha256:")
     assert labels["runner.git_commit"] == real["commit"] and labels["runner.git_dirty"] == "true"
     assert labels["org.opencontainers.image.revision"] == real["commit"]
-    assert labels["runner.config_hash"] == submit.spec.load(real["cfg"]).hash()
+    # As `runner build` reads it (start=False): a local config whose image is built for Slurm
+    assert labels["runner.config_hash"] == submit.spec.load(real["cfg"], start=False).hash()
     freeze = json.loads(labels["runner.pip_freeze"])
     assert "PyYAML==6.0" in freeze and any(x.startswith("requests==") for x in freeze)
     assert "PYTHONPATH=/workspace" in info["Config"]["Env"] and info["Config"]["WorkingDir"] == "/workspace"
