@@ -25,7 +25,7 @@ import subprocess
 import sys
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from runner import rundir
 from runner.job import imports, jobenv, outcome, stephook
@@ -60,10 +60,15 @@ def launched(command: list[str]) -> tuple[list[str], dict[str, str]]:
     return [sys.executable, *fabric.script], {k: v for k, v in fabric.settings.items() if k not in FABRIC_ENV}
 
 
-def problem(command: list[str], cwd: Path) -> str | None:
-    """Why ``command`` cannot start here (one line), or None."""
+HINTS = {"not_found": "check command: in the config (it runs in the directory runner submit ran in)",
+         "missing_package": "run runner with the Python that has the program's packages (its venv's `runner`, or "
+                            "`python -m runner` with it), or put them in the image"}
+
+
+def problem(command: list[str], cwd: Path) -> tuple[Literal["not_found", "missing_package"], str] | None:
+    """Why ``command`` cannot start here: its ledger reason and one line; None when it can."""
     if fabric_run(command) is not None and len(launched(command)[0]) < 2:
-        return "`fabric run` with no script"
+        return "not_found", "`fabric run` with no script"
     command = launched(command)[0]
     if in_process(command):
         if command[1] == "-m":
@@ -71,15 +76,16 @@ def problem(command: list[str], cwd: Path) -> str | None:
                 found = find_spec(command[2]) is not None
             except (ImportError, ValueError):
                 found = False
-            return None if found else f"no module {command[2]!r} for `python -m` (sys.path: the image's Python)"
+            return None if found else ("not_found", f"no module {command[2]!r} for `python -m` (sys.path: the "
+                                                    "image's Python)")
         script = cwd / command[1]
         if not script.is_file():
-            return f"no script {command[1]!r} in {cwd}"
+            return "not_found", f"no script {command[1]!r} in {cwd}"
         lacking = imports.missing(script)  # before a rank imports anything: a wrong Python is one line, not a crash
-        return (f"{command[1]} imports {', '.join(lacking)}, which this rank's Python ({sys.executable}) does not "
-                f"have") if lacking else None
+        return ("missing_package", f"{command[1]} imports {', '.join(lacking)}, which this rank's Python "
+                                   f"({sys.executable}) does not have") if lacking else None
     if shutil.which(command[0], path=os.environ.get("PATH")) is None and not (cwd / command[0]).is_file():
-        return f"no command {command[0]!r} on PATH or in {cwd}"
+        return "not_found", f"no command {command[0]!r} on PATH or in {cwd}"
     return None
 
 
@@ -103,16 +109,13 @@ def prepare(rd: RunDir, command: list[str], manifest: RunManifest, rank: int) ->
     when the command cannot start."""
     os.chdir(workdir(manifest))
     venv_on_path()
-    why = problem(command, Path.cwd())
-    if why is None:
+    found = problem(command, Path.cwd())
+    if found is None:
         return None
-    lacking = "does not have" in why
-    hint = ("run runner with the Python that has the program's packages (its venv's `runner`, or `python -m runner` "
-            "with it), or put them in the image" if lacking else
-            "check command: in the config (it runs in the directory runner submit ran in)")
-    log.error("program: %s. hint: %s", why, hint)
+    reason, why = found
+    log.error("program: %s. hint: %s", why, HINTS[reason])
     if rank == 0:
-        rd.record("program_error", reason="missing_package" if lacking else "not_found", detail=why)
+        rd.record("program_error", reason=reason, detail=why)
     return EXIT_PROGRAM
 
 
