@@ -156,20 +156,22 @@ def superseded(rec: Records, rc: int, job_id: str | None) -> bool:
     return rc == EXIT_SUPERSEDED or bool(job_id and rec.job_id and rec.job_id != job_id)
 
 
-def stopped_by(rc: int, got: int | None) -> bool:
+def stopped_by(rc: int, got: int | None, asked: bool = True) -> bool:
     """Whether the step ended by the stop signal the batch script got (``got``: its number; None without one, or
     for TERM, which is no stop signal here): the launcher's own exit after its checkpoint (75), or a rank killed by
     that very signal (128 + N, as a shell reports it), which happens when a program's process had no handler for
-    it yet."""
-    return rc == EXIT_REQUEUE or (got is not None and rc == 128 + got)
+    it yet. ``asked``: whether the batch script got any signal at all (TERM included). Without one, a 75 is the
+    ranks' answer to srun's own SIGTERM: ``--kill-on-bad-exit`` ends the other ranks after one failed, and that
+    failure is the step's end, not a stop."""
+    return (rc == EXIT_REQUEUE and asked) or (got is not None and rc == 128 + got)
 
 
 def classify(rec: Records, rc: int, seconds_left: float | None, limits: Limits, job_id: str | None = None,
-             got: int | None = None) -> Outcome:
+             got: int | None = None, asked: bool = True) -> Outcome:
     """What the step's end means: superseded, completed, cancelled, preflight_failed, timeout, preempted or failed.
 
     ``rc`` is the launcher's exit code; ``seconds_left`` the job's time left as Slurm reports it (None when
-    unknown); ``job_id`` the job that ended; ``got`` the stop signal the batch script got (``stopped_by``). The
+    unknown); ``job_id`` the job that ended; ``got`` and ``asked`` what the batch script got (``stopped_by``). The
     launcher exits 75 after checkpointing on the requeue signal, which comes both ``signal_lead_s`` before the time
     limit and on a preemption notice: the time left tells them apart.
     A superseded job's end says nothing about the run (its owner is another job), so it is decided first.
@@ -186,7 +188,7 @@ def classify(rec: Records, rc: int, seconds_left: float | None, limits: Limits, 
         return "hang"
     if rc == EXIT_NONFINITE:
         return "nan"
-    if stopped_by(rc, got):
+    if stopped_by(rc, got, asked):
         near_limit = seconds_left is not None and seconds_left <= limits.signal_lead_s + NEAR_LIMIT_S
         return "timeout" if near_limit else "preempted"
     return "failed"

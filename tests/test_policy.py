@@ -197,7 +197,7 @@ STOPPED_BY = [
     pytest.param(140, None, 100.0, "failed", id="140 without the batch script getting a signal -> failed"),
     pytest.param(140, signal.SIGUSR1, 100.0, "failed", id="killed by a signal other than the one received -> failed"),
     pytest.param(1, signal.SIGUSR2, 100.0, "failed", id="exit 1 after the signal -> failed"),
-    pytest.param(75, None, 100.0, "timeout", id="75 is the launcher's own stop, signal or not"),
+    pytest.param(75, None, 100.0, "timeout", id="75 after TERM (got None) is the launcher's own stop"),
 ]
 
 
@@ -205,6 +205,21 @@ STOPPED_BY = [
 def test_a_rank_killed_by_the_stop_signal_is_not_a_failure(rc: int, got: int | None, seconds_left: float | None,
                                                            outcome: str) -> None:
     assert policy.classify(rec(TRAINING), rc, seconds_left, LEAD, got=got) == outcome
+
+
+# srun's --kill-on-bad-exit sends SIGTERM to the ranks a failed one left, and a program's ranks may then stop with
+# exit 75 as after a notice. Only the batch script's own signal (the notice, or Slurm's TERM) makes a 75 a stop.
+NOT_ASKED = [
+    pytest.param(75, None, True, "preempted", id="75 after Slurm's TERM to the job -> preempted"),
+    pytest.param(75, signal.SIGUSR2, True, "preempted", id="75 after the notice -> preempted"),
+    pytest.param(75, None, False, "failed", id="75 with no signal to the batch script: srun's kill after a failure"),
+    pytest.param(140, signal.SIGUSR2, True, "preempted", id="killed by the notice itself"),
+]
+
+
+@pytest.mark.parametrize("rc, got, asked, outcome", NOT_ASKED)
+def test_a_stop_needs_a_signal_to_the_job(rc: int, got: int | None, asked: bool, outcome: str) -> None:
+    assert policy.classify(rec(TRAINING), rc, None, LEAD, got=got, asked=asked) == outcome
 
 
 # A second job on the same run: job 4 trains, then job 9 is submitted and made the owner (its id in job_id).

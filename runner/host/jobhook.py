@@ -100,8 +100,9 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
     attempt = policy.attempt(rec.events)
     # The time left tells a time limit from a preemption.
     got = getattr(signal, f"SIG{signal_name}", None) if signal_name not in ("none", "TERM") else None
-    left = slurm.time_left(job) if job and policy.stopped_by(rc, got) else None
-    event = policy.classify(rec, rc, left, limits, job, got)
+    asked = signal_name != "none"  # a stop the job was sent, not srun's SIGTERM to the ranks a failed one left
+    left = slurm.time_left(job) if job and policy.stopped_by(rc, got, asked) else None
+    event = policy.classify(rec, rc, left, limits, job, got, asked)
     if event == "superseded":  # another job owns the run: its records and alerts are not this job's to write
         run.record("superseded", job_id=job, owner=rec.job_id, exit_code=rc)
         log.info("job %s was superseded by job %s: no checkpoint written, nothing else recorded", job, rec.job_id)
