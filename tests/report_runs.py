@@ -294,3 +294,67 @@ def thirty_day_run(root: Path, checkpoints: int = 10_000, attempts: int = 200, r
                                  "attempt": attempts, "step_s": step_s, "compute_s": 0.2 + 0.001 * r,
                                  "data_s": 0.01 if r != 9 else 0.05}))
     return rd
+
+
+def restless_run(root: Path, attempts: int = 50_000, checkpoints: int = 5_000) -> RunDir:
+    """A run that restarted ``attempts`` times, of every kind in turn: preempted, a failed preflight (no step; a
+    person resumed it), a hang (its node remembered in the root's nodes.jsonl), a crash (steps lost), a time limit,
+    a NaN (a person resumed it); a resize every 100 attempts; ``checkpoints`` complete checkpoints spread over the
+    attempts that trained. The shape that made ``runner report`` quadratic (issue 39): attempts that never
+    trained, node memory growing with the hangs."""
+    rd = plan_run(root, "slurm-2node.yaml", "checkpoint.keep_last=100000", "trainer.max_steps=100000000")
+    manifest = json.loads(rd.manifest.read_text())
+    t0 = manifest["created"] - 30 * 86400
+    manifest["created"] = t0
+    rd.manifest.write_text(json.dumps(manifest, indent=2) + "\n")
+    span = 30 * 86400 / attempts
+    ckpt_every = max(attempts // max(checkpoints, 1), 1)
+    kinds = ["preempted", "preflight_failed", "hang", "failed", "timeout", "nan"]
+    lines = [_line(t0, "submitted", scheduler="slurm", job_id="9000", world_size=4)]
+    bad = []
+    step, kept, lost, written = 0, 0.0, 0, 0
+    for a in range(1, attempts + 1):
+        q, job = t0 + (a - 1) * span, str(9000 + a)
+        kind = "completed" if a == attempts else kinds[(a - 1) % len(kinds)]
+        start = q + span * 0.1
+        lines.append(_line(start, "start", job_id=job, nodes="n[1-2]", restart_count=0, attempt=a))
+        if a % 100 == 0:
+            lines.append(_line(start + 1, "resized", change="2 x 2 -> 2 x 2", world_size=4, accumulate=1))
+        pre = start + span * 0.1
+        lines.append(_line(pre, "preflight", status="fail" if kind == "preflight_failed" else "pass",
+                           duration_s=round(span * 0.05, 3), summary="preflight"))
+        end = q + span * 0.9
+        if kind != "preflight_failed":
+            train = pre + span * 0.05
+            lines.append(_line(train, "train_start", step=step, lost_steps=lost, attempt=a, resumed_from=None))
+            step += 100
+            kept += end - train
+            if a % ckpt_every == 0 and written < checkpoints:
+                d = rd.checkpoints / f"step-{step:09d}"
+                d.mkdir(parents=True)
+                (d / "manifest.json").write_text(json.dumps({"step": step, "time": end - 1.0,
+                                                             "productive_s": round(kept, 3),
+                                                             "config_hash": manifest["config_hash"]}))
+                checkpoint.CheckpointDir.marker(d).write_text(f"{step}\n")
+                written += 1
+        lost = 40 if kind in ("hang", "failed", "nan") else 0
+        if kind == "hang":
+            lines.append(_line(end - 2, "hang", summary="hang: rank 3 on n2 (in data)", nodes=["n2"], step=step))
+            bad.append(json.dumps({"node": "n2", "cause": "hang", "run": rd.name, "detail": "", "time": end}) + "\n")
+        if kind == "nan":
+            lines.append(_line(end - 2, "nonfinite", step=step, what="loss nan", skipped_in_a_row=1))
+        if kind == "completed":
+            lines.append(_line(end - 1, "finished", step=step))
+        lines.append(_line(end, "exit", job_id=job, exit_code=0 if kind == "completed" else 1, signal="none",
+                           outcome=kind, attempt=a, cause=None if kind in ("preempted", "timeout", "completed")
+                           else f"{kind}: attempt {a}", crash=None, nodes=["n2"] if kind == "hang" else []))
+        if kind in ("preempted", "timeout"):
+            lines.append(_line(end + 1, "requeued", job_id=job, reason=kind, attempt=a + 1))
+        elif kind != "completed":
+            by = "user" if kind in ("preflight_failed", "nan") else "cron"
+            lines.append(_line(end + 1, "resubmitted", job_id=str(9001 + a), reason=kind, attempt=a + 1, by=by))
+    rd.ledger.write_text("".join(lines))
+    nodes.path(root).write_text("".join(bad))
+    atomic_write(rd.finished, json.dumps({"step": step, "time": t0 + 30 * 86400, "productive_s": kept}) + "\n")
+    atomic_write(rd.root / "progress.json", json.dumps({"step": step, "time": t0 + 30 * 86400}) + "\n")
+    return rd

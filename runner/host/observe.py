@@ -16,8 +16,9 @@ import functools
 import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
-from runner import policy, slurmstates
+from runner import goodput, policy, slurmstates
 from runner.errors import RunnerError
 from runner.host import scheduler, slurm, successor
 from runner.records import RunManifest, run_manifest
@@ -49,12 +50,13 @@ def shown(rec: policy.Records, manifest: RunManifest) -> bool:
     return scheduler.of_manifest(manifest).queue and policy.asks_slurm(rec)
 
 
-def records(run: RunDir, job: str | None = None) -> policy.Records:
-    """The run directory's facts, as ``runner.policy`` takes them: the ledger read once. ``job``: the job whose
-    successor counts (the exit hook's own; default the run's job)."""
+def records(run: RunDir, job: str | None = None, events: list[dict[str, Any]] | None = None) -> policy.Records:
+    """The run directory's facts, as ``runner.policy`` takes them: the ledger read once (``events``: the caller
+    read it already). ``job``: the job whose successor counts (the exit hook's own; default the run's job)."""
     job_id = run.job_id()
-    return policy.Records(events=run.events(), exit_status=run.exit_status_record(), finished=run.finished.exists(),
-                          job_id=job_id, successor=successor.following(run, job or job_id))
+    return policy.Records(events=run.events() if events is None else events, exit_status=run.exit_status_record(),
+                          finished=run.finished.exists(), job_id=job_id,
+                          successor=successor.following(run, job or job_id))
 
 
 def job_ids(rec: policy.Records) -> list[str]:
@@ -107,6 +109,11 @@ class Observation:
         return policy.attempt(self.records.events)
 
     @functools.cached_property
+    def attempts(self) -> list[goodput.Attempt]:
+        """The run's attempts from its ledger (``goodput.attempts``), made once for every reader of this look."""
+        return goodput.attempts(self.records.events)
+
+    @functools.cached_property
     def config(self) -> RunConfig:
         """The resolved config, read on first use (a run settled by its records needs none)."""
         return read_resolved(self.run.config)
@@ -120,11 +127,13 @@ class Observation:
                        asked=jobs is not None)
 
 
-def look(run: RunDir, need: Need = never, strict: bool = False, job: str | None = None) -> Observation:
+def look(run: RunDir, need: Need = never, strict: bool = False, job: str | None = None,
+         events: list[dict[str, Any]] | None = None) -> Observation:
     """The run's own facts, without Slurm; ``needed`` says whether the question needs Slurm's answer (``ask``).
-    ``strict``: a damaged manifest raises (``manifest_of``) instead of reading as none (said once)."""
+    ``strict``: a damaged manifest raises (``manifest_of``) instead of reading as none (said once). ``events``: the
+    ledger, where the caller read it already (``runner report``)."""
     manifest = manifest_of(run) if strict else run.manifest_record() or {}
-    rec = records(run, job)
+    rec = records(run, job, events)
     return Observation(run, rec, manifest, needed=need(rec, manifest))
 
 
@@ -146,6 +155,7 @@ def answer(seen: Observation, jobs: Mapping[str, slurmstates.JobInfo] | None = N
 
 
 def observe(run: RunDir, need: Need = never, jobs: Mapping[str, slurmstates.JobInfo] | None = None, asked: bool = True,
-            strict: bool = False, job: str | None = None, using: Ask | None = None) -> Observation:
+            strict: bool = False, job: str | None = None, using: Ask | None = None,
+            events: list[dict[str, Any]] | None = None) -> Observation:
     """One look at a run (``look``) with Slurm's answer where ``need`` says it matters (``answer``)."""
-    return answer(look(run, need, strict, job), jobs, asked, using)
+    return answer(look(run, need, strict, job, events), jobs, asked, using)

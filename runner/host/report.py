@@ -16,6 +16,7 @@ import logging
 import os
 import time
 import webbrowser
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,7 @@ INDEX = "index.html"
 WIDTH = 960  # SVG user units of both charts
 ROW_H = 16
 MAX_POINTS = 2000  # checkpoints drawn in the steps chart (a 30-day run has thousands)
+MAX_ATTEMPTS = 1000  # attempts drawn and listed: the newest (a run restarted every minute for a month has 50,000)
 OUTCOME_CLASS = {"completed": "ok", "preempted": "warn", "timeout": "warn", "requeued": "warn"}
 
 
@@ -107,6 +109,7 @@ class Report:
     config: str
     missing: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what runner cannot see of this run, said once at the top
+    cut: str = ""  # which attempts the timeline, the steps chart and the table leave out (``MAX_ATTEMPTS``)
 
 
 def clock(t: float | None) -> str:
@@ -159,13 +162,23 @@ def _world_sizes(events: Sequence[Mapping[str, Any]]) -> dict[float, int]:
             if e["event"] == "resized" and isinstance(e.get("world_size"), int)}
 
 
-def _reached(runs: Sequence[goodput.Attempt], i: int, end_step: int | None) -> int | None:
-    """The furthest step attempt ``i`` trained: the next attempt's start plus the steps it lost, else the last
-    step the run recorded."""
-    a = runs[i]
-    for nxt in runs[i + 1:]:
-        if nxt.from_step is not None:
-            return nxt.from_step + nxt.lost_steps
+def _trained_next(runs: Sequence[goodput.Attempt]) -> list[goodput.Attempt | None]:
+    """Per attempt, the next one that trained (its ``from_step`` known), in one pass from the end: attempts that
+    never trained (a failed preflight) are skipped without rescanning the rest for each."""
+    out: list[goodput.Attempt | None] = [None] * len(runs)
+    found = None
+    for i in range(len(runs) - 1, -1, -1):
+        out[i] = found
+        if runs[i].from_step is not None:
+            found = runs[i]
+    return out
+
+
+def _reached(a: goodput.Attempt, nxt: goodput.Attempt | None, end_step: int | None) -> int | None:
+    """The furthest step attempt ``a`` trained: the next attempt that trained (``_trained_next``) started there
+    plus the steps it lost, else the last step the run recorded."""
+    if nxt is not None and nxt.from_step is not None:
+        return nxt.from_step + nxt.lost_steps
     return a.last_step if a.last_step is not None else end_step
 
 
@@ -211,7 +224,7 @@ def _timeline(runs: Sequence[goodput.Attempt], sc: _Scale, end: float, blind: Se
         if t0 is None or t1 is None or t1 < t0:
             return
         x0, x1 = sc.x(t0), sc.x(t1)
-        segs.append(Segment(x0, (a.number - 1) * ROW_H, max(x1 - x0, 0.8), kind,
+        segs.append(Segment(x0, (a.number - runs[0].number) * ROW_H, max(x1 - x0, 0.8), kind,
                             f"attempt {a.number}: {words}, {duration(t1 - t0)} ({clock(t0)} to {clock(t1)})"))
 
     for i, a in enumerate(runs):
@@ -240,8 +253,10 @@ def _steps_chart(runs: Sequence[goodput.Attempt], ckpts: Sequence[Mapping[str, A
                  end: float, end_step: int | None, height: float) -> tuple[list[Line], list[Segment], int]:
     """Per attempt a line of steps against wall time through its checkpoints, and in red the steps it trained
     that a fault lost (recomputed by the next attempt)."""
-    top = max([end_step or 0, *(int(m["step"]) for m in ckpts[-1:]),
-               *(r for i in range(len(runs)) if (r := _reached(runs, i, end_step)) is not None)], default=1) or 1
+    nexts = _trained_next(runs)
+    reach = [_reached(a, n, end_step) for a, n in zip(runs, nexts, strict=True)]
+    top = max([end_step or 0, *(int(m["step"]) for m in ckpts[-1:]), *(r for r in reach if r is not None)],
+              default=1) or 1
     every = max(len(ckpts) // MAX_POINTS, 1)
     times = [float(m["time"]) for m in ckpts]  # sorted: _checkpoints sorts by time
 
@@ -257,8 +272,7 @@ def _steps_chart(runs: Sequence[goodput.Attempt], ckpts: Sequence[Mapping[str, A
         lo, hi = bisect.bisect_left(times, a.train_start), bisect.bisect_right(times, stop)
         mine = [ckpts[j] for j in range(lo, hi) if j % every == 0 or j == hi - 1]
         pts = [(a.train_start, a.from_step or 0), *((float(m["time"]), int(m["step"])) for m in mine)]
-        reached = _reached(runs, i, end_step)
-        nxt = next((n for n in runs[i + 1:] if n.from_step is not None), None)
+        reached, nxt = reach[i], nexts[i]
         kept_to = nxt.from_step if nxt is not None and nxt.from_step is not None else reached
         if kept_to is not None and (not mine or kept_to > pts[-1][1]):
             pts.append((stop, kept_to))
@@ -289,15 +303,17 @@ def _excluded(root: Path, runs: Sequence[goodput.Attempt], keep_s: float, missin
         missing.append(str(e))
         return {}
     out: dict[int, str] = {}
-    for a in runs:
-        bad: dict[str, Mapping[str, Any]] = {}
-        for item in known:
-            if item["time"] > a.queued:
-                break
+    newest: dict[str, Mapping[str, Any]] = {}  # node -> its newest entry up to the attempt's queueing, not cleared
+    read = 0
+    for a in sorted(runs, key=lambda a: a.queued):  # one walk through the memory (oldest first) for all attempts
+        while read < len(known) and known[read]["time"] <= a.queued:
+            item = known[read]
             if "clear" in item:
-                bad.pop(item["clear"], None)
-            elif a.queued - item["time"] <= keep_s:
-                bad[item["node"]] = item
+                newest.pop(item["clear"], None)
+            else:
+                newest[item["node"]] = item
+            read += 1
+        bad = {n: e for n, e in newest.items() if a.queued - e["time"] <= keep_s}
         out[a.number] = ", ".join(f"{n} ({e.get('cause')})" for n, e in sorted(bad.items()))
     return out
 
@@ -351,12 +367,13 @@ def _identity(manifest: RunManifest) -> list[tuple[str, str]]:
 def _rows(runs: Sequence[goodput.Attempt], events: Sequence[Mapping[str, Any]], manifest: RunManifest,
           excluded: Mapping[int, str], end: float, end_step: int | None) -> list[AttemptRow]:
     """The attempts table: one row per attempt, in words."""
-    sizes = _world_sizes(events)
+    sizes = sorted(_world_sizes(events).items())
+    times = [t for t, _ in sizes]
+    nexts = _trained_next(runs)
     rows = []
     for i, a in enumerate(runs):
-        world = manifest.get("world_size")
-        for t, w in sizes.items():
-            world = w if t <= a.queued else world
+        resized = bisect.bisect_right(times, a.queued)  # the resizes recorded by the time it was queued
+        world = sizes[resized - 1][1] if resized else manifest.get("world_size")
         stop = a.stop(end) if a.ended is not None or a.finished is not None else None
         notes = [f"non-finite {e.get('what', 'loss')} at step {e.get('step')}: "
                  f"{'skipped' if e['event'] == 'nonfinite_skipped' else 'stopped training'}" for e in a.nonfinite]
@@ -373,7 +390,7 @@ def _rows(runs: Sequence[goodput.Attempt], events: Sequence[Mapping[str, Any]], 
             duration(a.started - a.queued) if a.started is not None else "-",
             f"{a.preflight_status} {duration(a.preflight_s)}" if a.preflight_status else "-",
             duration(a.train_start - a.began - a.preflight_s) if a.train_start is not None else "-", trained,
-            f"{a.from_step} → {_reached(runs, i, end_step)}" if a.from_step is not None else "-",
+            f"{a.from_step} → {_reached(a, nexts[i], end_step)}" if a.from_step is not None else "-",
             outcome, OUTCOME_CLASS.get(outcome, "ok" if outcome in ("finished", "running") else "bad"),
             a.cause or "", a.lost_steps, " ".join(x for x in (a.then, a.then_reason) if x) or "-",
             a.nodes or ", ".join(a.bad_nodes) or "-", excluded.get(a.number) or "-", str(world), notes))
@@ -451,13 +468,16 @@ def collect(run: RunDir) -> Report:
     cfg_hash = manifest.get("config_hash")
     ours = [int(m["step"]) for m in ckpts if not cfg_hash or m.get("config_hash") == cfg_hash]
     last = (max(ours), checkpoint.CheckpointDir(run.checkpoints).step(max(ours))) if ours else None  # as latest()
+    seen = None
     try:
-        row = status.row(run, last=last)
+        seen = observe.observe(run, observe.shown, strict=True, events=events)
+        row = status.row_of(seen, last)
     except Exception as e:  # the page still shows what can be read
         row = status.broken_row(run, str(e))
         missing.append(f"status: {e}")
-    runs = goodput.attempts(events)
-    acc = status.accounting(run, events, manifest, last)
+    every = seen.attempts if seen is not None else goodput.attempts(events)
+    runs = every[-MAX_ATTEMPTS:]  # drawn and listed; the headline and the goodput count every attempt
+    acc = status.accounting(run, every, manifest, last)
     blind = unseen(runs, any(a.train_start is None for a in runs) and status.program_mode(run))
     end = float(done.get("time") or time.time())
     created = float(manifest.get("created", runs[0].queued if runs else end))
@@ -467,7 +487,7 @@ def collect(run: RunDir) -> Report:
     if end_step is None and ckpts:
         end_step = ckpts[-1]["step"]
     end_step = end_step if isinstance(end_step, int) else None
-    sc = _Scale(created, end)
+    sc = _Scale(created if len(runs) == len(every) else runs[0].queued, end)  # the drawn attempts' time
     chart_h = 240.0
     lines, marks, top = _steps_chart(runs, ckpts, sc, end, end_step, chart_h)
     try:
@@ -482,18 +502,30 @@ def collect(run: RunDir) -> Report:
     hang = read_json(run.hang)
     headline = {"state": str(row.get("state")), "goodput": f"{acc.goodput:.1%}" if acc.goodput is not None else "-",
                 "wall": duration(acc.wall_s), "productive": duration(acc.productive_s),
-                "attempts": str(len(runs)), "restarts": str(row.get("restarts")),
-                "steps lost": str(sum(a.lost_steps for a in runs)),
+                "attempts": str(len(every)), "restarts": str(row.get("restarts")),
+                "steps lost": str(sum(a.lost_steps for a in every)),
                 "last step": str(end_step if end_step is not None else "-"),
                 "last checkpoint": str(row.get("last_checkpoint_step") or "-"),
-                "last outcome": str(row.get("last_outcome") or (runs[-1].outcome if runs else None) or "-")}
+                "last outcome": str(row.get("last_outcome") or (every[-1].outcome if every else None) or "-")}
     return Report(
         run.name, str(run.root), str(row.get("state")), clock(time.time()), headline, acc, _loss_bars(acc),
         _ran(_rows(runs, events, manifest, excluded, end, end_step), runs, blind, end), _timeline(runs, sc, end, blind),
         max(len(runs), 1) * ROW_H, sc.ticks(), lines, marks, chart_h, step_ticks(top, chart_h) if lines else [], ranks,
         rank_attempt, [c for c in pre.get("checks") or [] if isinstance(c, dict)], str(pre.get("summary", "")),
         hang if isinstance(hang, dict) else None, _bad_nodes(run), _alerts(run), _identity(manifest), config,
-        missing, [NO_STEPS] if blind else [])
+        missing, [NO_STEPS] if blind else [], _cut(every, runs))
+
+
+def _cut(every: Sequence[goodput.Attempt], shown: Sequence[goodput.Attempt]) -> str:
+    """What the page says when it draws and lists only the newest attempts: how the others ended."""
+    if len(shown) == len(every):
+        return ""
+    left = every[:len(every) - len(shown)]
+    ends = Counter(a.outcome or "-" for a in left)
+    return (f"{len(every)} attempts: the timeline, the table and the steps chart show the newest {len(shown)}, from "
+            f"attempt {shown[0].number} (queued {clock(shown[0].queued)}); the headline and where the time went "
+            f"count them all. Attempts 1 to {left[-1].number} ended: "
+            + ", ".join(f"{n} {outcome}" for outcome, n in ends.most_common()))
 
 
 def _ran(rows: list[AttemptRow], runs: Sequence[goodput.Attempt], blind: Sequence[int], end: float) \

@@ -85,14 +85,14 @@ def find_run(name: str, root: Path) -> RunDir:
     return RunDir((root / max(group, key=lambda e: (_run_name(e)[1], e))).resolve())
 
 
-def row(run: RunDir, jobs: Mapping[str, slurmstates.JobInfo] | None = None,
-        last: tuple[int, Path] | None | Literal["find"] = "find") -> dict[str, Any]:
-    """One run's status; ``jobs`` is Slurm's answer for many runs at once (asked here when not given), ``last`` the
-    newest complete checkpoint where the caller found it already (``runner report`` reads every manifest)."""
-    return _row(observe.observe(run, observe.shown, jobs, strict=True), last)
+def row(run: RunDir, jobs: Mapping[str, slurmstates.JobInfo] | None = None) -> dict[str, Any]:
+    """One run's status; ``jobs`` is Slurm's answer for many runs at once (asked here when not given)."""
+    return row_of(observe.observe(run, observe.shown, jobs, strict=True))
 
 
-def _row(seen: observe.Observation, last: tuple[int, Path] | None | Literal["find"] = "find") -> dict[str, Any]:
+def row_of(seen: observe.Observation, last: tuple[int, Path] | None | Literal["find"] = "find") -> dict[str, Any]:
+    """The status of a run looked at already (``observe.shown``); ``last``: its newest complete checkpoint where
+    the caller found it already (``runner report`` reads every manifest)."""
     run, manifest, rec, info, heir = seen.run, seen.manifest, seen.records, seen.job, seen.heir
     cfg_hash = manifest.get("config_hash")
     if last == "find":
@@ -105,7 +105,8 @@ def _row(seen: observe.Observation, last: tuple[int, Path] | None | Literal["fin
             "restarts": policy.restarts_used(events),
             "age_s": round(time.time() - manifest.get("created", time.time()), 1),
             "last_event": events[-1]["event"] if events else None,
-            **history(run, events, manifest, last),
+            **history(run, events, seen.attempts, manifest, last),
+            **({"sweep": manifest["sweep"]} if "sweep" in manifest else {}),  # runner sweep: grouped by sweep.table
             **({"slurm_state": info.state, "slurm_source": info.source, "slurm_exit_code": info.exit_code,
                 "reason": info.reason, "nodes": info.nodes} if info else {}),
             **(_parallel_store(run).status(state, manifest.get("items", 0)) if _is_parallel(manifest) else {})}
@@ -134,8 +135,8 @@ def broken_row(run: RunDir, problem: str) -> dict[str, Any]:
             "productive_s": None, "losses_s": {}, "error": problem}
 
 
-def history(run: RunDir, events: Sequence[Mapping[str, Any]], manifest: RunManifest,
-            last: tuple[int, Path] | None) -> dict[str, Any]:
+def history(run: RunDir, events: Sequence[Mapping[str, Any]], runs: Sequence[goodput.Attempt],
+            manifest: RunManifest, last: tuple[int, Path] | None) -> dict[str, Any]:
     """What the failures cost: the last outcome and its cause, steps lost per restart, and goodput with its losses.
 
     Goodput is training time kept in checkpoints (or in the finished run) divided by wall time since submit
@@ -144,7 +145,7 @@ def history(run: RunDir, events: Sequence[Mapping[str, Any]], manifest: RunManif
     outcome, cause = last_outcome(events)
     return {"last_outcome": outcome, "last_cause": cause,
             "lost_steps": [e.get("lost_steps", 0) for e in events if e["event"] == "train_start"][1:],
-            **accounting(run, events, manifest, last).as_json()}
+            **accounting(run, runs, manifest, last).as_json()}
 
 
 # What begins an attempt (its outcome is then not known yet) and what a person's cancel ends it with.
@@ -178,16 +179,16 @@ def last_cell(outcome: str | None, cause: str | None) -> str:
     return f"{cut}..."
 
 
-def accounting(run: RunDir, events: Sequence[Mapping[str, Any]], manifest: RunManifest,
+def accounting(run: RunDir, runs: Sequence[goodput.Attempt], manifest: RunManifest,
                last: tuple[int, Path] | None) -> goodput.Goodput:
-    """The run's wall time since submission, split into kept training time and its named losses."""
+    """The run's wall time since submission (its attempts: ``goodput.attempts``), split into kept training time
+    and its named losses."""
     done = read_json(run.finished, None)
     done = done if isinstance(done, dict) else {}
     kept, kept_step = done.get("productive_s"), done.get("step")
     if kept is None and last is not None:
         kept, kept_step = checkpoint.manifest_of(last[1]).get("productive_s"), last[0]
     end = done.get("time") or time.time()
-    runs = goodput.attempts(events)
     stalls = {a.log_attempt: _hang_stall(run, a.log_attempt) for a in runs if a.hang and a.log_attempt}
     program = any(a.train_start is None for a in runs) and program_mode(run)  # the config only where it matters
     return goodput.account(runs, manifest.get("created", end), end, kept, kept_step, stalls, program)
@@ -249,7 +250,7 @@ def collect(name: str | None, root: Path) -> list[dict[str, Any]]:
         try:
             if isinstance(seen, Exception):
                 raise seen
-            rows.append(_row(seen.answered(jobs)))
+            rows.append(row_of(seen.answered(jobs)))
         except Exception as e:  # one unreadable run must not hide the others
             log.debug("%s: cannot read", run.root, exc_info=True)
             rows.append(broken_row(run, runner_log.one_line(e)))
