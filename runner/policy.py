@@ -217,8 +217,8 @@ def after_exit(outcome: str, attempt: int, job_id: str | None, limits: Limits,
             else "see its rank logs"
         return Decision("stop", f"the program cannot train: {error.get('detail') or usage}")
     if outcome == "failed" and (loop := crash_loop(events)) is not None:
-        return Decision("stop", f"crash loop: {loop.get('type')} at {loop.get('frame')}, step {loop.get('step')}, "
-                                "in two attempts in a row")
+        at = "" if loop.get("step") is None else f", step {loop.get('step')}"
+        return Decision("stop", f"crash loop: {loop.get('type')} at {loop.get('frame')}{at}, in two attempts in a row")
     if outcome == "nan":
         return Decision("stop", "non-finite loss or gradients; the newest checkpoint holds finite weights")
     if outcome in ("hang", "preflight_failed") and bad_nodes:

@@ -43,6 +43,10 @@ NEXT_STEPS = [
     ("local", "training", "nan", "fix the model or data", "cron resubmits it"),
     ("local", "training", "preflight_failed", "fix the check", "cron resubmits it"),
     ("local", "training", "completed", "nothing: training finished", "resume"),
+    # A program's stage that trains nothing (ESPnet3's create_dataset, infer, measure): runner holds no checkpoint.
+    ("local", "stage", "failed", "`runner resume run-x` runs its command again", "newest complete checkpoint"),
+    ("local", "stage", "cancelled", "runs its command again", "newest complete checkpoint"),
+    ("local", "stage", "completed", "nothing: the run finished", "training"),
     ("local", "parallel", "failed", "`runner resume run-x` runs the items not done", "cron resubmits it"),
     ("local", "parallel", "completed", "every item is done", "resume"),
 ]
@@ -54,7 +58,7 @@ def test_each_next_line_says_what_happens_next(scheduler: str, workload: str, ou
     if workload == "parallel":
         text = nextstep.parallel_next_step(outcome, "run-x")
     elif scheduler == "local":
-        text = nextstep.local_next_step(outcome, "run-x")
+        text = nextstep.local_next_step(outcome, "run-x", saved=workload == "training")
     else:
         text = slurm_next(outcome)
     assert says in text, text

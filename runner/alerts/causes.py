@@ -68,7 +68,8 @@ class Cause:
         if self.kind == "exception":
             return f"Python exception: {self.detail}" + ("" if self.step is None else f", step {self.step}")
         if self.kind == "crash_loop":
-            return f"crash_loop: {self.detail}, step {at}, in two attempts in a row"
+            return f"crash_loop: {self.detail}" + ("" if self.step is None else f", step {at}") + \
+                ", in two attempts in a row"
         if self.kind == "bad_nodes":
             return f"node: {self.node} failed the preflight: {self.detail}"
         if self.kind == "nan":

@@ -69,7 +69,7 @@ By = Literal["hook", "cron", "user", "local", "parallel"]
 
 def next_step(outcome: str, decision: Decision | None = None, attempt: int = 1, limits: Limits | None = None,
               requeued: bool | None = None, events: Sequence[Mapping[str, Any]] | None = None, *, by: By = "hook",
-              run: str = "", job_id: str | None = None, exit_code: int | None = None) -> str:
+              run: str = "", job_id: str | None = None, exit_code: int | None = None, saved: bool = True) -> str:
     """The "Next:" line of every alert and console summary: the one author of what happens to a run next.
 
     For the exit hook: what it did (``decision``; ``requeued`` whether ``scontrol requeue`` went through) and what
@@ -77,9 +77,10 @@ def next_step(outcome: str, decision: Decision | None = None, attempt: int = 1, 
     and the new ``job_id``: the resubmission; ``by="cron"`` with ``give_up``: cron's last word. ``by="local"`` and
     ``"parallel"``: a run nothing resubmits by itself (``run`` names it). ``hook_failed``: a host-side hook of the
     batch script that could not run. Without a ``decision``: what an alert of ``outcome`` means (``NEXT_STEPS``).
-    ``exit_code``: a local attempt's (exit 81 or 2: ``SUBMIT_AGAIN``)."""
+    ``exit_code``: a local attempt's (exit 81 or 2: ``SUBMIT_AGAIN``); ``saved``: whether the local run has a complete
+    checkpoint of runner's (a program's stage that trains nothing has none)."""
     if by == "local":
-        return local_next_step(outcome, run, exit_code)
+        return local_next_step(outcome, run, exit_code, saved)
     if by == "parallel":
         return parallel_next_step(outcome, run)
     if outcome == "hook_failed":
@@ -132,12 +133,14 @@ def parallel_next_step(outcome: str, run: str) -> str:
            "items not done yet, the failed ones again, and skips the rest"
 
 
-def local_next_step(outcome: str, run: str, exit_code: int | None = None) -> str:
+def local_next_step(outcome: str, run: str, exit_code: int | None = None, saved: bool = True) -> str:
     """What happens next to a local run after ``outcome``: nothing by itself (``runner cron`` resubmits Slurm runs
     only); the person who runs it resumes it, or submits it again after a command that cannot run (``exit_code``
-    81 or 2)."""
+    81 or 2). Without a checkpoint of runner's (``saved``), a resume runs the command again from its start."""
     if outcome == "completed":
-        return "nothing: training finished"
+        return "nothing: training finished" if saved else "nothing: the run finished"
+    again = "continues from its newest complete checkpoint" if saved else \
+        "runs its command again (runner holds no checkpoint of it; a program that saves its own starts from that)"
     if outcome == "failed" and exit_code in (EXIT_PROGRAM, EXIT_USAGE):
         return f"nothing by itself: {SUBMIT_AGAIN}"
     if outcome == "nan":
@@ -145,6 +148,5 @@ def local_next_step(outcome: str, run: str, exit_code: int | None = None) -> str
     if outcome == "preflight_failed":
         return f"nothing by itself: fix the check it names, then `runner resume {run}`"
     if outcome == "cancelled":
-        return f"nothing: cancelled; `runner resume {run}` starts it again from its newest complete checkpoint"
-    return f"nothing by itself (runner cron resubmits Slurm runs only): `runner resume {run}` continues from its " \
-           "newest complete checkpoint"
+        return f"nothing: cancelled; `runner resume {run}` {again}"
+    return f"nothing by itself (runner cron resubmits Slurm runs only): `runner resume {run}` {again}"

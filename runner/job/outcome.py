@@ -17,9 +17,10 @@ from runner.rundir import RunDir, atomic_write
 log = logging.getLogger(__name__)
 
 
-def record_crash(rd: RunDir, attempt: int, rank: int, step: int, exc: BaseException) -> dict[str, Any]:
-    """Write what this rank raised (type, innermost frame, step): the exit hook compares attempts with it,
-    and the same crash at the same step twice is a crash loop (``runner.policy.crash_loop``)."""
+def record_crash(rd: RunDir, attempt: int, rank: int, step: int | None, exc: BaseException) -> dict[str, Any]:
+    """Write what this rank raised (type, innermost frame, step; None where no training step is known, as in a
+    program's stage that trains nothing): the exit hook compares attempts with it, and the same crash at the same
+    step twice is a crash loop (``runner.policy.crash_loop``)."""
     frames = traceback.extract_tb(exc.__traceback__)
     last = frames[-1] if frames else None
     crash = {"type": type(exc).__name__, "message": str(exc)[:300], "step": step, "rank": rank,

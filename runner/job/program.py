@@ -233,7 +233,7 @@ def run(rd: RunDir, cfg: RunConfig, command: list[str], ranks: tuple[int, int, i
             code = 1
         else:
             if not rd.crash_file(attempt, rank).exists():
-                outcome.record_crash(rd, attempt, rank, -1, e)
+                outcome.record_crash(rd, attempt, rank, _last_step(), e)
             raise
     finally:
         steps.remove()
@@ -276,16 +276,29 @@ def conclude(rd: RunDir, code: int, fit: ProgramOutcome | None, rank: int) -> in
     return 0
 
 
+def _seen() -> tuple[int | None, float | None] | None:
+    """What runner saw of the program's steps (``runner.steps.seen``); None where it saw none."""
+    steps = sys.modules.get("runner.steps")  # imported by name: runner.steps imports job code (stephook does too)
+    return steps.seen() if steps is not None else None
+
+
+def _last_step() -> int | None:
+    """The last of the program's steps runner saw (``runner.progress``, its optimizer steps); None where it saw
+    none: a stage that trains nothing has no step to name."""
+    seen = _seen()
+    return None if seen is None else seen[0]
+
+
 def _plain_end(rd: RunDir, rank: int) -> int:
     """A program that exited 0 with no Lightning fit: ``finished`` with its last step and productive seconds where
     runner saw its steps (``runner.progress``, or its optimizer steps through ``stephook``); where it saw none, the
     marker has no step and the rank log says what did not apply."""
-    steps = sys.modules.get("runner.steps")  # imported by name: runner.steps imports job code (stephook does too)
-    seen = steps.seen() if steps is not None else None
+    seen = _seen()
     if seen is None:
-        log.warning("the program exited 0 and runner saw none of its steps (no Lightning Trainer with runner's "
-                    "callback, no runner.progress, no optimizer step): the hang watchdog, step timings and "
-                    "goodput did not apply")
+        # Said, not warned: a stage that trains nothing (ESPnet3's create_dataset, infer, measure) ends this way.
+        log.info("the program exited 0 and runner saw none of its steps (no Lightning Trainer with runner's "
+                 "callback, no runner.progress, no optimizer step): the hang watchdog, step timings and "
+                 "goodput did not apply")
         if rank == 0:
             outcome.finished(rd, None, lightning=False)
         return 0
