@@ -193,6 +193,42 @@ def test_command_is_an_argv(tmp_path: Path, command: str, argv: list[str]) -> No
     assert cfg.data["command"] == argv
 
 
+@pytest.mark.parametrize(("name", "value", "command", "argv"), [
+    # The command is split as written, then each ${...} is substituted inside its word: no value makes or removes
+    # a word, and no quote in a value is read as the command's own.
+    ("my prog.yaml", "", "python t.py --config ${program_config}",
+     ["python", "t.py", "--config", "/runs/r x/program/my prog.yaml"]),
+    ("it's.yaml", "", "python t.py --config=${program_config}",
+     ["python", "t.py", "--config=/runs/r x/program/it's.yaml"]),
+    ("c.yaml", "a b  c", "python t.py --tag ${tag} --n ${num_device}",
+     ["python", "t.py", "--tag", "a b  c", "--n", "8"]),
+    ("c.yaml", "it's \"x\"", "python t.py '--tag=${tag}!'", ["python", "t.py", "--tag=it's \"x\"!"]),
+    ("c.yaml", "$HOME $(id) `id` \\", "python t.py ${tag}", ["python", "t.py", "$HOME $(id) `id` \\"]),
+    ("c.yaml", "", "python t.py --tag ${tag} last", ["python", "t.py", "--tag", "", "last"]),
+    ("c.yaml", "x", "python t.py \"${tag} ${tag}\" pre${tag}post", ["python", "t.py", "x x", "prexpost"]),
+    ("c.yaml", "x", "torchrun --nproc-per-node ${num_nodes * num_device} --run \"${run_dir}\" t.py",
+     ["torchrun", "--nproc-per-node", "16", "--run", "/runs/r x", "t.py"]),
+])
+def test_a_command_is_split_as_written_then_each_word_substituted(tmp_path: Path, name: str, value: str,
+                                                                  command: str, argv: list[str]) -> None:
+    rest = SEED.split("\n", 1)[1]  # the seed without its command line
+    path = write(tmp_path, yaml.safe_dump({"command": command, "tag": value}, width=1000) + rest, name)
+    assert spec.load(path, run_dir="/runs/r x", start=False).data["command"] == argv
+
+
+@pytest.mark.parametrize(("value", "needle"), [
+    ("[a, b]", "command: found '--tag=${tag}'; expected a value that is one argument (a string or a number), not a "
+               "list"),
+    ("{a: 1}", "not a mapping"),
+    ("\"a\\nb\"", "command[2]: found '--tag=a\\nb'; expected an argument without control characters"),
+])
+def test_a_value_that_is_not_one_argument_is_one_line(tmp_path: Path, value: str, needle: str) -> None:
+    path = write(tmp_path, SEED.replace("python train.py --config ${program_config}", "python t.py --tag=${tag}")
+                 + f"tag: {value}\n")
+    [line] = problems(path)
+    assert needle in line, line
+
+
 @pytest.mark.parametrize(("command", "needle"), [
     ("python \"train.py", "a command line with balanced quotes. hint: no closing quotation"),
     ("''", "expected the command every rank runs"),

@@ -4,6 +4,7 @@ tests/test_program_config.py)."""
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -133,3 +134,28 @@ def test_dry_run_of_a_program_prints_its_command_and_config_and_writes_nothing(t
     program_yaml = yaml.safe_load(out.stdout.split("--- program/conf.yaml ---", 1)[1])
     assert program_yaml["exp_name"] == "${self_name:}" and "runner" not in program_yaml
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["conf.yaml", *SCRIPTS])  # no run directory
+
+
+ARGV_PROBE = """import json, sys
+json.dump(sys.argv[1:], open(sys.argv[1], "w"))
+"""
+
+
+def test_a_program_gets_each_interpolated_value_as_the_one_argument_it_was_written_in(tmp_path: Path) -> None:
+    """A config named `my prog's.yaml` and a value with spaces and quotes: `runner submit` runs
+    the program with the path of its config as one argument and the value as one, as the command was written."""
+    (tmp_path / "probe.py").write_text(ARGV_PROBE)
+    path = tmp_path / "my prog's.yaml"
+    path.write_text(yaml.safe_dump({
+        "num_nodes": 1, "num_device": 1, "tag": "a b  'c'",
+        "command": "python probe.py seen.json --config ${program_config} --tag=${tag} '${tag}'",
+        "runner": {"name": "argv", "scheduler": "local", "run_root": str(tmp_path / "runs"),
+                   "container": {"runtime": "none"}}}))
+    out = subprocess.run([sys.executable, "-m", "runner", "submit", str(path)], capture_output=True, text=True,
+                         timeout=240, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    [run] = (tmp_path / "runs").iterdir()
+    program_config = RunDir(run).program_config(path.name)
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    assert seen == ["seen.json", "--config", str(program_config), "--tag=a b  'c'", "a b  'c'"]
+    assert yaml.safe_load(program_config.read_text())["tag"] == "a b  'c'"  # the program reads its config there

@@ -27,7 +27,7 @@ from runner.spec.typed import RunConfig, view
 from runner.spec.validate import Problems, Said
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv}
-_INTERP = re.compile(r"\$\{([^{}]+)\}")
+_INTERP = validate.INTERP
 # OmegaConf's resolver syntax, ${name:args} (${oc.env:HOME}, ESPnet3's ${self_name:}): the program's to resolve.
 _BUILTIN = re.compile(r"\$\{\s*(run_dir|program_config|container_python)\s*\}")
 _RESOLVER = re.compile(r"\$\{\s*[A-Za-z_][\w.\-]*\s*:[^{}]{0,40}\}?")
@@ -435,6 +435,19 @@ class _Interp:
             raise _InterpError(f"an interpolated string under {MAX_STRING} characters")
         return out
 
+    def word(self, word: str) -> str:
+        """One word of a command written as a string (``validate.split_command``), each ``${...}`` replaced by its
+        value's text, whole: spaces, quotes, ``$`` or nothing, it stays inside this one word."""
+        if "${" not in word:
+            return word
+        resolver = _RESOLVER.search(word)
+        if resolver:
+            raise _Resolver(resolver.group(0))
+        out = _INTERP.sub(lambda m: _one_argument(self.expr(m.group(1))), word)
+        if len(out) > MAX_STRING:
+            raise _InterpError(f"an interpolated string under {MAX_STRING} characters")
+        return out
+
     def expr(self, expr: str) -> Any:
         """``a.b`` or small integer arithmetic like ``num_nodes * num_device`` (no calls, no attributes)."""
         self.work += 1
@@ -464,8 +477,20 @@ class _Interp:
         raise _InterpError("an interpolation of an existing key (e.g. ${num_device})")
 
 
+def _one_argument(value: Any) -> str:
+    """A value's text inside a command's word; a list or mapping is no one argument."""
+    if isinstance(value, (dict, list)):
+        raise _InterpError("a value that is one argument (a string or a number), not a "
+                           + ("mapping" if isinstance(value, dict) else "list"))
+    return str(value)
+
+
 class _InterpError(Exception):
     pass
+
+
+class _Words(list[str]):
+    """A command written as a string, split as written (``validate.split_command``): resolved word by word."""
 
 
 class _Resolver(_InterpError):
@@ -479,10 +504,17 @@ def _resolve_all(node: Any, interp: _Interp, problems: Problems, path: str,
     if isinstance(node, dict):
         return {k: _resolve_all(v, interp, problems, f"{path}.{k}" if path else str(k), theirs)
                 for k, v in node.items()}
+    if isinstance(node, _Words):
+        return [_resolve_leaf(w, interp.word, problems, path, theirs) for w in node]
     if isinstance(node, list):
         return [_resolve_all(v, interp, problems, path, theirs) for v in node]
+    return _resolve_leaf(node, interp.value, problems, path, theirs)
+
+
+def _resolve_leaf(node: Any, resolve: Callable[[Any], Any], problems: Problems, path: str,
+                  theirs: Callable[[str], bool]) -> Any:
     try:
-        return interp.value(node)
+        return resolve(node)
     except _Resolver as e:
         if not theirs(path):
             problems.failed.add(path)
@@ -559,7 +591,14 @@ def load(path: str | Path, overrides: list[str] | None = None, run_dir: str = "$
     # ${container_python} needs the image: `runner submit` writes it out (render.program_python); kept until then.
     builtins = {"run_dir": run_dir, "program_config": str(RunDir(Path(run_dir)).program_config(path.name)),
                 "container_python": "${container_python}"}
-    own = _resolve_all(parts.own, _Interp(data, builtins), problems, "", _programs if program else lambda p: False)
+    mine = parts.own
+    if program and isinstance(mine["command"], str):  # split as written; each word's ${...} substituted inside it
+        words = validate.split_command(mine["command"], problems)
+        if words is None:
+            problems.failed.add("command")  # said once; the schema check leaves it BAD
+        else:
+            mine = {**mine, "command": _Words(words)}
+    own = _resolve_all(mine, _Interp(data, builtins), problems, "", _programs if program else lambda p: False)
     if own.get("name") is None:
         own["name"] = re.sub(r"[^A-Za-z0-9_.\-]", "-", path.stem)[:100] or "run"
     base = path.resolve().parent

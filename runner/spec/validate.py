@@ -370,38 +370,61 @@ def _check_program(d: dict[str, Any], problems: Problems) -> None:
             loader.setdefault("num_workers", SCHEMA["dataloader"]["train"]["num_workers"].default)
 
 
+# ``${...}`` as runner resolves it (runner.spec.load); a command's words keep each one whole while it is split.
+INTERP = re.compile(r"\$\{([^{}]+)\}")
+_HIDDEN = re.compile(r"\x00(\d+)\x00")  # an INTERP span while the command is split (a command has no NUL: CONTROL)
+
+
+def split_command(cmd: str, problems: Problems) -> list[str] | None:
+    """``command:`` written as a string: its words as the user wrote them (``shlex``: quotes group, no expansion),
+    before any ``${...}`` is substituted. Each ``${...}`` stays whole inside its word (``${num_nodes * num_device}``
+    is one), and ``runner.spec.load`` substitutes word by word: a value never makes or removes a word (a config file
+    named ``my prog.yaml`` is one argument, an apostrophe in a value is no quote, an empty value an empty argument).
+    None, said, when it cannot be split."""
+    if CONTROL.search(cmd):
+        problems.add("command", cmd, "a command on one line without control characters",
+                     "write it on one line, or as a list of arguments")
+        return None
+    spans: list[str] = []
+
+    def hide(m: re.Match[str]) -> str:
+        spans.append(m.group(0))
+        return f"\x00{len(spans) - 1}\x00"
+
+    try:
+        words = shlex.split(INTERP.sub(hide, cmd))
+    except ValueError as e:
+        problems.add("command", cmd, "a command line with balanced quotes", f"{str(e).lower()}: close it, or "
+                     "write the command as a list of arguments")
+        return None
+    return [_HIDDEN.sub(lambda m: spans[int(m.group(1))], word) for word in words]
+
+
 def check_command(d: dict[str, Any], problems: Problems) -> None:
-    """``command:``: the argv every rank runs. A string is split like a shell line (``shlex``: quotes group, no
-    expansion); a list is the argv itself (an integer item, such as ``${num_device}``, becomes its digits)."""
+    """``command:``: the argv every rank runs. A string is split like a shell line (``split_command``: the loader
+    splits it before its ``${...}`` are substituted, so here it is a list of words); a list is the argv itself (an
+    integer item, such as ``${num_device}``, becomes its digits)."""
     cmd = d["command"]
     if cmd is None or cmd is BAD:
         return
     argv: list[str] = []
     if isinstance(cmd, str):
-        if CONTROL.search(cmd):
-            problems.add("command", cmd, "a command on one line without control characters",
-                         "write it on one line, or as a list of arguments")
+        words = split_command(cmd, problems)
+        if words is None:
             d["command"] = BAD
             return
-        try:
-            argv = shlex.split(cmd)
-        except ValueError as e:
-            problems.add("command", cmd, "a command line with balanced quotes", f"{str(e).lower()}: close it, or "
-                         "write the command as a list of arguments")
-            d["command"] = BAD
-            return
-    else:
-        for i, item in enumerate(cmd):
-            if isinstance(item, bool) or not isinstance(item, (str, int)):
-                problems.add(f"command[{i}]", item, "a string",
-                             "quote it" + (f": YAML reads {item!r} as a number" if isinstance(item, float) else ""))
-            elif CONTROL.search(str(item)):
-                problems.add(f"command[{i}]", item, "an argument without control characters")
-            else:
-                argv.append(str(item))
-        if len(argv) < len(cmd):
-            d["command"] = BAD
-            return
+        cmd = words
+    for i, item in enumerate(cmd):
+        if isinstance(item, bool) or not isinstance(item, (str, int)):
+            problems.add(f"command[{i}]", item, "a string",
+                         "quote it" + (f": YAML reads {item!r} as a number" if isinstance(item, float) else ""))
+        elif CONTROL.search(str(item)):
+            problems.add(f"command[{i}]", item, "an argument without control characters")
+        else:
+            argv.append(str(item))
+    if len(argv) < len(cmd):
+        d["command"] = BAD
+        return
     if not argv or not argv[0]:
         problems.add("command", cmd, "the command every rank runs", "e.g. command: python train.py --config "
                      "${program_config}")
