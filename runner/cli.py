@@ -46,9 +46,27 @@ def _submit(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(plan)
         return 0
-    for note in plan.warnings:
-        logging.getLogger("runner.spec").warning("%s", note)
+    submit.warn(plan)
     return submit.execute(plan)
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from runner.host import submit, sweep
+
+    if args.resume:
+        if args.config or args.overrides or args.points:
+            raise ConfigError(["runner sweep --resume: found a config or values beside it; expected the sweep's id "
+                               "alone (its points are recorded). hint: runner sweep --resume ID [--root DIR]"])
+        return sweep.drive(sweep.find(args.resume, Path(args.root)), args.parallel)
+    if args.config is None:
+        raise ConfigError(["runner sweep: found no config; expected CONF key=v1,v2,... or --resume ID. hint: "
+                           "runner sweep conf/quickstart.yaml model.lr=0.01,0.1"])
+    plan = sweep.plan(args.config, args.overrides, args.points, args.parallel, args.allow_missing_image)
+    if args.dry_run:
+        print(plan)
+        return 0
+    submit.warn(plan.plans[0])
+    return sweep.execute(plan)
 
 
 def _build(args: argparse.Namespace) -> int:
@@ -66,8 +84,10 @@ def _status(args: argparse.Namespace) -> int:
                                "hint: runner status RUN --ranks"])
         print(status.ranks(status.find_run(args.run, Path(args.root))))
         return 0
+    from runner.host import sweep
+
     rows = status.collect(args.run, Path(args.root))
-    print(json.dumps(rows, indent=2) if args.json else status.table(rows))
+    print(json.dumps(rows, indent=2) if args.json else sweep.table(rows))
     return 0
 
 
@@ -90,12 +110,7 @@ def _cancel(args: argparse.Namespace) -> int:
 def _resume(args: argparse.Namespace) -> int:
     from runner.host import status, submit
 
-    run = status.find_run(args.run, Path(args.root))
-    if status.is_parallel(run):  # a `runner parallel` run: continue it from its own config
-        from runner.host import parallel
-
-        return parallel.resume(run, args.overrides)
-    return submit.resume(run, args.overrides, force=args.force)
+    return submit.resume_any(status.find_run(args.run, Path(args.root)), args.overrides, force=args.force)
 
 
 def _cron(args: argparse.Namespace) -> int:
@@ -211,6 +226,21 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--dry-run", action="store_true", help="print the plan and the rendered script; write nothing")
     sp.add_argument("--allow-missing-image", action="store_true",
                     help="submit even if the image is missing here or was built from a different spec")
+    sp = cmd("sweep", _sweep, "run one config at many points, each an ordinary run of one sweep: the grid of "
+             "key=v1,v2,... (every combination) and --points FILE; locally N at a time")
+    sp.add_argument("config", type=Path, nargs="?", help="run config (YAML)")
+    sp.add_argument("overrides", nargs="*", metavar="key=v1,v2",
+                    help="a key and its values, split at commas outside [] and quotes (one value: as an override)")
+    sp.add_argument("--points", type=Path, metavar="FILE",
+                    help="explicit points: a YAML list of {key.path: value} mappings, each combined with the grid")
+    sp.add_argument("--parallel", type=int, metavar="N",
+                    help="runs at a time (local: default 1; Slurm: the job array's %%N limit, default all)")
+    sp.add_argument("--dry-run", action="store_true",
+                    help="print every point's run directory and values (Slurm: the job array); write nothing")
+    sp.add_argument("--allow-missing-image", action="store_true", help="as for runner submit")
+    sp.add_argument("--resume", metavar="SWEEP", help="continue a sweep (its id or folder): start or resume each of "
+                    "its runs that is not completed")
+    sp.add_argument("--root", default="runs", help="where run directories live, for --resume (default: runs)")
     sp = cmd("build", _build, "render the Dockerfile and Apptainer definition; build the image and the SIF")
     sp.add_argument("config", type=Path, nargs="?", help="run config (YAML)")
     sp.add_argument("overrides", nargs="*", metavar="key=value", help="override config values")

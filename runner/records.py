@@ -189,6 +189,15 @@ class DataModule(TypedDict, total=False):
     global_batch: int | str | None  # the global batch, or in words who decides it ("the data module's own")
 
 
+class SweepMark(TypedDict):
+    """The run manifest's ``sweep``: the sweep a run is one point of (``runner sweep``, ``runner.host.sweep``)."""
+
+    id: str  # the sweep's id, its folder under RUN_ROOT/sweeps/
+    index: int  # the point's place in the sweep, from 0 (a Slurm array's task id)
+    size: int  # the sweep's number of points
+    point: dict[str, str]  # the point's values: key.path -> value as written on the command line
+
+
 class RunManifest(TypedDict, total=False):
     """The run's ``manifest.json``: what the run is, fixed when it was submitted. Writers: ``runner submit``
     (``runner.host.submit.make``, redacted; a resize rewrites ``world_size`` and ``accumulate_grad_batches``) and
@@ -215,6 +224,7 @@ class RunManifest(TypedDict, total=False):
     cwd: str  # where `runner submit` ran: a program (command:) runs there (submit)
     env: str  # parallel.env: "local", "local_gpu" or "slurm" (parallel)
     items: int  # the work items of a parallel run (parallel)
+    sweep: SweepMark  # the sweep this run is a point of (submit, for `runner sweep`); missing: a run of its own
 
 
 _RUN_TYPES: dict[str, tuple[type, ...]] = {
@@ -254,7 +264,24 @@ def run_manifest(raw: Any) -> RunManifest:
             got["git"]["diff_files"] = git["diff_files"]
     if isinstance(data := raw.get("data_module"), dict):
         got["data_module"] = _fields(data, _DATA_MODULE_TYPES)
+    if (mark := sweep_mark(raw.get("sweep"))) is not None:
+        got["sweep"] = mark
     return cast(RunManifest, got)
+
+
+def sweep_mark(raw: Any) -> SweepMark | None:
+    """A manifest's ``sweep`` as read: the whole mark when every field has its type, else None (a run of its own)."""
+    if not isinstance(raw, dict):
+        return None
+    point = raw.get("point")
+    if not (isinstance(raw.get("id"), str) and _whole(raw.get("index")) and _whole(raw.get("size"))
+            and isinstance(point, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in point.items())):
+        return None
+    return {"id": raw["id"], "index": raw["index"], "size": raw["size"], "point": dict(point)}
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _str(value: Any) -> str | None:

@@ -456,6 +456,10 @@ class RunDir(Ledger):
     def report_page(self) -> Path:  # `runner report`'s page of the run
         return self.root / REPORT_PAGE
 
+    @property
+    def console_log(self) -> Path:  # what a local run's driver says, when it runs in the background (API, sweep)
+        return self.root / "console.log"
+
     def batch_log(self, job: str) -> Path:
         """Slurm's output of one job's batch script (every attempt of the job appends: --open-mode=append)."""
         return self.logs / f"slurm-{job}.out"

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import jinja2
 
 from runner import __version__, redaction
-from runner.errors import BuildError
+from runner.errors import BuildError, ConfigError
 from runner.rundir import ATTEMPT_ENV
 from runner.spec import Config
 from runner.spec.typed import Container
@@ -249,27 +249,55 @@ def program_python(cfg: Config, run_dir: Path, image: str, program_dir: str) -> 
     return job_python(cfg, image, _binds(cfg, run_dir, program_dir), list(cfg.data["env"]), program_dir)
 
 
-def sbatch(cfg: Config, run_dir: Path, image: str, program_dir: str | None = None) -> str:
-    """The batch script. ``program_dir``: where a program (``command:``) runs, bound into the container."""
+def directives(cfg: Config) -> list[str]:
+    """The batch script's ``#SBATCH`` options but its output file: what the job asks Slurm for. A sweep's job array
+    (``array``) carries them once for all its tasks."""
     d, s = cfg.data, cfg.data["slurm"]
     flags = [f"--{key}={s[key]}" for key in ("partition", "account", "qos", "constraint", "mem") if s[key] is not None]
     flags += list(s["extra_flags"])
     gpus = s["gpus_per_node"]
     if gpus is None:
         gpus = d["num_device"] if d["trainer"]["accelerator"] in ("gpu", "cuda") else 0
+    return [f"--job-name={cfg.name}", f"--nodes={d['num_nodes']}", f"--ntasks-per-node={d['num_device']}",
+            *([f"--gres=gpu:{gpus}"] if gpus else []), f"--cpus-per-task={s['cpus_per_task']}", f"--time={s['time']}",
+            *flags, "--requeue" if s["requeue"] else "--no-requeue", f"--signal=B:{s['signal']}@{s['signal_lead_s']}",
+            "--open-mode=append"]
+
+
+def sbatch(cfg: Config, run_dir: Path, image: str, program_dir: str | None = None) -> str:
+    """The batch script. ``program_dir``: where a program (``command:``) runs, bound into the container."""
+    d = cfg.data
     binds = _binds(cfg, run_dir, program_dir)
     everything = sorted((k, str(v)) for k, v in d["env"].items())
     env = [(k, v) for k, v in everything if k not in secret_env(d["env"])]  # the rest: RUN/secret.env (0600)
     ifname = cfg.data["network"]["ifname"]
     env_names = [*CONTAINER_ENV, *(IFNAME_ENV if ifname else ()), *(k for k, _ in everything)]
-    return render("sbatch.sh.j2", config_name=cfg.name, config_hash=cfg.hash(), name=cfg.name,
-                  nodes=d["num_nodes"], ntasks_per_node=d["num_device"], world_size=d["num_nodes"] * d["num_device"],
-                  gpus_per_node=gpus,
-                  cpus_per_task=s["cpus_per_task"], time=s["time"], sbatch_flags=flags, requeue=s["requeue"],
-                  signal=s["signal"], signal_lead_s=s["signal_lead_s"], run_dir=str(run_dir), env=env,
-                  host_python=sys.executable, ifname=ifname,
+    return render("sbatch.sh.j2", config_name=cfg.name, config_hash=cfg.hash(), directives=directives(cfg),
+                  world_size=d["num_nodes"] * d["num_device"], signal=d["slurm"]["signal"], run_dir=str(run_dir),
+                  env=env, host_python=sys.executable, ifname=ifname,
                   verify_key=verify_key(cfg), exec_prefix=exec_prefix(cfg, image, binds, env_names, str(run_dir)),
                   unset=redaction.webhook_names(cfg.data))
+
+
+def array(cfgs: list[Config], sweep_id: str, sweep_dir: Path, run_dirs: list[Path], limit: int) -> str:
+    """A sweep's job array on Slurm: task i runs ``run_dirs[i]``'s own batch script (``sbatch``), so each task is an
+    ordinary run with its own directory. Its options are the runs' (``directives``), which must be one set: a point
+    that asks Slurm for something else (more nodes, another partition) is refused.
+
+    Raises:
+        ConfigError: the points differ in their ``#SBATCH`` options (the job name aside: the array takes the first's).
+    """
+    first = directives(cfgs[0])
+    for i, cfg in enumerate(cfgs[1:], start=1):
+        mine = directives(cfg)
+        if mine[1:] != first[1:]:
+            theirs = sorted(set(mine[1:]) - set(first[1:]))
+            ours = sorted(set(first[1:]) - set(mine[1:]))
+            raise ConfigError([f"sweep {sweep_id}: point {i} asks Slurm for {' '.join(theirs)}, point 0 for "
+                               f"{' '.join(ours)}; expected one set of #SBATCH options for the sweep's job array. "
+                               "hint: sweep such values (num_nodes, num_device, slurm.*) in sweeps of their own"])
+    return render("sbatch-array.sh.j2", config_name=cfgs[0].name, sweep_id=sweep_id, directives=first,
+                  last=len(run_dirs) - 1, limit=limit, sweep_dir=str(sweep_dir), run_dirs=[str(r) for r in run_dirs])
 
 
 def verify_key(cfg: Config) -> str | None:

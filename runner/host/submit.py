@@ -12,9 +12,10 @@ import os
 import shlex
 import socket
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import yaml
 
@@ -22,11 +23,14 @@ from runner import __version__, alerts, policy, spec
 from runner.errors import SubmitError
 from runner.host import build, nodes, render, scheduler
 from runner.host.provenance import git_provenance
-from runner.records import DataModule, GitState, RunManifest
+from runner.records import DataModule, GitState, RunManifest, SweepMark
 from runner.rundir import RunDir, atomic_write, manifest_text
 from runner.spec import program_copy
 from runner.spec.load import fill_builtins
 from runner.spec.typed import read_resolved
+
+if TYPE_CHECKING:
+    from runner.host.background import Driver
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +48,8 @@ class Plan:
     image_problem: str | None = None
     private: dict[str, str] = field(default_factory=dict)  # written mode 0600, never printed (the git diff)
     warnings: list[str] = field(default_factory=list)  # the config's notes (validation), said at submit too
-    source: tuple[Path, list[str], bool] | None = None  # plan()'s arguments: to plan again under a free name
+    # plan()'s arguments: to plan again under a free name (the sweep's point keeps its mark)
+    source: tuple[Path, list[str], bool, SweepMark | None] | None = None
 
     def __str__(self) -> str:
         lines = [f"run directory: {self.run.root}", f"scheduler:     {self.scheduler}",
@@ -56,15 +61,15 @@ class Plan:
         return "\n".join(lines)
 
 
-def new_run_dir(cfg: spec.Config) -> RunDir:
+def new_run_dir(cfg: spec.Config, taken: Collection[Path] = ()) -> RunDir:
     """The next free run directory name, ``NAME-YYYYmmdd-HHMMSS`` then ``-2``, ``-3``, ... within one second.
 
-    Free when planned; ``write`` claims it with an atomic mkdir and plans again under the next name when another
-    submit took it in between."""
+    Free when planned (and not in ``taken``: the names a sweep's earlier points were planned under); ``write`` claims
+    it with an atomic mkdir and plans again under the next name when another submit took it in between."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     root = Path(cfg.data["run_root"]).resolve() / f"{cfg.name}-{stamp}"
     n = 1
-    while os.path.lexists(root):
+    while os.path.lexists(root) or root in taken:
         n += 1
         root = root.with_name(f"{cfg.name}-{stamp}-{n}")
     if not spec.SBATCH_SAFE.match(str(root)):
@@ -125,26 +130,50 @@ class Facts:
     now: float
 
 
-def gather(path: Path, overrides: list[str], allow_missing_image: bool = False) -> Facts:
-    """Ask the system what the plan needs: the config (loaded again with the free run directory's name, which
-    ``${run_dir}`` may name), the image, git, the alert URL, the remembered bad nodes, the clock."""
-    run = new_run_dir(spec.load(path, overrides))
-    cfg = spec.load(path, overrides, run_dir=str(run.root))
+@dataclass(frozen=True)
+class Context:
+    """The facts every submission of one config from this process shares: its checkout's git state, this host, this
+    directory, the clock (a sweep asks once for all its points)."""
+
+    git: GitState
+    diff: str
+    host: str
+    cwd: str
+    now: float
+
+
+def context(path: Path) -> Context:
     git, diff = git_provenance(path.resolve().parent)  # the diff only in a private file: it may hold a token
+    return Context(git, diff, socket.gethostname(), os.getcwd(), time.time())
+
+
+def gather(path: Path, overrides: list[str], allow_missing_image: bool = False, shared: Context | None = None,
+           taken: Collection[Path] = (), loaded: spec.Config | None = None) -> Facts:
+    """Ask the system what the plan needs: the config (loaded again with the free run directory's name, which
+    ``${run_dir}`` may name), the image, git, the alert URL, the remembered bad nodes, the clock. A sweep passes what
+    it asked once for every point (``shared``), the run directories its earlier points were planned under (``taken``)
+    and the point's config as it checked it (``loaded``)."""
+    run = new_run_dir(loaded or spec.load(path, overrides), taken)
+    cfg = spec.load(path, overrides, run_dir=str(run.root))
+    ctx = shared or context(path)
     bad = nodes.remembered(run.root.parent, cfg.data["resume"]["exclude_nodes_s"]) \
         if scheduler.of(cfg.data["scheduler"]).queue else {}
     image = build.image_path(cfg)
-    return Facts(cfg, run, image, check_image(cfg, image, allow_missing_image), _spec_hash(cfg), git, diff,
+    return Facts(cfg, run, image, check_image(cfg, image, allow_missing_image), _spec_hash(cfg), ctx.git, ctx.diff,
                  alerts.secrets_of(cfg.data["alerts"]), [n for n, _ in sorted(bad.items(), key=lambda kv: (
-                     kv[1]["time"], kv[0]))], socket.gethostname(), os.getcwd(), time.time())
+                     kv[1]["time"], kv[0]))], ctx.host, ctx.cwd, ctx.now)
 
 
-def plan(path: Path, overrides: list[str], allow_missing_image: bool = False) -> Plan:
-    """Validate and render everything for a submission, without changing anything (``--dry-run`` prints it)."""
-    return make(gather(path, overrides, allow_missing_image), path, overrides, allow_missing_image)
+def plan(path: Path, overrides: list[str], allow_missing_image: bool = False, sweep: SweepMark | None = None,
+         shared: Context | None = None, taken: Collection[Path] = (), loaded: spec.Config | None = None) -> Plan:
+    """Validate and render everything for a submission, without changing anything (``--dry-run`` prints it).
+    ``sweep``: the sweep this run is a point of (its manifest says so); the rest: see ``gather``."""
+    return make(gather(path, overrides, allow_missing_image, shared, taken, loaded), path, overrides,
+                allow_missing_image, sweep)
 
 
-def make(f: Facts, path: Path, overrides: list[str], allow_missing_image: bool = False) -> Plan:
+def make(f: Facts, path: Path, overrides: list[str], allow_missing_image: bool = False,
+         sweep: SweepMark | None = None) -> Plan:
     """The plan from its facts alone: the run directory's files, the command that starts the run and every other
     command the submission may run, and what the dry run says about them."""
     cfg, run = f.cfg, f.run
@@ -155,6 +184,8 @@ def make(f: Facts, path: Path, overrides: list[str], allow_missing_image: bool =
         "runtime": cfg.data["container"]["runtime"], "spec_hash": f.spec_hash, "world_size": cfg.world_size,
         "global_batch": cfg.global_batch, "accumulate_grad_batches": cfg.accumulate, "git": f.git,
         "created": f.now, "host": f.host, "data_module": data_module(cfg), "cwd": f.cwd}
+    if sweep is not None:
+        manifest["sweep"] = sweep
     files = {run.config.name: spec.dump(cfg.data),  # named relative to the run directory, by RunDir
              run.manifest.name: manifest_text(cast(RunManifest, alerts.redact_obj(manifest, f.secrets))),
              run.script.name: render.sbatch(cfg, run.root, f.image, f.cwd)}
@@ -181,7 +212,7 @@ def make(f: Facts, path: Path, overrides: list[str], allow_missing_image: bool =
         private[run.secret_env.name] = hidden  # what the script sources: the one place an env: secret is written
     files = {name: alerts.redact(text) for name, text in files.items()}  # --dry-run prints them
     return Plan(run, files, start.argv, cfg.data["scheduler"], cfg.world_size, notes, f.image_problem,
-                private=private, warnings=cfg.notes, source=(path, list(overrides), allow_missing_image))
+                private=private, warnings=cfg.notes, source=(path, list(overrides), allow_missing_image, sweep))
 
 
 CLAIM_TRIES = 100  # submits of one name within one second that may race for the next free suffix
@@ -217,12 +248,40 @@ def write(p: Plan) -> Plan:
     return p
 
 
-def execute(p: Plan) -> int:
-    """Write the run directory and start the run under its scheduler; returns the exit code for the CLI."""
+def warn(p: Plan) -> None:
+    """Say the config's notes (what validation noticed) before the run starts, as ``runner validate`` says them."""
+    for note in p.warnings:
+        logging.getLogger("runner.spec").warning("%s", note)
+
+
+@dataclass
+class Started:
+    """A written run that its scheduler started: the exit code for the CLI, and a local run's driver where it runs in
+    the background (``start(detach=True)``; None where the run ended before ``start`` returned, or went to Slurm)."""
+
+    run: RunDir
+    code: int
+    driver: Driver | None = None
+
+
+def start(p: Plan, detach: bool = False) -> Started:
+    """Write the run directory and start the run under its scheduler. ``detach``: a local run's driver runs in a
+    process of its own (``runner.host.background``) and this returns once the run recorded its start; else a local run
+    is driven here, in the foreground, until its attempt ends (``runner submit``)."""
     if p.image_problem:
         raise SubmitError(p.image_problem)
     p = write(p)
-    return scheduler.of(p.scheduler).start(p.run, p.world_size)
+    sched = scheduler.of(p.scheduler)
+    if detach and not sched.detached:
+        from runner.host import background
+
+        return Started(p.run, 0, background.start(p.run, p.world_size))
+    return Started(p.run, sched.start(p.run, p.world_size))
+
+
+def execute(p: Plan) -> int:
+    """Write the run directory and start the run under its scheduler; returns the exit code for the CLI."""
+    return start(p).code
 
 
 RESIZABLE = ("num_nodes", "num_device")
@@ -351,6 +410,18 @@ def _refuse_damaged(run: RunDir) -> None:
     if run.logs.exists() and not run.logs.is_dir():
         raise SubmitError(f"resume {run.name}: {run.logs} is a file; expected a directory (each attempt's rank logs "
                           "go there). hint: move the file away")
+
+
+def resume_any(run: RunDir, overrides: list[str], force: bool = False) -> int:
+    """``runner resume``: a training run from its newest complete checkpoint (``resume``), a ``runner parallel`` run
+    from its own config (its done items kept)."""
+    from runner.host import status
+
+    if status.is_parallel(run):
+        from runner.host import parallel
+
+        return parallel.resume(run, overrides)
+    return resume(run, overrides, force=force)
 
 
 def resume(run: RunDir, overrides: list[str] | None = None, force: bool = False) -> int:
