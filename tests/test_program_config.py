@@ -272,7 +272,8 @@ dataloader:
     assert (tr["max_steps"], tr["max_epochs"], tr["accumulate_grad_batches"]) == (-1, None, 1)
     dl = cfg.data["dataloader"]
     assert dl["collate_fn"] == {"_target_": "my.collate"} and dl["train"]["iter_factory"]["batch_bins"] == 100
-    assert (dl["test"]["total_shards"], dl["test"]["dist_world_size"]) == (4, 2)
+    assert dl["test"] == {"total_shards": 4}  # checked against the world (2), no dist_world_size invented
+    assert (dl["train"]["total_shards"], dl["train"]["dist_world_size"]) == (None, None)
     assert (cfg.local_batch, cfg.accumulate, cfg.global_batch) == (None, None, None)
     bad = problems(write(tmp_path, text.replace("test: {total_shards: 4}", "test: {total_shards: 3}"), "b.yaml"))
     assert len(bad) == 1 and ": dataloader.test.total_shards: found 3; expected a multiple of" in bad[0]

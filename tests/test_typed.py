@@ -16,9 +16,8 @@ pytestmark = pytest.mark.unit
 # Values that validation derives, so the typed view is narrower than what a user may write (or, for batch_size,
 # wider: None in program mode, where the batch is the program's own).
 DERIVED = {("trainer", "accumulate_grad_batches"): (int,), ("name",): (str,), ("command",): (list, type(None)),
-           **{("dataloader", split, key): (int,) for split in ("train", "valid")
-              for key in ("total_shards", "dist_world_size")},
-           **{("dataloader", split, "batch_size"): (int, type(None)) for split in ("train", "valid")}}
+           **{("dataloader", split, key): (int, type(None)) for split in ("train", "valid")  # None in program mode
+              for key in ("total_shards", "dist_world_size", "batch_size")}}
 FILLED = {"program"}  # keys of the view that load fills, not the user: the program's own keys
 
 
@@ -78,8 +77,8 @@ def test_program_mode_fills_what_the_view_declares(tmp_path: Any, monkeypatch: p
     assert (v["trainer"]["devices"], v["trainer"]["num_nodes"], v["trainer"]["max_steps"],
             v["trainer"]["max_epochs"], v["trainer"]["accumulate_grad_batches"]) == (2, 1, -1, None, 1)
     for split in ("train", "valid"):
-        assert v["dataloader"][split] == {"batch_size": None, "num_workers": 0, "dist_world_size": 2,
-                                          "total_shards": 2}
+        assert v["dataloader"][split] == {"batch_size": None, "num_workers": 0, "dist_world_size": None,
+                                          "total_shards": None}  # the program's file names no sharding
     assert "model" not in v and "data" not in v
 
 

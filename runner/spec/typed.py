@@ -29,8 +29,8 @@ class Trainer(TypedDict):
 
 
 class Loader(TypedDict):
-    total_shards: int
-    dist_world_size: int
+    total_shards: int | None  # None: a program's loader whose file does not name it (runner invents none)
+    dist_world_size: int | None
     batch_size: int | None  # None in program mode
     num_workers: int
 

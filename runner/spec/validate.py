@@ -187,24 +187,27 @@ def check_rules(d: dict[str, Any], problems: Problems, base: Path | None = None,
         problems.add("trainer.num_nodes", tr["num_nodes"], f"{nodes} (= num_nodes)",
                      "set trainer.num_nodes: ${num_nodes}")
     for split, loader in _loaders(d["dataloader"], program, problems):
-        # Unset sharding is derived, so a block the user did not write never fails.
-        if loader.get("dist_world_size") is None and world is not None:
+        # runner's own loaders: unset sharding is derived, so a block the user did not write never fails. A program's
+        # keys are checked only where its file has them: runner invents none (ESPnet3 reads neither key from its
+        # config; its sharded datasets carry their own, and its loader needs total_shards % world == 0).
+        if not program and loader.get("dist_world_size") is None and world is not None:
             loader["dist_world_size"] = world
-        if loader.get("total_shards") is None:
+        if not program and loader.get("total_shards") is None:
             loader["total_shards"] = loader.get("dist_world_size")
         dws: Any = loader.get("dist_world_size")  # absent when the world is unknown (a bad num_device)
         shards: Any = loader.get("total_shards")
-        if world is None or not _ints(dws, shards):
+        if world is None:
             continue
-        if dws != world:
+        if _ints(dws) and dws != world:
             # A program's config goes to the program as written: a hint it can read (OmegaConf, ESPnet3's, has no
             # arithmetic in its interpolations), where runner's own resolves ${num_nodes * num_device} itself.
             problems.add(f"dataloader.{split}.dist_world_size", dws, f"{world} (= num_nodes x num_device)",
                          f"set dist_world_size: {world}" if program else
                          "set dist_world_size: ${num_nodes * num_device}")
-        elif shards % dws:
-            up = -(-shards // dws) * dws
-            problems.add(f"dataloader.{split}.total_shards", shards, f"a multiple of dist_world_size={dws}",
+        elif _ints(shards) and shards % world:  # dist_world_size, where given, is the world here
+            up = -(-shards // world) * world
+            problems.add(f"dataloader.{split}.total_shards", shards, f"a multiple of dist_world_size={world}"
+                         if _ints(dws) else f"a multiple of {world} (= num_nodes x num_device)",
                          f"use total_shards: {up}")
     _check_time(d["slurm"]["time"], problems)
     _check_signing(d["container"], problems, base)
@@ -368,6 +371,8 @@ def _check_program(d: dict[str, Any], problems: Problems) -> None:
         if isinstance(loader, dict):
             loader.setdefault("batch_size", None)  # the program's own
             loader.setdefault("num_workers", SCHEMA["dataloader"]["train"]["num_workers"].default)
+            for key in SHARDING:  # only what its file has is checked (``check_rules``); none is invented
+                loader.setdefault(key, None)
 
 
 # ``${...}`` as runner resolves it (runner.spec.load); a command's words keep each one whole while it is split.
