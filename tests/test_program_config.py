@@ -7,6 +7,7 @@ through `runner.spec.load`.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -206,10 +207,15 @@ def test_command_is_an_argv(tmp_path: Path, command: str, argv: list[str]) -> No
     ("c.yaml", "$HOME $(id) `id` \\", "python t.py ${tag}", ["python", "t.py", "$HOME $(id) `id` \\"]),
     ("c.yaml", "", "python t.py --tag ${tag} last", ["python", "t.py", "--tag", "", "last"]),
     ("c.yaml", "x", "python t.py \"${tag} ${tag}\" pre${tag}post", ["python", "t.py", "x x", "prexpost"]),
+    # A list, a word of its own, is one word per item ("$@"): ESPnet3's --stages takes its stages so.
+    ("c.yaml", ["infer", "measure"], "python run.py --stages ${tag} --x", ["python", "run.py", "--stages", "infer",
+                                                                          "measure", "--x"]),
+    ("c.yaml", ["a b", 2], "python t.py ${tag}", ["python", "t.py", "a b", "2"]),
+    ("c.yaml", [], "python t.py ${tag} end", ["python", "t.py", "end"]),
     ("c.yaml", "x", "torchrun --nproc-per-node ${num_nodes * num_device} --run \"${run_dir}\" t.py",
      ["torchrun", "--nproc-per-node", "16", "--run", "/runs/r x", "t.py"]),
 ])
-def test_a_command_is_split_as_written_then_each_word_substituted(tmp_path: Path, name: str, value: str,
+def test_a_command_is_split_as_written_then_each_word_substituted(tmp_path: Path, name: str, value: Any,
                                                                   command: str, argv: list[str]) -> None:
     rest = SEED.split("\n", 1)[1]  # the seed without its command line
     path = write(tmp_path, yaml.safe_dump({"command": command, "tag": value}, width=1000) + rest, name)
@@ -220,6 +226,7 @@ def test_a_command_is_split_as_written_then_each_word_substituted(tmp_path: Path
     ("[a, b]", "command: found '--tag=${tag}'; expected a value that is one argument (a string or a number), not a "
                "list"),
     ("{a: 1}", "not a mapping"),
+    ("[a, [b]]", "not a list"),  # a list of lists: its items are no arguments either
     ("\"a\\nb\"", "command[2]: found '--tag=a\\nb'; expected an argument without control characters"),
 ])
 def test_a_value_that_is_not_one_argument_is_one_line(tmp_path: Path, value: str, needle: str) -> None:

@@ -435,14 +435,18 @@ class _Interp:
             raise _InterpError(f"an interpolated string under {MAX_STRING} characters")
         return out
 
-    def word(self, word: str) -> str:
+    def word(self, word: str) -> str | list[str]:
         """One word of a command written as a string (``validate.split_command``), each ``${...}`` replaced by its
-        value's text, whole: spaces, quotes, ``$`` or nothing, it stays inside this one word."""
+        value's text, whole: spaces, quotes, ``$`` or nothing, it stays inside this one word. A word that is one
+        ``${...}`` of a list is one word per item, as ``"$@"`` in a shell (``--stages ${stages}``, ESPnet3's)."""
         if "${" not in word:
             return word
         resolver = _RESOLVER.search(word)
         if resolver:
             raise _Resolver(resolver.group(0))
+        whole = _INTERP.fullmatch(word)
+        if whole and isinstance(items := self.expr(whole.group(1)), list):
+            return [_one_argument(item) for item in items]
         out = _INTERP.sub(lambda m: _one_argument(self.expr(m.group(1))), word)
         if len(out) > MAX_STRING:
             raise _InterpError(f"an interpolated string under {MAX_STRING} characters")
@@ -478,10 +482,12 @@ class _Interp:
 
 
 def _one_argument(value: Any) -> str:
-    """A value's text inside a command's word; a list or mapping is no one argument."""
+    """A value's text inside a command's word; a list or mapping is no one argument (a list is several, as a word
+    of its own: ``word``)."""
     if isinstance(value, (dict, list)):
         raise _InterpError("a value that is one argument (a string or a number), not a "
-                           + ("mapping" if isinstance(value, dict) else "list"))
+                           + ("mapping" if isinstance(value, dict) else "list (a list is a word of its own: "
+                                                                         "--flag ${key})"))
     return str(value)
 
 
@@ -505,7 +511,8 @@ def _resolve_all(node: Any, interp: _Interp, problems: Problems, path: str,
         return {k: _resolve_all(v, interp, problems, f"{path}.{k}" if path else str(k), theirs)
                 for k, v in node.items()}
     if isinstance(node, _Words):
-        return [_resolve_leaf(w, interp.word, problems, path, theirs) for w in node]
+        words = [_resolve_leaf(w, interp.word, problems, path, theirs) for w in node]
+        return [one for w in words for one in (w if isinstance(w, list) else [w])]
     if isinstance(node, list):
         return [_resolve_all(v, interp, problems, path, theirs) for v in node]
     return _resolve_leaf(node, interp.value, problems, path, theirs)
