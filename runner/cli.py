@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from runner import __version__, log
+from runner import __version__, log, redaction
 from runner.errors import ConfigError, RunnerError
 
 
@@ -98,7 +98,25 @@ def _logs(args: argparse.Namespace) -> int:
     if not args.batch and not run.attempts() and any(run.logs.glob("rank-*.log")):
         raise RunnerError(f"run {run.name} predates per-attempt logs: found {run.logs}/rank-*.log, expected "
                           f"{run.logs}/attempt-N/. hint: read those files directly")
-    return status.logs(run, None if args.batch else args.rank, args.follow, attempt=args.attempt)
+    _remember_secrets(run)
+    shown = redaction.Scrubbed(sys.stdout, hold=True)  # a log holds what the program printed: no secret runner knows
+    sys.stdout = shown
+    try:
+        return status.logs(run, None if args.batch else args.rank, args.follow, attempt=args.attempt)
+    finally:
+        sys.stdout = shown.out
+        shown.close()
+
+
+def _remember_secrets(run: Any) -> None:
+    """The secrets of a run this host knows (``runner.redaction``): the webhook URL its variables hold here, its
+    ``alerts.url_file`` and ``env:``, its ``secret.env``; a damaged config leaves the default variable's."""
+    from runner.spec.typed import read_resolved
+
+    try:
+        read_resolved(run.config)
+    except (RunnerError, OSError):
+        redaction.remember_config({}, run.root)
 
 
 def _cancel(args: argparse.Namespace) -> int:

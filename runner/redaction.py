@@ -85,6 +85,58 @@ def remember(secrets: Iterable[str]) -> None:
         _VARIANTS[:] = secret_variants(_KNOWN)
 
 
+class Scrubbed:
+    """A text stream that passes on what it is given without the secrets this process knows (``scrub``): the second
+    wall where text that runner did not write (a program's output, a rank log read back) passes through runner.
+
+    A secret (a URL) holds no whitespace, yet may come in two writes: the text after the last whitespace waits for
+    the next write. ``flush`` passes it on too (a rank's last words before its exit must reach its log), unless
+    ``hold``: a reader that flushes after every chunk (``runner logs --follow``) passes it on at ``close``. Every
+    other attribute is the wrapped stream's (``fileno``, ``isatty``, ``encoding``)."""
+
+    KEEP = 8192  # text without whitespace held at most: a longer run is passed on but for its last KEEP characters
+
+    def __init__(self, out: Any, hold: bool = False) -> None:
+        import threading
+
+        self.out, self.hold = out, hold
+        self._held = ""
+        self._lock = threading.Lock()
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            held = self._held + text
+            start = max(0, len(held) - self.KEEP)
+            cut = max(max(held.rfind(c, start) for c in " \t\n\r\f\v") + 1, start)
+            self._held = held[cut:]
+            if cut:
+                self.out.write(scrub(held[:cut]))
+        return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        if not self.hold:
+            self._pass_on()
+        self.out.flush()
+
+    def close(self) -> None:
+        """Pass on what is held (the stream itself stays open: it is the wrapped one's to close)."""
+        self._pass_on()
+        self.out.flush()
+
+    def _pass_on(self) -> None:
+        with self._lock:
+            held, self._held = self._held, ""
+            if held:
+                self.out.write(scrub(held))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.out, name)
+
+
 DEFAULT_URL_ENV = "RUNNER_WEBHOOK_URL"  # alerts.url_env's default
 
 

@@ -8,6 +8,7 @@ commands.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from pathlib import Path
@@ -17,7 +18,7 @@ from urllib.parse import quote
 import pytest
 import yaml
 
-from runner import alerts, spec
+from runner import alerts, redaction, spec
 from runner.alerts import AlertConfigError
 from tests.ci import need
 
@@ -146,3 +147,46 @@ def test_the_batch_script_starts_the_ranks_without_the_webhook_variables() -> No
     assert step.startswith("env -u MY_SLACK -u RUNNER_WEBHOOK_URL srun "), step
     assert "hook exit --rc" in script  # the exit hook (a trap) runs in the batch shell, which keeps the variables
     assert "unset" not in script and "MY_SLACK=" not in script
+
+
+SCRUB_URL = "https://alerts.example.com/hooks/T0000/s3cr3tt0k3nvalue42"
+
+
+@pytest.mark.parametrize(("pieces", "hold", "expected"), [
+    # A secret split across writes (a flush between): found whole all the same, the text around it kept as is.
+    (["a https://alerts.exa", "mple.com/hooks/T0000/s3cr3t", "t0k3nvalue42 b\n"], True,
+     "a [webhook URL redacted] b\n"),
+    (["token=s3cr3tt0k", "3nvalue42&x=1\n", "host alerts.example.com/hooks/T0000/s3cr3tt0k3nvalue42"], True,
+     "token=[webhook URL redacted]&x=1\nhost [webhook URL redacted]"),
+    # A Slack URL, known to nobody, by its shape; its end is where the text after it begins.
+    (["x hooks.slack.com/services/", "T1/B2/zzzzzzzzzzzz", "zzzz\ty"], True, "x [webhook URL redacted]\ty"),
+    # A rank's stream (no hold): what a flush leaves is passed on, the text unchanged where there is no secret.
+    (["progress 10%\r", "progress 20%"], False, "progress 10%\rprogress 20%"),
+    (["", "\n\n", "no secret here"], False, "\n\nno secret here"),
+])
+def test_a_scrubbed_stream_passes_on_text_without_the_secrets_this_process_knows(
+        monkeypatch: pytest.MonkeyPatch, pieces: list[str], hold: bool, expected: str) -> None:
+    monkeypatch.setattr(redaction, "_KNOWN", set())
+    monkeypatch.setattr(redaction, "_VARIANTS", [])
+    redaction.remember([SCRUB_URL])
+    out = io.StringIO()
+    stream = redaction.Scrubbed(out, hold=hold)
+    for piece in pieces:
+        assert stream.write(piece) == len(piece)
+        stream.flush()
+        assert found_in(out.getvalue(), SCRUB_URL) == []
+    stream.close()
+    assert out.getvalue() == expected
+
+
+def test_a_scrubbed_stream_holds_at_most_keep_characters_and_is_the_stream_it_wraps(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(redaction, "_VARIANTS", [])
+    out = io.StringIO()
+    stream = redaction.Scrubbed(out, hold=True)
+    stream.write("x" * (redaction.Scrubbed.KEEP + 100))
+    stream.flush()
+    assert out.getvalue() == "x" * 100  # a line without whitespace is not held whole
+    stream.close()
+    assert out.getvalue() == "x" * (redaction.Scrubbed.KEEP + 100)
+    assert stream.getvalue() == out.getvalue() and stream.closed is False  # the rest is the wrapped stream's

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from runner.host import submit
+from runner.rundir import RunDir
 from tests.test_secrets import REPO, found_in, make_run
 
 if TYPE_CHECKING:
@@ -141,3 +142,77 @@ def test_a_program_printing_its_environment_writes_no_webhook_url(tmp_path: Path
     for f in [p for p in run.rglob("*") if p.is_file()]:
         assert found_in(f.read_text(errors="replace"), url) == [], f
     assert found_in(out.stdout + out.stderr, url) == []
+
+
+LEAKER = """import os, sys
+print(dict(os.environ))
+print(open("/proc/self/environ", "rb").read().replace(b"\\0", b"\\n").decode())
+source = sys.argv[1]
+url = os.environ["MY_HOOK"] if source == "env" else open(sys.argv[2]).read().strip() if source == "file" else {url!r}
+print("posting to", url, flush=True)
+raise RuntimeError(f"POST {{url}} failed: 403 Forbidden")
+"""
+URL = "https://alerts.example.com/hooks/T0000/s3cr3tt0k3nvalue42"  # no Slack shape: found only as a known secret
+
+
+def leaking_run(tmp_path: Path, source: str) -> tuple[subprocess.CompletedProcess[str], Path, dict[str, str]]:
+    """`runner submit` of a 2-rank program that prints its whole environment, then the webhook URL it got (from
+    ``env:``, from the file ``alerts.url_file`` names, or written in its own source), and raises an exception that
+    quotes it; the submitting shell holds the URL in the default variable and in ``alerts.url_env``'s."""
+    (tmp_path / "leak.py").write_text(LEAKER.format(url=URL if source == "source" else "unused"))
+    hook_file = tmp_path / "hook.url"
+    hook_file.write_text(URL + "\n")
+    hook_file.chmod(0o600)
+    runner_block: dict[str, object] = {
+        "name": "leak", "scheduler": "local", "run_root": str(tmp_path / "runs"), "container": {"runtime": "none"},
+        "alerts": {"url_env": "TEAM_HOOK", "enabled": False}}
+    if source == "env":
+        runner_block["env"] = {"MY_HOOK": URL}
+    if source == "file":
+        runner_block["alerts"] = {"url_file": str(hook_file), "enabled": False}
+    conf = tmp_path / "leak.yaml"
+    conf.write_text(yaml.safe_dump({"num_nodes": 1, "num_device": 2, "runner": runner_block,
+                                    "command": f"python leak.py {source} {hook_file}"}))
+    env = {**os.environ, "RUNNER_WEBHOOK_URL": URL, "TEAM_HOOK": URL, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-m", "runner", "submit", str(conf)], env=env, capture_output=True,
+                         text=True, timeout=300, cwd=tmp_path)
+    assert out.returncode == 1, out.stdout + out.stderr  # the program's exception: a failed run
+    [run] = (tmp_path / "runs").iterdir()
+    return out, run, env
+
+
+def shown(run: Path, env: dict[str, str]) -> str:
+    """What `runner logs` (each rank) and `runner status` print of the run."""
+    outs = [subprocess.run([sys.executable, "-m", "runner", *args], env=env, capture_output=True, text=True,
+                           timeout=120, cwd=REPO) for args in (["logs", str(run), "--rank", "0"],
+                                                              ["logs", str(run), "--rank", "1"],
+                                                              ["status", str(run), "--json"])]
+    assert all(o.returncode == 0 for o in outs), [o.stderr for o in outs]
+    return "".join(o.stdout + o.stderr for o in outs)
+
+
+@pytest.mark.parametrize("source", ["env", "file"])
+def test_a_secret_the_ranks_know_reaches_no_file_of_the_run_and_no_output(tmp_path: Path, source: str) -> None:
+    """The program got the webhook URL as the config said (an ``env:`` variable; the file ``alerts.url_file``
+    names), printed its environment and raised quoting it: the ranks know that secret too, and what Python prints
+    in a rank passes runner's scrubbing on its way to the rank log. No file under the run root holds it (but
+    ``secret.env``, mode 0600, where ``env:`` put it as asked), nor any command's output."""
+    out, run, env = leaking_run(tmp_path, source)
+    logs = sorted((run / "logs").rglob("rank-*.log"))
+    assert len(logs) == 2 and all("RuntimeError: POST [webhook URL redacted] failed" in f.read_text() for f in logs)
+    assert all("'MASTER_PORT'" in f.read_text() for f in logs)  # the environment was printed, in every rank
+    files = [p for p in run.rglob("*") if p.is_file() and p != run / "secret.env"]
+    assert [str(f) for f in files if found_in(f.read_text(errors="replace"), URL)] == []
+    assert found_in(out.stdout + out.stderr, URL) == [] and "[webhook URL redacted]" in out.stdout  # the tail
+    assert found_in(shown(run, env), URL) == []
+
+
+def test_a_secret_only_the_program_had_is_shown_by_no_command(tmp_path: Path) -> None:
+    """The URL written in the program's own source: the ranks cannot know it is a secret (runner gives them no
+    webhook variable), so the rank log holds what the program printed. The host that reads it back knows the URL
+    (its variables): the console tail of the local run and `runner logs` show it redacted."""
+    out, run, env = leaking_run(tmp_path, "source")
+    assert found_in(RunDir(run).rank_log(0, 1).read_text(), URL) != []  # the program's own output, as written
+    assert found_in(out.stdout + out.stderr, URL) == [] and "[webhook URL redacted]" in out.stdout
+    printed = shown(run, env)
+    assert found_in(printed, URL) == [] and "posting to [webhook URL redacted]" in printed

@@ -492,10 +492,10 @@ def _console(run_dir: RunDir, event: str, rc: int, cause: str | None, rank: int,
             lines = []
         if lines:
             print(f"last lines of rank {rank} ({run_dir.rank_log(rank, attempt)}):")
-        for line in lines:
-            print(f"  {line}")
+        for line in lines:  # what the program printed: without any secret this process knows (runner.redaction)
+            print(f"  {redaction.scrub(line)}")
     if event == "completed":
         print(f"run {run_dir.root}: finished")
         return
-    print(f"run {run_dir.root}: {event} (exit {rc})" + (f": {cause}" if cause else ""))
+    print(f"run {run_dir.root}: {event} (exit {rc})" + (f": {redaction.scrub(cause)}" if cause else ""))
     print(f"next: {nextstep.next_step(event, by='local', run=run_dir.name, exit_code=rc)}")

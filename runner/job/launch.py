@@ -77,7 +77,10 @@ def code_path(manifest: RunManifest) -> None:
 
 
 def _redirect_output(path: Path) -> None:
-    """One log file per rank and attempt: everything this process and its children print goes there."""
+    """One log file per rank and attempt: everything this process and its children print goes there. What Python
+    code in this process prints (the program's ``print``, a traceback) passes ``redaction.Scrubbed`` on its way:
+    the secrets this rank knows (``env:``'s, ``alerts.url_file``'s, any Slack webhook URL) never reach the file from
+    there. A child process and C code write to the file itself."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     sys.stdout.flush()
@@ -85,8 +88,8 @@ def _redirect_output(path: Path) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
-    sys.stdout = io.TextIOWrapper(os.fdopen(1, "wb", 0), line_buffering=True)
-    sys.stderr = io.TextIOWrapper(os.fdopen(2, "wb", 0), line_buffering=True)
+    sys.stdout = redaction.Scrubbed(io.TextIOWrapper(os.fdopen(1, "wb", 0), line_buffering=True))
+    sys.stderr = redaction.Scrubbed(io.TextIOWrapper(os.fdopen(2, "wb", 0), line_buffering=True))
 
 
 def _reached_end(trainer: Any, tcfg: TrainerConfig) -> bool:
