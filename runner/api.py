@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, overload
 
 from runner import ledger, spec
+from runner.errors import RunnerError, refused_by_filesystem
 from runner.host import background, report, scheduler, status
 from runner.host import submit as submission
 from runner.host import sweep as sweeps
@@ -48,11 +49,16 @@ POLL_S = 0.5  # how often ``wait`` looks at a run it did not start (Slurm's, ano
 
 @contextlib.contextmanager
 def _said() -> Iterator[None]:
-    """What the CLI's functions print (``submitted job 12: RUN``), as INFO records of the ``runner.api`` logger."""
+    """What the CLI's functions print (``submitted job 12: RUN``), as INFO records of the ``runner.api`` logger; the
+    file system's refusal (read-only, not this user's, full) as the one-line error the CLI prints for it."""
     out = io.StringIO()
     try:
         with contextlib.redirect_stdout(out):
             yield
+    except OSError as e:
+        if isinstance(e, RunnerError) or (refused := refused_by_filesystem(e)) is None:
+            raise
+        raise refused from None
     finally:
         for line in out.getvalue().splitlines():
             if line.strip():
@@ -173,7 +179,8 @@ class Run:
             with _said():
                 submission.resume_any(self.dir, list(overrides), force=force)
         else:
-            self._driver = background.resume(self.dir, list(overrides), force=force)
+            with _said():
+                self._driver = background.resume(self.dir, list(overrides), force=force)
         return self
 
     @property
@@ -183,7 +190,8 @@ class Run:
 
     def report(self, out: PathLike | None = None) -> Path:
         """Write the run's report page (``runner report``) and return its path."""
-        return report.write(self.dir, Path(out) if out is not None else None)
+        with _said():
+            return report.write(self.dir, Path(out) if out is not None else None)
 
 
 class Sweep:
@@ -242,7 +250,8 @@ class Sweep:
         Raises:
             SubmitError: a driver runs the sweep already.
         """
-        self._driver = background.sweep(self.folder.root, self.folder.driver, self.folder.console_log, parallel)
+        with _said():
+            self._driver = background.sweep(self.folder.root, self.folder.driver, self.folder.console_log, parallel)
         return self
 
 
@@ -286,9 +295,11 @@ def execute(p: Plan | SweepPlan) -> Run | Sweep:
         SubmitError: the scheduler refused it, its image is missing, a Slurm sweep (``--dry-run`` only for now).
     """
     if isinstance(p, SweepPlan):
-        written = sweeps.prepare(p)
-        folder = written.sweep
-        return Sweep(folder.root, background.sweep(folder.root, folder.driver, folder.console_log, written.parallel))
+        with _said():
+            written = sweeps.prepare(p)
+            folder = written.sweep
+            driver = background.sweep(folder.root, folder.driver, folder.console_log, written.parallel)
+        return Sweep(folder.root, driver)
     submission.warn(p)
     with _said():
         started = submission.start(p, detach=True)

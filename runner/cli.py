@@ -7,7 +7,6 @@ No logic lives here: each subcommand calls one module. Nothing on this path impo
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import logging
 import os
@@ -16,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from runner import __version__, log, redaction
-from runner.errors import ConfigError, RunnerError
+from runner.errors import ConfigError, RunnerError, refused_by_filesystem
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -330,9 +329,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-_FILESYSTEM_SAYS_NO = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     log.setup(args.verbosity)
@@ -344,13 +340,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{red}runner: error: {line}{reset}", file=sys.stderr)
         return e.exit_code
     except OSError as e:  # the file system refused (read-only, not this user's, full): the user's to fix
-        if e.errno not in _FILESYSTEM_SAYS_NO:
+        if (refused := refused_by_filesystem(e)) is None:
             raise
         red, reset = ("\033[31m", "\033[0m") if sys.stderr.isatty() else ("", "")
-        print(f"{red}runner: error: {e.filename or 'a file'}: cannot write it: {(e.strerror or '').lower()}; expected "
-              f"a path this user can write. hint: check its owner and mode, the mount, and the free space{reset}",
-              file=sys.stderr)
-        return 2
+        print(f"{red}runner: error: {refused}{reset}", file=sys.stderr)
+        return refused.exit_code
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # `runner submit --dry-run ... | head`: the reader left, nothing is wrong

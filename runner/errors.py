@@ -3,6 +3,8 @@
 Anything else is a bug and keeps its traceback.
 """
 
+import errno
+
 
 class RunnerError(Exception):
     """A problem the user can fix; the message is one line with a hint."""
@@ -40,3 +42,15 @@ class ClusterError(RunnerError):
 
 class PreflightError(RunnerError):
     """A preflight check failed before training."""
+
+
+FILESYSTEM_SAYS_NO = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT)
+
+
+def refused_by_filesystem(e: OSError) -> InputError | None:
+    """The file system's refusal (read-only, not this user's, full) as the user's to fix, in one line (exit 2); None
+    for any other OSError, which is a bug and keeps its traceback. The CLI prints it; the Python API raises it."""
+    if e.errno not in FILESYSTEM_SAYS_NO:
+        return None
+    return InputError(f"{e.filename or 'a file'}: cannot write it: {(e.strerror or '').lower()}; expected a path this "
+                      "user can write. hint: check its owner and mode, the mount, and the free space")

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 import runner
-from runner.errors import ConfigError, InputError
+from runner.errors import ConfigError, InputError, SubmitError
+from tests.waiting import until
 
 pytestmark = pytest.mark.local
 
@@ -79,3 +80,18 @@ def test_a_plan_is_inspected_then_executed(tmp_path: Path) -> None:
     run = runner.execute(plan)
     assert run.path == plan.run.root
     assert run.wait(timeout=180) == "completed"
+
+
+def test_cancel_then_a_refused_resume_then_a_resume_to_the_end(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    run = runner.submit(QUICKSTART, f"run_root={root}", "trainer.max_steps=60", "model.step_time_s=0.05")
+    until("the run to train", lambda: any(e.event == "train_start" for e in run.events()), 120)
+    run.cancel()
+    assert run.state == "cancelled" and run.ended()
+    with pytest.raises(SubmitError) as e:  # refused in the background driver, raised here with the CLI's text
+        run.resume("trainer.max_steps=80")
+    assert str(e.value).startswith(f"resume {run.name}: found an override of trainer.max_steps; expected only "
+                                   "num_nodes or num_device")
+    assert run.resume() is run
+    assert run.wait(timeout=180) == "completed"
+    assert [e.event for e in run.events()].count("resubmitted") == 1 and run.dir.attempts() == [1, 2]

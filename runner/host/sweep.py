@@ -532,6 +532,9 @@ class _Driver:
         values = {k: v for k, v in self.points[index].items() if k in self.keys}
         self.say(index, run, f"started ({show(values)})" if what == "start" else f"resumed: {why}")
         self.live[index] = _Point(index, run, driver)
+        if self.stop is not None:  # the signal came while this point was starting: it stops too
+            with contextlib.suppress(OSError):
+                os.kill(driver.process.pid, self.stop)
         threading.Thread(target=self._wait, args=(index, driver), daemon=True, name=f"point-{index}").start()
 
     def write(self, index: int) -> RunDir:
