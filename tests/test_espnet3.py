@@ -14,6 +14,7 @@ without it, a failure under CI=true."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -73,7 +74,7 @@ def recipe(tmp_path_factory: pytest.TempPathFactory) -> Path:
     work = tmp_path_factory.mktemp("espnet3") / "mini_an4"
     prep = subprocess.run([str(EXAMPLE / "prepare.sh"), str(work)], capture_output=True, text=True, timeout=300)
     assert prep.returncode == 0, prep.stdout + prep.stderr
-    for n, stages in enumerate(["create_dataset", "train_tokenizer collect_stats"]):
+    for n, stages in enumerate(["create_dataset", "[train_tokenizer, collect_stats]"]):
         out = submit(work, local_env(), work / "prep-runs" / str(n), f"stages={stages}")
         assert out.returncode == 0, out.stdout + out.stderr
         if stages == "create_dataset":
@@ -145,6 +146,28 @@ def test_the_stages_run_as_runner_runs_and_espnet3s_outputs_are_where_espnet3_pu
     assert (run / "program" / "training_asr_transformer.yaml").exists()
     row = status(local_env(), run)
     assert row["state"] == "completed", row
+
+
+@pytest.mark.local
+def test_the_whole_recipe_reaches_a_wer_in_espnet3s_own_metrics(recipe: Path, tmp_path: Path) -> None:
+    """After the prep stages (the ``recipe`` fixture), `train` on 2 ranks for 11 epochs (ESPnet3 then averages its 10
+    best checkpoints, the model prepare.sh points inference at), then `infer` and `measure` as one run with the
+    example's command, as its README has it: ESPnet3's metrics.json holds a WER and a CER for both test sets, from
+    this training's averaged model."""
+    out = submit(recipe, local_env(), tmp_path / "train", "stages=train", "num_device=2", "trainer.max_epochs=11",
+                 "exp_tag=to_wer")
+    assert out.returncode == 0, out.stdout + out.stderr
+    out = submit(recipe, local_env(), tmp_path / "score", "stages=[infer, measure]", "exp_tag=to_wer")
+    assert out.returncode == 0, out.stdout + out.stderr
+    exp = recipe / "exp" / "to_wer"
+    metrics = json.loads((exp / "inference" / "metrics.json").read_text())
+    for name, key in (("wer.WER", "WER"), ("cer.CER", "CER")):
+        scores = metrics[f"espnet3.systems.esp2_asr.metrics.{name}"]
+        assert sorted(scores) == ["test", "valid"], metrics
+        assert all(isinstance(s[key], (int, float)) and s[key] >= 0 for s in scores.values()), metrics
+    log = (one_run(tmp_path / "score") / "logs" / "attempt-1" / "rank-00000.log").read_text()
+    assert "exp/to_wer/valid.loss.ave_10best.pth" in log  # the model this training averaged, not a 1-step file
+    assert (exp / "valid.loss.ave_10best.pth").exists()
 
 
 @pytest.mark.local

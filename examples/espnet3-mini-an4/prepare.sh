@@ -16,6 +16,7 @@ if [ "${2:-}" = --podman ]; then
 fi
 [ -e "$dest" ] && { echo "prepare: $dest exists; expected a new directory" >&2; exit 2; }
 src=$("$py" -c 'import egs3, os; print(os.path.join(os.path.dirname(egs3.__file__), "mini_an4", "esp2_asr"))')
+mkdir -p "$(dirname "$dest")"
 cp -r "$src" "$dest"
 find "$dest" -name __pycache__ -prune -exec rm -rf {} +
 tar -xzf "$dest/downloads.tar.gz" -C "$dest"
@@ -25,4 +26,12 @@ else
   { grep -v '^  container:' "$here/runner.yaml"; cat "$here/podman.yaml"; echo "    wheelhouse: $wheelhouse"
   } >> "$dest/conf/training_asr_transformer.yaml"
 fi
+# Inference reads the model ESPnet3's training leaves for it: the average of the 10 best checkpoints by validation
+# loss (the recipe's best_model_criterion), which exists once the train stage ran 11 epochs or more. The recipe's own
+# inference.yaml names epoch0_step1_valid.loss.ckpt, a file only a 1-step training run leaves.
+# shellcheck disable=SC2016  # ${exp_dir} is ESPnet3's interpolation, written as is
+model='${exp_dir}/valid.loss.ave_10best.pth'
+sed -i "s|^\(  asr_model_file: \).*|\1$model|" "$dest/conf/inference.yaml"
+grep -qF "asr_model_file: $model" "$dest/conf/inference.yaml" ||
+  { echo "prepare: $dest/conf/inference.yaml has no asr_model_file line to point at the averaged model" >&2; exit 1; }
 echo "prepared $dest: cd there and follow examples/espnet3-mini-an4/README.md"

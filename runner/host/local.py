@@ -475,7 +475,7 @@ def _record_end(run_dir: RunDir, cfg: Any, att: _Attempt, attempt: int) -> int:
     _console(run_dir, event, rc, why.sentence, why.rank or 0, attempt)
     if event in LOCAL_ALERTS and ledger.is_alert_event(event):
         alerts.notify(run_dir.root, cfg["alerts"], event, job_id="", attempt=attempt, nodes=socket.gethostname(),
-                      exit_code=rc, next_step=nextstep.next_step(event, by="local", run=run_dir.name, exit_code=rc),
+                      exit_code=rc, next_step=_next(run_dir, event, rc),
                       **ending.alert_fields(run_dir, why, attempt))
     return rc
 
@@ -498,4 +498,12 @@ def _console(run_dir: RunDir, event: str, rc: int, cause: str | None, rank: int,
         print(f"run {run_dir.root}: finished")
         return
     print(f"run {run_dir.root}: {event} (exit {rc})" + (f": {redaction.scrub(cause)}" if cause else ""))
-    print(f"next: {nextstep.next_step(event, by='local', run=run_dir.name, exit_code=rc)}")
+    print(f"next: {_next(run_dir, event, rc)}")
+
+
+def _next(run_dir: RunDir, event: str, rc: int) -> str:
+    """The next-step line of a local attempt's end, knowing whether runner holds a complete checkpoint of the run."""
+    from runner.checkpoint import complete
+
+    return nextstep.next_step(event, by="local", run=run_dir.name, exit_code=rc,
+                              saved=bool(complete(run_dir.checkpoints, force=True)))
