@@ -33,6 +33,7 @@ class CheckpointDir:
     """
 
     MARKER = "COMPLETE"
+    UNLOADABLE = "UNLOADABLE"  # a complete, verified checkpoint that failed to load: why (never tried again)
     MODEL = "model.ckpt"  # the whole Lightning checkpoint (DDP, FSDP1: gathered)
     MANIFEST = "manifest.json"  # step, time, config hash, files and their digests; written last, before MARKER
     DCP_INDEX = ".metadata"  # a sharded checkpoint: torch DCP's index of the shards
@@ -65,6 +66,10 @@ class CheckpointDir:
     @classmethod
     def marker(cls, step_dir: Path) -> Path:
         return step_dir / cls.MARKER
+
+    @classmethod
+    def unloadable(cls, step_dir: Path) -> Path:
+        return step_dir / cls.UNLOADABLE
 
     @classmethod
     def model(cls, step_dir: Path) -> Path:
@@ -116,6 +121,10 @@ def verify(path: Path) -> str | None:
     A manifest must list the model, and every file must be a plain file inside the checkpoint directory: a
     symlink (or a name with ``..``) could make a damaged or foreign file look verified.
     """
+    failed = read_json(CheckpointDir.unloadable(path), None)
+    if failed is not None or CheckpointDir.unloadable(path).exists():
+        why = failed.get("why") if isinstance(failed, dict) else None
+        return f"it failed to load before ({why})" if isinstance(why, str) and why else "it failed to load before"
     manifest = manifest_of(path)
     files = manifest.get("files")
     if not isinstance(files, dict) or not files:
@@ -152,6 +161,13 @@ def latest(root: Path, config_hash: str | None = None, force: bool = False,
             return step, path
         log.warning("skipping %s: %s; trying the previous checkpoint", path, problem)
     return None
+
+
+def mark_unloadable(path: Path, why: str) -> None:
+    """Rank 0: the checkpoint at ``path`` verified yet failed to load (its files match a manifest that is wrong, a
+    state that no longer fits): ``verify`` says so from now on, so every later resume skips it for the previous one,
+    as it skips a damaged one, and none tries it again. Removing the file lets it be tried again."""
+    atomic_write(CheckpointDir.unloadable(path), json.dumps({"why": why, "time": round(time.time(), 3)}) + "\n")
 
 
 def _digest(path: Path) -> str:
@@ -214,8 +230,9 @@ def write_digests(staging: Path, rank: int) -> None:
 
 
 def prune(root: Path, keep: int) -> None:
-    """Keep the newest ``keep`` complete checkpoints; remove older ones and abandoned staging dirs."""
-    found = complete(root)
+    """Keep the newest ``keep`` complete checkpoints; remove older ones and abandoned staging dirs. One that failed
+    to load (``mark_unloadable``) is left as it is, for a person to look at, and not counted."""
+    found = [(step, path) for step, path in complete(root) if not CheckpointDir.unloadable(path).exists()]
     for _, path in found[keep:]:
         shutil.rmtree(path, ignore_errors=True)
     newest = found[0][0] if found else -1

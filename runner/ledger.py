@@ -24,7 +24,7 @@ EventName = Literal[
     "successor_queued", "successor_failed", "successor_cancelled",
     # the ranks
     "preflight", "train_start", "resumed", "data", "nonfinite", "nonfinite_skipped", "hang", "straggler",
-    "straggler_alert", "program_error", "finished",
+    "straggler_alert", "program_error", "finished", "checkpoint_unloadable",
 ]
 EVENT_NAMES: tuple[EventName, ...] = get_args(EventName)
 
@@ -226,6 +226,14 @@ class NonfiniteSkipped(TypedDict):
     what: str
 
 
+class CheckpointUnloadable(TypedDict):
+    """A complete checkpoint that verified yet failed to load (``runner.job.fallback``): skipped from then on."""
+
+    step: int
+    path: str
+    why: str  # the failure, one line
+
+
 class Hang(TypedDict):
     summary: str
     nodes: list[str]
@@ -268,7 +276,7 @@ EVENT_FIELDS: dict[EventName, type[Mapping[str, Any]]] = {
     "successor_failed": SuccessorFailed, "successor_cancelled": SuccessorCancelled, "preflight": Preflight,
     "train_start": TrainStart, "resumed": Resumed, "data": Data, "nonfinite": Nonfinite,
     "nonfinite_skipped": NonfiniteSkipped, "hang": Hang, "straggler": Straggler, "straggler_alert": StragglerAlert,
-    "program_error": ProgramError, "finished": Finished,
+    "program_error": ProgramError, "finished": Finished, "checkpoint_unloadable": CheckpointUnloadable,
 }
 
 
@@ -331,6 +339,8 @@ class Ledger:
     def record(self, event: Literal["nonfinite"], **fields: Unpack[Nonfinite]) -> None: ...
     @overload
     def record(self, event: Literal["nonfinite_skipped"], **fields: Unpack[NonfiniteSkipped]) -> None: ...
+    @overload
+    def record(self, event: Literal["checkpoint_unloadable"], **fields: Unpack[CheckpointUnloadable]) -> None: ...
     @overload
     def record(self, event: Literal["hang"], **fields: Unpack[Hang]) -> None: ...
     @overload

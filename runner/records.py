@@ -118,6 +118,7 @@ class ResumeVerdict(TypedDict):
     restart: str | None  # Slurm's requeues of that job
     step: int | None  # the checkpoint's step; None (and no path): start from the beginning
     path: str | None
+    tried: int  # checkpoints of this attempt that failed to load before this choice (runner.job.fallback); 0
 
 
 def resume_verdict(raw: Any) -> ResumeVerdict | None:
@@ -128,7 +129,7 @@ def resume_verdict(raw: Any) -> ResumeVerdict | None:
     if path and step is None:
         return None
     return {"attempt": attempt, "job": _str(raw.get("job")), "restart": _str(raw.get("restart")),
-            "step": step if path else None, "path": path or None}
+            "step": step if path else None, "path": path or None, "tried": _int(raw.get("tried")) or 0}
 
 
 class CheckpointManifest(TypedDict, total=False):

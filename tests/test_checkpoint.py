@@ -46,6 +46,21 @@ def test_a_symlink_leaving_the_checkpoint_is_refused(tmp_path: Path) -> None:
     assert "not a plain file" in (checkpoint.verify(path) or "")
 
 
+def test_a_checkpoint_that_failed_to_load_is_skipped_as_a_damaged_one_and_never_pruned(tmp_path: Path) -> None:
+    """``mark_unloadable`` (runner.job.fallback, rank 0): the newest verifies, yet a resume skips it from then on
+    for the previous one; prune neither counts nor removes it; a marker that cannot be read still skips it."""
+    older = make(tmp_path, {"model.ckpt": b"weights"}, step=10)
+    newest = make(tmp_path, {"model.ckpt": b"weights2"}, step=20)
+    assert checkpoint.latest(tmp_path, "h", check=True) == (20, newest)
+    checkpoint.mark_unloadable(newest, "rank 0: UnpicklingError: invalid load key")
+    assert checkpoint.verify(newest) == "it failed to load before (rank 0: UnpicklingError: invalid load key)"
+    assert checkpoint.latest(tmp_path, "h", check=True) == (10, older)
+    checkpoint.prune(tmp_path, keep=1)
+    assert older.is_dir() and newest.is_dir()  # the one kept is the newest that loads; the marked one is left
+    checkpoint.CheckpointDir.unloadable(newest).write_text("{torn")
+    assert checkpoint.verify(newest) == "it failed to load before"
+
+
 def test_a_manifest_naming_a_path_outside_is_refused(tmp_path: Path) -> None:
     (tmp_path / "secret").write_bytes(b"x")
     path = make(tmp_path / "ckpts", {"model.ckpt": b"weights"})

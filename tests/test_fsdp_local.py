@@ -101,6 +101,39 @@ def test_usr2_then_resume_is_bitwise_equal_to_the_undisturbed_run(tmp_path: Path
         assert "resuming from" in RunDir(run).rank_log(rank).read_text()
 
 
+def test_a_verified_checkpoint_that_fails_to_load_is_skipped_for_the_previous_one(tmp_path: Path,
+                                                                                 reference: tuple) -> None:
+    """The newest checkpoint's two shard files swapped, and their digests in its manifest: it verifies, yet DCP
+    reads rank 1's data as rank 0's and every rank's load fails (it crashed every resume). The ranks agree, the
+    checkpoint is marked and recorded, and the same resume goes on from the previous complete one to the end, bitwise
+    as the undisturbed run; no later resume tries it again."""
+    proc, run = start(tmp_path, *FSDP, SLOW)
+    wait_for(run / "checkpoints" / "step-0000020" / "COMPLETE")
+    proc.send_signal(signal.SIGUSR2)
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 75, out
+    [(newest, swapped), (previous, kept)] = checkpoint.complete(run / "checkpoints")[:2]
+    first, second = swapped / "__0_0.distcp", swapped / "__1_0.distcp"
+    first.rename(swapped / "swap")
+    second.rename(first)
+    (swapped / "swap").rename(second)
+    manifest = json.loads((swapped / "manifest.json").read_text())
+    files = manifest["files"]
+    files[first.name], files[second.name] = files[second.name], files[first.name]
+    (swapped / "manifest.json").write_text(json.dumps(manifest))
+    assert checkpoint.verify(swapped) is None  # its files match its manifest
+    runner("resume", str(run), timeout=240)
+    assert_bitwise(final(run), reference[1])
+    rd = RunDir(run)
+    [skipped] = [e for e in rd.events() if e["event"] == "checkpoint_unloadable"]
+    assert (skipped["step"], skipped["path"]) == (newest, str(swapped)) and skipped["why"].startswith("rank "), skipped
+    start_2 = [e for e in rd.events() if e["event"] == "train_start" and e["attempt"] == 2]
+    assert [(e["step"], e["resumed_from"]) for e in start_2] == [(previous, str(kept))]  # one start: no loop
+    for rank in (0, 1):
+        assert f"checkpoint {swapped} (step {newest}) verified but failed to load" in rd.rank_log(rank).read_text()
+    assert checkpoint.verify(swapped) == f"it failed to load before ({skipped['why']})"  # never tried again
+
+
 def test_resume_on_another_world_size_reshards_and_keeps_the_global_batch(tmp_path: Path) -> None:
     """2 ranks -> 1: DCP loads the two shards into one rank. The run continues from the checkpoint's step with the
     global batch kept (accumulation 2 -> 4), its loss where it was; not bitwise equal to a 2-rank run (another

@@ -4,6 +4,7 @@ versions: a new torch or Lightning fails here, by name, not in a rank's log."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -134,3 +135,50 @@ def test_a_resume_at_an_epochs_end_onto_longer_epochs_starts_the_next_epoch_whol
     resumed = _Counting()
     fit(16, resumed, [_Whole()] if whole else [], saved)
     assert resumed.batches == {1: second_epoch}
+
+
+class _LoadingSeen(L.Callback):
+    """Whether the watch said "loading" while Lightning applied the checkpoint to the callbacks."""
+
+    def __init__(self, watch: Any) -> None:
+        self.watch, self.loading = watch, []
+
+    def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        self.loading.append(self.watch.loading)
+
+
+class _Watch:
+    def __init__(self) -> None:
+        self.loading, self.loaded_while = False, []
+
+    def loaded(self) -> None:
+        self.loaded_while.append(self.loading)
+
+
+def _fit(tmp_path: Path, steps: int, watch: Any = None, callbacks: Any = (), ckpt: Path | None = None) -> Any:
+    trainer = L.Trainer(max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, accelerator="cpu", devices=1, callbacks=list(callbacks),
+                        default_root_dir=str(tmp_path))
+    if watch is not None:
+        internals.watch_restore(trainer, watch)
+    trainer.fit(TinyRegressor(), datamodule=ShardedDataModule(dataloader={"train": {"batch_size": 8}}),
+                ckpt_path=None if ckpt is None else str(ckpt))
+    return trainer
+
+
+def test_the_restore_is_watched_from_its_read_to_its_end_and_a_failed_load_stays_loading(tmp_path: Path) -> None:
+    """``watch_restore`` (Lightning's checkpoint connector: runner.job.fallback's LoadWatch): loading while
+    Lightning reads and applies the checkpoint, ``loaded`` after the restore's end; a load that raises leaves it
+    loading and never says loaded."""
+    good = tmp_path / "good.ckpt"
+    _fit(tmp_path, 2).save_checkpoint(good)
+    watch = _Watch()
+    seen = _LoadingSeen(watch)
+    assert _fit(tmp_path, 3, watch, [seen], good).global_step == 3
+    assert seen.loading == [True] and watch.loaded_while == [False]
+    bad = tmp_path / "bad.ckpt"
+    bad.write_bytes(b"not a checkpoint")
+    failing = _Watch()
+    with pytest.raises(Exception, match="load"):
+        _fit(tmp_path, 3, failing, ckpt=bad)
+    assert failing.loading and failing.loaded_while == []

@@ -91,11 +91,14 @@ def test_a_program_outcome_reads_back_as_its_type(raw: Any, read: Any) -> None:
 
 
 @pytest.mark.parametrize(("raw", "read"), [
-    ({"attempt": 2, "job": "41", "restart": "0", "step": 20, "path": "/r/checkpoints/step-0000020"},
-     {"attempt": 2, "job": "41", "restart": "0", "step": 20, "path": "/r/checkpoints/step-0000020"}),
-    ({"attempt": 1, "job": None, "restart": "0", "step": None, "path": None},  # no checkpoint yet: from the start
-     {"attempt": 1, "job": None, "restart": "0", "step": None, "path": None}),
-    ({"attempt": 1, "step": 20}, {"attempt": 1, "job": None, "restart": None, "step": None, "path": None}),
+    ({"attempt": 2, "job": "41", "restart": "0", "step": 20, "path": "/r/checkpoints/step-0000020"},  # an older one
+     {"attempt": 2, "job": "41", "restart": "0", "step": 20, "path": "/r/checkpoints/step-0000020", "tried": 0}),
+    ({"attempt": 1, "job": None, "restart": "0", "step": None, "path": None, "tried": 0},  # no checkpoint: the start
+     {"attempt": 1, "job": None, "restart": "0", "step": None, "path": None, "tried": 0}),
+    ({"attempt": 1, "step": 20, "tried": "1"},
+     {"attempt": 1, "job": None, "restart": None, "step": None, "path": None, "tried": 0}),
+    ({"attempt": 3, "job": None, "restart": "0", "step": 10, "path": "/r/checkpoints/step-0000010", "tried": 1},
+     {"attempt": 3, "job": None, "restart": "0", "step": 10, "path": "/r/checkpoints/step-0000010", "tried": 1}),
     ({"attempt": 1, "path": "/r/checkpoints/step-0000020"}, None),  # a path without its step: not a verdict
     ({"attempt": "1"}, None), ({}, None), ("verdict", None),
 ])
@@ -133,8 +136,9 @@ def test_the_run_directory_writes_and_reads_the_jobs_records(tmp_path: Path) -> 
     run.write_program_outcome(1, 3, {"step": 8, "code": None, "resumed": False, "time": 1.0, "productive_s": 2.0})
     assert run.program_outcome_record(1, 3) == {"step": 8, "code": None, "resumed": False, "time": 1.0,
                                                 "productive_s": 2.0}
-    run.write_resume_verdict({"attempt": 1, "job": None, "restart": "0", "step": None, "path": None})
-    assert run.resume_verdict_record() == {"attempt": 1, "job": None, "restart": "0", "step": None, "path": None}
+    run.write_resume_verdict({"attempt": 1, "job": None, "restart": "0", "step": None, "path": None, "tried": 0})
+    assert run.resume_verdict_record() == {"attempt": 1, "job": None, "restart": "0", "step": None, "path": None,
+                                           "tried": 0}
     run.last_exit.write_text('{"code": 7')  # torn
     assert run.last_exit_record() is None
 

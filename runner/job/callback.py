@@ -24,7 +24,7 @@ import lightning as L
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from runner import checkpoint
-from runner.job import internals, jobenv, outcome, watchdog
+from runner.job import fallback, internals, jobenv, outcome, watchdog
 from runner.job.ckpt_callback import RunnerCheckpoint, save
 from runner.job.guards import NonFiniteGuard
 from runner.job.honesty import Honesty
@@ -129,14 +129,16 @@ class Guarantees:
         self.callback = combine(self.parts)
         self.callback.runner = self  # how the wrapped Trainer.fit finds its trainer's guarantees
 
-    def fit(self, trainer: L.Trainer, call: Callable[[str | None], None], asked: str | None = None) -> int | None:
+    def fit(self, trainer: L.Trainer, call: Callable[[str | None], None], asked: str | None = None,
+            tried: int = 0) -> int | None:
         """Run ``call(ckpt_path)`` (``trainer``'s ``fit``) from runner's newest complete checkpoint, or from ``asked``
         (the program's own) while runner has none. Returns the launcher's exit code when training stopped before
-        its end (a signal, a non-finite step, SIGTERM), None when ``fit`` ended by itself."""
+        its end (a signal, a non-finite step, SIGTERM), None when ``fit`` ended by itself. A checkpoint that failed
+        to load on the ranks is skipped for the previous one (``runner.job.fallback``; ``tried``: those before)."""
         def step() -> int:
             return int(trainer.global_step)
 
-        last = resume_point(self.rd, self.cfg, self.cfg_hash, self.rank, self.attempt) \
+        last = resume_point(self.rd, self.cfg, self.cfg_hash, self.rank, self.attempt, tried) \
             if self.cfg["resume"]["enabled"] else None
         ckpt = asked
         if last:
@@ -151,6 +153,7 @@ class Guarantees:
             self.watchdog.start()  # imports, preflight and the program's own start are not hangs
         flag = self.checkpoint.flag
         flag.driving = True  # a signal now waits for an agreed step (stopflag: a program's meaning outside a fit)
+        watch, why = fallback.LoadWatch(trainer) if last else None, None
         try:
             call(ckpt)
         except SIGTERMException:
@@ -159,13 +162,18 @@ class Guarantees:
                 return EXIT_REQUEUE
             log.warning("terminated (SIGTERM) before the end of training")
             return EXIT_TERMINATED
-        except Exception as e:  # the traceback still reaches the log; the record lets the exit hook spot a loop
-            outcome.record_crash(self.rd, self.attempt, self.rank, step(), e)
-            raise
+        except BaseException as e:  # the traceback still reaches the log; the record lets the exit hook spot a loop
+            if last is None or watch is None or (why := watch.failed(e)) is None:
+                if isinstance(e, Exception):
+                    outcome.record_crash(self.rd, self.attempt, self.rank, step(), e)
+                raise
+            fallback.skip(self.rd, self.rank, last[0], last[1], why)
         finally:
             flag.driving = False
             if self.watchdog:
                 self.watchdog.stop()
+        if why is not None:  # every rank: the checkpoint verified yet failed to load; the previous one, never it again
+            return self.fit(trainer, call, asked, tried + 1)
         if self.guard.tripped_at is not None:
             log.error("stopped at step %d on a non-finite loss or gradient; exit %d", self.guard.tripped_at,
                       EXIT_NONFINITE)

@@ -5,9 +5,11 @@ connector), DDP with one bucket layout for the whole run (torch's reducer), and 
 what that DDP needs (``fixed_buckets_missing``), which makes exact resume fall back to a public option instead; the
 non-finite guard's fused norm and sparse values; the timeout of a process group that already exists; sharded
 training (``trainer.strategy: fsdp``): Lightning's ModelParallelStrategy with runner's default sharding, the
-sharded checkpoint snapshot (Lightning's checkpoint connector again) and its DCP write. The frames of torch's own
-code that tell the hang watchdog what a stuck rank waits in are the watchdog's (``runner.job.watchdog``, which a plain
-program starts without Lightning). tests/test_internals.py checks each against the installed torch and Lightning.
+sharded checkpoint snapshot (Lightning's checkpoint connector again) and its DCP write; where that connector reads
+and applies a checkpoint (``watch_restore``: one that fails to load is skipped, ``runner.job.fallback``). The
+frames of torch's own code that tell the hang watchdog what a stuck rank waits in are the watchdog's
+(``runner.job.watchdog``, which a plain program starts without Lightning). tests/test_internals.py checks each
+against the installed torch and Lightning.
 """
 
 from __future__ import annotations
@@ -312,3 +314,41 @@ def dcp_save(shards: dict[str, Any], path: Any, group: Any) -> None:
     import torch.distributed.checkpoint as dcp
 
     dcp.save(shards, checkpoint_id=path, process_group=group)
+
+
+RESTORING = ("_restore_modules_and_callbacks", "restore_training_state")  # Lightning's checkpoint connector: the
+# steps that read a checkpoint and apply it (the file, or DCP's load in place; model, data module, callbacks;
+# optimizers, schedulers, loops), apart from the strategy's setup between them
+
+
+def watch_restore(trainer: Any, watch: Any) -> None:
+    """Let ``watch`` (``runner.job.fallback.LoadWatch``, or None: nothing watched) see ``trainer``'s checkpoint
+    connector read and apply a checkpoint: ``watch.loading`` is True from the start of each step of ``RESTORING``
+    until it returns (it stays True when one raises), and ``watch.loaded()`` runs after the restore's end
+    (``resume_end``), on every rank. The connector is wrapped once; later calls only change the watch."""
+    conn = trainer._checkpoint_connector
+    if getattr(conn, "_runner_watch", False) is False:
+        for name in RESTORING:
+            setattr(conn, name, _watched(conn, getattr(conn, name)))
+        end = conn.resume_end
+
+        def resume_end() -> None:
+            end()
+            if conn._runner_watch is not None:
+                conn._runner_watch.loaded()
+
+        conn.resume_end = resume_end
+    conn._runner_watch = watch
+
+
+def _watched(conn: Any, step: Any) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        watch = conn._runner_watch
+        if watch is not None:
+            watch.loading = True
+        out = step(*args, **kwargs)
+        if watch is not None:
+            watch.loading = False
+        return out
+
+    return call

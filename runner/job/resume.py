@@ -25,23 +25,28 @@ def current_attempt(rd: RunDir) -> int:
     return claimed if claimed is not None else (rd.attempts() or [1])[-1]
 
 
-def resume_point(rd: RunDir, cfg: RunConfig, cfg_hash: str, rank: int, attempt: int) -> tuple[int, Path] | None:
+def resume_point(rd: RunDir, cfg: RunConfig, cfg_hash: str, rank: int, attempt: int,
+                 tried: int = 0) -> tuple[int, Path] | None:
     """The newest complete, verified checkpoint: rank 0 hashes the files, the other ranks wait for its verdict.
 
     One reader instead of one per rank (a shared file system would serve the whole checkpoint world-size
-    times). The verdict names its attempt and job, so a verdict left by an earlier attempt is never taken.
+    times). The verdict names its attempt and job, so a verdict left by an earlier attempt is never taken, and
+    ``tried``, the checkpoints of this attempt that failed to load before it (``runner.job.fallback``), so that the
+    choice after such a failure is never taken for the one before it.
     """
     env = jobenv.current()
     if rank == 0:
         last = checkpoint.latest(rd.checkpoints, cfg_hash, cfg["resume"]["force"], check=True)
         verdict: ResumeVerdict = {"attempt": attempt, "job": env.job_id, "restart": env.restart_count,
-                                  "step": last[0] if last else None, "path": str(last[1]) if last else None}
+                                  "step": last[0] if last else None, "path": str(last[1]) if last else None,
+                                  "tried": tried}
         rd.write_resume_verdict(verdict)
         return last
     deadline = time.monotonic() + cfg["network"]["pg_timeout_s"]
     while time.monotonic() < deadline:
         got = rd.resume_verdict_record()
-        if got is not None and (got["attempt"], got["job"], got["restart"]) == (attempt, env.job_id, env.restart_count):
+        if got is not None and (got["attempt"], got["job"], got["restart"], got["tried"]) == \
+                (attempt, env.job_id, env.restart_count, tried):
             return (got["step"], Path(got["path"])) if got["step"] is not None and got["path"] else None
         time.sleep(0.05)
     raise TimeoutError(f"rank 0 gave no checkpoint verdict in {rd.resume_verdict} within "

@@ -150,7 +150,7 @@ class Watchdog:
         self._reported: set[int] = set()
         self._main = threading.main_thread().ident or 0
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="runner-watchdog", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(self._stop,), name="runner-watchdog", daemon=True)
         self.host = socket.gethostname()
 
     @property
@@ -158,6 +158,11 @@ class Watchdog:
         return self.rd.hang_request(self.attempt)
 
     def start(self) -> Watchdog:
+        """Watch from now on; again after ``stop`` (a fit run again from an earlier checkpoint after this one failed
+        to load, ``runner.job.fallback``): a fresh thread, the stopped one ends on its own event."""
+        if self._thread.ident is not None:
+            self._stop = threading.Event()
+            self._thread = threading.Thread(target=self._run, args=(self._stop,), name="runner-watchdog", daemon=True)
         self._advanced = time.monotonic()  # the first step's clock starts here
         self._thread.start()
         return self
@@ -218,9 +223,9 @@ class Watchdog:
                                  "step_s": _median(self._durations), "compute_s": _median(self._compute),
                                  "data_s": _median(self._data)}))
 
-    def _run(self) -> None:
+    def _run(self, stop: threading.Event) -> None:
         next_report = time.monotonic() + self.report_every_s
-        while not self._stop.wait(self.interval_s):
+        while not stop.wait(self.interval_s):
             try:
                 self._heartbeat()
                 if self.rank == 0 and time.monotonic() >= next_report:
