@@ -383,9 +383,9 @@ _HIDDEN = re.compile(r"\x00(\d+)\x00")  # an INTERP span while the command is sp
 def split_command(cmd: str, problems: Problems) -> list[str] | None:
     """``command:`` written as a string: its words as the user wrote them (``shlex``: quotes group, no expansion),
     before any ``${...}`` is substituted. Each ``${...}`` stays whole inside its word (``${num_nodes * num_device}``
-    is one), and ``runner.spec.load`` substitutes word by word: a value never makes or removes a word (a config file
-    named ``my prog.yaml`` is one argument, an apostrophe in a value is no quote, an empty value an empty argument).
-    None, said, when it cannot be split."""
+    is one), and ``runner.spec.load`` substitutes word by word: a value stays inside its word (a config file named
+    ``my prog.yaml`` is one argument, an apostrophe in a value is no quote, an empty value an empty argument); only a
+    word that is one ``${...}`` of a list becomes one word per item. None, said, when it cannot be split."""
     if CONTROL.search(cmd):
         problems.add("command", cmd, "a command on one line without control characters",
                      "write it on one line, or as a list of arguments")
