@@ -161,3 +161,20 @@ def test_submitting_a_slurm_sweep_is_refused_in_one_line(tmp_path: Path) -> None
     assert out.returncode == 1 and out.stderr.count("\n") == 1
     assert "runner sweep: found scheduler slurm; expected scheduler: local" in out.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_explicit_points_from_a_file_each_take_the_grid(tmp_path: Path) -> None:
+    points = tmp_path / "points.yaml"
+    points.write_text("- {model.lr: 0.01, model.hidden: 8}\n- model: {lr: 0.003}\n")
+    out = cli("sweep", "--dry-run", str(QUICKSTART), "--points", str(points), "trainer.max_steps=2,4",
+              f"run_root={tmp_path}/runs")
+    assert out.returncode == 0, out.stderr
+    table = out.stdout.split("POINT", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
+    assert [line.split()[2:] for line in table] == [
+        ["model.lr=0.01", "model.hidden=8", "trainer.max_steps=2"], ["model.lr=0.01", "model.hidden=8",
+                                                                      "trainer.max_steps=4"],
+        ["model.lr=0.003", "trainer.max_steps=2"], ["model.lr=0.003", "trainer.max_steps=4"]]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- 3\n")
+    out = cli("sweep", "--dry-run", str(QUICKSTART), "--points", str(bad))
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "point 1: found int" in out.stderr
