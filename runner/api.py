@@ -222,10 +222,13 @@ class Sweep:
         return {i: Run(written[i].root).state if i in written else "missing" for i in range(len(self.points()))}
 
     def running(self) -> bool:
-        """Whether a driver runs the sweep now (it holds the sweep's lock)."""
+        """Whether a driver runs the sweep now (it holds the sweep's lock); on Slurm, whether any of its runs is still
+        queued or running."""
         if self._driver is not None:
             return self._driver.process.poll() is None
-        return sweeps.held(self.folder)
+        if sweeps.held(self.folder):
+            return True
+        return self.folder.queued() and any(state in ("pending", "running") for state in self.states().values())
 
     def wait(self, timeout: float | None = None) -> dict[int, str]:
         """Wait until the sweep's driver ended (every point it could run has ended); returns ``states``.
@@ -292,12 +295,15 @@ def execute(p: Plan | SweepPlan) -> Run | Sweep:
     """Submit what ``plan`` or ``plan_sweep`` planned; returns once the run (or the sweep's driver) started.
 
     Raises:
-        SubmitError: the scheduler refused it, its image is missing, a Slurm sweep (``--dry-run`` only for now).
+        SubmitError: the scheduler refused it (a Slurm sweep's job array included), or its image is missing.
     """
     if isinstance(p, SweepPlan):
         with _said():
             written = sweeps.prepare(p)
             folder = written.sweep
+            if written.array is not None:  # Slurm: one job array, queued; its tasks are the sweep's runs
+                sweeps.submit_array(written)
+                return Sweep(folder.root)
             driver = background.sweep(folder.root, folder.driver, folder.console_log, written.parallel)
         return Sweep(folder.root, driver)
     submission.warn(p)

@@ -244,7 +244,7 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--allow-missing-image", action="store_true",
                     help="submit even if the image is missing here or was built from a different spec")
     sp = cmd("sweep", _sweep, "run one config at many points, each an ordinary run of one sweep: the grid of "
-             "key=v1,v2,... (every combination) and --points FILE; locally N at a time")
+             "key=v1,v2,... (every combination) and --points FILE; locally N at a time, on Slurm one job array")
     sp.add_argument("config", type=Path, nargs="?", help="run config (YAML)")
     sp.add_argument("overrides", nargs="*", metavar="key=v1,v2",
                     help="a key and its values, split at commas outside [] and quotes (one value: as an override)")
@@ -256,7 +256,7 @@ def parser() -> argparse.ArgumentParser:
                     help="print every point's run directory and values (Slurm: the job array); write nothing")
     sp.add_argument("--allow-missing-image", action="store_true", help="as for runner submit")
     sp.add_argument("--resume", metavar="SWEEP", help="continue a sweep (its id or folder): start or resume each of "
-                    "its runs that is not completed")
+                    "its runs that is not completed (Slurm: submit each that never got a job)")
     sp.add_argument("--root", default="runs", help="where run directories live, for --resume (default: runs)")
     sp = cmd("build", _build, "render the Dockerfile and Apptainer definition; build the image and the SIF")
     sp.add_argument("config", type=Path, nargs="?", help="run config (YAML)")

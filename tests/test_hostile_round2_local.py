@@ -108,6 +108,14 @@ def test_a_host_side_hook_that_cannot_start_is_said_and_recorded(tmp_path: Path)
     from runner.rundir import RunDir
 
     assert RunDir(tmp_path).events()[0]["event"] == "hook_failed"
+    # A job array's task (a Slurm sweep's point) records the id its hooks would have: runner.slurmstates.job_id.
+    from runner import slurmstates
+
+    task = {"SLURM_JOB_ID": "81", "SLURM_ARRAY_JOB_ID": "77", "SLURM_ARRAY_TASK_ID": "4"}
+    (tmp_path / "ledger.jsonl").unlink()
+    subprocess.run(["bash", "-c", f"RUN_DIR={tmp_path}; RUNNER_PY=/nonexistent/python\n{hook}\nhook exit --rc 1"],
+                   capture_output=True, text=True, timeout=60, env={**os.environ, **task}, check=True)
+    assert RunDir(tmp_path).events()[0]["job_id"] == slurmstates.job_id(task) == "77_4"
 
 
 def test_a_fifo_as_the_config_or_the_url_file_is_refused_without_opening_it(tmp_path: Path) -> None:

@@ -1,11 +1,13 @@
 """runner sweep with real processes: a 2 x 3 grid of the quickstart run 2 at a time, `runner status` grouping it, a
 sweep resumed after its driver and a point were killed, and a Slurm sweep's job array (dry run, no cluster) run by
-bash (tables of the grid and its bad input: tests/test_sweep_unit.py)."""
+bash and submitted to a stub sbatch (tables of the grid and its bad input: tests/test_sweep_unit.py; the array on the
+dev cluster: tests/test_sweep_cluster.py)."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -156,11 +158,65 @@ def test_a_slurm_sweeps_dry_run_is_one_job_array_whose_task_i_runs_point_i(tmp_p
     assert mark == {"id": plan.id, "index": 4, "size": 6, "point": {"model.lr": "0.1", "model.hidden": "16"}}
 
 
-def test_submitting_a_slurm_sweep_is_refused_in_one_line(tmp_path: Path) -> None:
-    out = cli("sweep", str(QUICKSTART), "model.lr=0.01,0.1", "scheduler=slurm", f"run_root={tmp_path}/runs")
-    assert out.returncode == 1 and out.stderr.count("\n") == 1
-    assert "runner sweep: found scheduler slurm; expected scheduler: local" in out.stderr
-    assert not (tmp_path / "runs").exists()
+def stub_sbatch(tmp_path: Path, answer: str) -> dict[str, str]:
+    """An sbatch on PATH that logs its arguments and says ``answer`` (a job id, or an error and exit 1)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    said = f'echo "{answer}"' if answer.isdigit() else f'echo "sbatch: error: {answer}" >&2; exit 1'
+    (bin_dir / "sbatch").write_text(f'#!/bin/sh\necho "$@" >>{tmp_path}/sbatch.log\n{said}\n')
+    (bin_dir / "sbatch").chmod(0o755)
+    return {**ENV, "PATH": f"{bin_dir}:{ENV['PATH']}"}
+
+
+def test_a_slurm_sweep_is_submitted_as_one_job_array_whose_task_i_is_point_is_job(tmp_path: Path) -> None:
+    """Each run records its task, ARRAYJOB_i, as its job (what the task records itself, and what Slurm's commands
+    take); the array is one sbatch (the dev cluster runs it: tests/test_sweep_cluster.py)."""
+    root = tmp_path / "runs"
+    env = stub_sbatch(tmp_path, "4242")
+    out = subprocess.run([sys.executable, "-m", "runner", "sweep", str(QUICKSTART), "model.lr=0.01,0.1,0.2",
+                          "scheduler=slurm", f"run_root={root}", "--parallel", "2"], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    [folder] = (root / "sweeps").iterdir()
+    assert (tmp_path / "sbatch.log").read_text() == f"--parsable {folder / 'array.sbatch'}\n"  # one sbatch in all
+    assert "#SBATCH --array=0-2%2\n" in (folder / "array.sbatch").read_text()
+    assert json.loads((folder / "sweep.json").read_text())["job"] == "4242"
+    runs = sweep.SweepDir(folder).runs()
+    assert [runs[i].job_id() for i in range(3)] == ["4242_0", "4242_1", "4242_2"]
+    for i, run in runs.items():
+        [submitted] = [e for e in run.events() if e["event"] == "submitted"]
+        assert submitted["job_id"] == f"4242_{i}" and submitted["scheduler"] == "slurm"
+        assert f"{run.name}: job 4242_{i} (model.lr={('0.01', '0.1', '0.2')[i]})" in out.stdout
+    assert "submitted job array 4242 (3 tasks, at most 2 at a time)" in out.stdout
+
+
+def test_a_slurm_sweeps_resume_submits_only_the_points_that_never_got_a_job(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The submitter died after writing the runs, before sbatch: --resume submits each such point as a job of its own
+    (one never written is planned first); a point with a job is its job's (and cron's)."""
+    root = tmp_path / "runs"
+    monkeypatch.chdir(REPO)
+    written = sweep.prepare(sweep.plan(QUICKSTART, ["model.lr=0.01,0.1,0.2", "scheduler=slurm", f"run_root={root}"]))
+    (written.plans[0].run.job_id_file).write_text("4000_0\n")  # point 0 got its task before the crash
+    shutil.rmtree(written.plans[2].run.root)  # point 2 was never written
+    env = stub_sbatch(tmp_path, "4300")
+    out = subprocess.run([sys.executable, "-m", "runner", "sweep", "--resume", written.id, "--root", str(root)],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "job 4000_0: left to it" in out.stdout
+    runs = written.sweep.runs()
+    assert [runs[i].job_id() for i in range(3)] == ["4000_0", "4300", "4300"]
+    assert (tmp_path / "sbatch.log").read_text().count("\n") == 2  # points 1 and 2, each a plain job
+
+
+def test_a_slurm_sweep_sbatch_refuses_is_one_line_and_leaves_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    env = stub_sbatch(tmp_path, "Batch job submission failed: Invalid partition name specified")
+    out = subprocess.run([sys.executable, "-m", "runner", "sweep", str(QUICKSTART), "model.lr=0.01,0.1",
+                          "scheduler=slurm", f"run_root={root}"], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
+    assert "sbatch refused the job: Batch job submission failed: Invalid partition name specified" in out.stderr
+    assert [p.name for p in root.iterdir()] == ["sweeps"] and not any((root / "sweeps").iterdir())
 
 
 def test_explicit_points_from_a_file_each_take_the_grid(tmp_path: Path) -> None:

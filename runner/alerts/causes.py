@@ -15,6 +15,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from runner import slurmstates
 from runner.alerts.nextstep import next_step
 from runner.alerts.payload import Alert, clip
 from runner.ledger import AlertEvent, CauseKind
@@ -212,7 +213,7 @@ def alert_from_run(run_dir: str | os.PathLike[str], event: AlertEvent, **fields:
 
     The log with the strongest sign of failure (OOM > node failure > time limit > preemption > NCCL >
     traceback/error) wins, lowest rank on ties, rank 0 when none shows an error. Any Alert field may be
-    given in `fields` and wins over what is found; `job_id` and `nodes` default to $SLURM_JOB_ID and
+    given in `fields` and wins over what is found; `job_id` and `nodes` default to this job's (slurmstates.job_id) and
     $SLURM_JOB_NODELIST, `run` to the directory name, `cause` to find_cause()'s sentence and `cause_kind` to its
     kind (None for "completed"), `next_step` to ``nextstep.next_step(event)``. extra["log"] names the log used.
     """
@@ -224,7 +225,7 @@ def alert_from_run(run_dir: str | os.PathLike[str], event: AlertEvent, **fields:
     log_path, lines = pick_rank_log(RunDir(root))
     values: dict[str, Any] = {
         "run": root.resolve().name,
-        "job_id": os.environ.get("SLURM_JOB_ID", ""),
+        "job_id": slurmstates.job_id(os.environ) or "",
         "nodes": os.environ.get("SLURM_JOB_NODELIST", ""),
         "log_tail": lines[-TAIL_LINES:],
         "next_step": next_step(event),

@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from runner import ledger, policy, proc, world
+from runner import ledger, policy, proc, slurmstates, world
 from runner import log as runner_log
 from runner.alerts import causes, nextstep
 from runner.errors import RunnerError
@@ -91,7 +91,7 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
     from runner import alerts
     from runner.alerts import background
 
-    job = os.environ.get("SLURM_JOB_ID")
+    job = slurmstates.job_id(os.environ)
     seen = observe.look(run, _has_successor, job=job)  # Slurm is asked about the successor once it matters
     cfg = seen.config
     limits = policy.Limits.of(cfg)
@@ -181,7 +181,7 @@ def _successor(seen: observe.Observation) -> str | None:
 
 def claim(run: RunDir) -> int:
     """A successor job, before its ranks start: take the run over (0) or step aside (``EXIT_SUPERSEDED``)."""
-    job, after = os.environ.get("SLURM_JOB_ID", ""), os.environ.get(SUCCESSOR_ENV, "")
+    job, after = slurmstates.job_id(os.environ) or "", os.environ.get(SUCCESSOR_ENV, "")
     cfg = read_resolved(run.config)
     rec = observe.records(run)
     decision = policy.take_over(rec, job, after, policy.Limits.of(cfg))
@@ -226,25 +226,27 @@ def begin(run: RunDir, key: str) -> tuple[int, dict[str, str]]:
     ``EXIT_PREFLIGHT``). Returns the exit code (0: train) and the variables for the batch script to export (the
     attempt's, ``runner.world``), which it gets even when the image is refused, so that the exit hook records the
     attempt."""
-    job = os.environ.get("SLURM_JOB_ID", "")
+    job = slurmstates.job_id(os.environ) or ""
     owner = run.job_id() or ""
-    if owner.isdigit() and job.isdigit() and int(owner) > int(job):
+    mine, theirs = slurmstates.submitted_at(job), slurmstates.submitted_at(owner)
+    if mine is not None and theirs is not None and theirs > mine:
         log.warning("job %s was superseded by job %s; exiting without training", job, owner)
         return EXIT_SUPERSEDED, {}
     if os.environ.get(SUCCESSOR_ENV) and claim(run) != 0:
         return EXIT_SUPERSEDED, {}
     nodelist = os.environ.get("SLURM_JOB_NODELIST", "")
     first = slurm.hostnames(nodelist)[:1]
-    if not first or not job.isdigit():
+    number = os.environ.get("SLURM_JOB_ID", "")  # this job's own number (an array task's too): its ports
+    if not first or not number.isdigit():
         log.error("cannot read the first node of SLURM_JOB_NODELIST=%r (job %r): no rendezvous for the ranks",
-                  nodelist, job)
+                  nodelist, number)
         return 1, {}
     try:
         attempt = run.new_attempt(make_logs=False)
     except OSError as e:
         log.error("cannot create %s", e.filename)
         return 1, {}
-    env = world.attempt_env(run.root, attempt, world.Rendezvous.of_job(first[0], int(job)))
+    env = world.attempt_env(run.root, attempt, world.Rendezvous.of_job(first[0], int(number)))
     return (verify(run, key) if key else 0), env
 
 
@@ -287,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.what == "signal":
         return deliver(run, args.name, args.pid, args.world)
     if args.what == "start":
-        job = os.environ.get("SLURM_JOB_ID")
+        job = slurmstates.job_id(os.environ)
         try:  # where this attempt's part of the batch output begins (the exit hook reads srun's words from there)
             offset = run.batch_log(job).stat().st_size if job else 0
         except OSError:

@@ -157,13 +157,18 @@ class Slurm(Scheduler):
         except BaseException:
             shutil.rmtree(run.root, ignore_errors=True)
             raise
+        self.submitted(run, cfg, job_id, world_size, let_in)
+        print(f"submitted job {job_id}: {run.root}")
+        return 0
+
+    def submitted(self, run: RunDir, cfg: RunConfig, job_id: str, world_size: int, let_in: Sequence[str]) -> None:
+        """Make the job sbatch named (a job array's task: ``slurmstates.task_id``) the run's owner and record it: from
+        here on the run is that job's, whether it came alone or as a sweep's task."""
         _own(run, cfg, job_id)
         fields: ledger.Submitted = {"scheduler": "slurm", "job_id": job_id, "world_size": world_size}
         if let_in:
-            fields["bad_nodes_let_in"] = let_in
+            fields["bad_nodes_let_in"] = list(let_in)
         run.record("submitted", **fields)
-        print(f"submitted job {job_id}: {run.root}")
-        return 0
 
     def restart(self, run: RunDir, cfg: RunConfig, reason: str, owner: Owner | None) -> int:
         job_id = self.resubmit(run, cfg, reason, by="user")

@@ -26,6 +26,7 @@ from runner.rundir import SUCCESSOR_ENV
 from runner.slurmstates import TERMINAL as TERMINAL  # Slurm's vocabulary, shared with the decisions (runner.policy)
 from runner.slurmstates import JobInfo as JobInfo
 from runner.slurmstates import base_state as base_state
+from runner.slurmstates import job_ids
 from runner.slurmstates import normalize as normalize
 
 SACCT_FIELDS = ("JobID", "State", "ExitCode", "NodeList", "Start", "End", "Elapsed")
@@ -61,8 +62,15 @@ def error_line(stderr: str, fallback: str = "") -> str:
     return lines[-1] if lines else fallback
 
 
+def _ids(field: str) -> list[str]:
+    """The jobs a row's id stands for (``slurmstates.job_ids``: an array's pending tasks, one row, each by its own
+    id); an id of another shape is kept as Slurm printed it."""
+    return job_ids(field) or ([field.strip()] if "[" not in field else [])
+
+
 def parse_sacct_many(text: str, fields: tuple[str, ...] = SACCT_FIELDS) -> dict[str, JobInfo]:
-    """``sacct -X -n -P -D --format=<fields> -j ID,ID,...``: each job's current row (the last of its attempts)."""
+    """``sacct -X -n -P -D --format=<fields> -j ID,ID,...``: each job's current row (the last of its attempts). An
+    array task is ``12_3``; tasks still in the queue share one row (``12_[3-9%2]``), which answers for each."""
     rows: dict[str, list[dict[str, str]]] = {}
     for line in text.splitlines():
         if not line.strip():
@@ -71,7 +79,8 @@ def parse_sacct_many(text: str, fields: tuple[str, ...] = SACCT_FIELDS) -> dict[
         if len(values) != len(fields):
             continue
         row = dict(zip(fields, values, strict=True))
-        rows.setdefault(row.get("JobID", ""), []).append(row)
+        for job in _ids(row.get("JobID", "")):
+            rows.setdefault(job, []).append(row)
     out = {}
     for job_id, attempts in rows.items():
         row = attempts[-1]
@@ -89,15 +98,19 @@ def parse_sacct(text: str, job_id: str, fields: tuple[str, ...] = SACCT_FIELDS) 
 
 
 def parse_squeue_many(text: str) -> dict[str, JobInfo]:
-    """``squeue -h -t all -j ID,ID,... -o '%i|%T|%r|%N'``: every job it listed."""
-    out = {}
+    """``squeue -h -r -t all -j ID,ID,... -o '%i|%T|%r|%N'``: every job it listed (an array task as ``12_3``; without
+    ``-r`` the tasks still in the queue share one row, ``12_[3-9%2]``, which answers for each)."""
+    out: dict[str, JobInfo] = {}
     for line in text.splitlines():
         values = line.strip().split("|")
-        if len(values) >= 2 and values[0] and values[0] not in out:
-            reason = values[2] if len(values) > 2 and values[2] not in ("", "None") else None
-            nodes = values[3] if len(values) > 3 and values[3] else None
-            out[values[0]] = JobInfo(job_id=values[0], state=base_state(values[1]), source="squeue", reason=reason,
-                                     nodes=nodes)
+        if len(values) < 2 or not values[0]:
+            continue
+        reason = values[2] if len(values) > 2 and values[2] not in ("", "None") else None
+        nodes = values[3] if len(values) > 3 and values[3] else None
+        for job in _ids(values[0]):
+            if job not in out:
+                out[job] = JobInfo(job_id=job, state=base_state(values[1]), source="squeue", reason=reason,
+                                   nodes=nodes)
     return out
 
 
@@ -120,9 +133,21 @@ def parse_scontrol_pairs(text: str) -> dict[str, str]:
     return out
 
 
+def _scontrol_ids(pairs: dict[str, str]) -> list[str]:
+    """The jobs one ``scontrol show job`` record stands for: its ``JobId``, and an array task's ``ARRAY_TASK``
+    (each of a range)."""
+    array, tasks = pairs.get("ArrayJobId", ""), pairs.get("ArrayTaskId", "")
+    mine = job_ids(f"{array}_{tasks}" if tasks.isdigit() else f"{array}_[{tasks}]") if array and tasks else []
+    return [*mine, pairs.get("JobId", "")]
+
+
 def parse_scontrol(text: str, job_id: str) -> JobInfo | None:
-    pairs = parse_scontrol_pairs(text)
-    if pairs.get("JobId") != job_id or "JobState" not in pairs:
+    """``scontrol show job ID``: the record of ``job_id``. An array task's record says ``JobId=<its own number>
+    ArrayJobId=12 ArrayTaskId=3``; tasks still in the queue share one (``ArrayTaskId=3-9%2``); asked for an array's
+    id, scontrol prints a record per task, separated by blank lines."""
+    pairs = next((p for p in map(parse_scontrol_pairs, re.split(r"\n\s*\n", text)) if job_id in _scontrol_ids(p)),
+                 {})
+    if "JobState" not in pairs:
         return None
     reason = pairs.get("Reason")
     restarts = pairs.get("Restarts", "")
@@ -238,7 +263,7 @@ def squeue_many(job_ids: list[str], asked: _Asked | None = None) -> dict[str, Jo
     """From the controller; without the jobs older than MinJobAge (alone: "Invalid job id specified")."""
     out: dict[str, JobInfo] = {}
     for chunk in _chunks(job_ids):
-        text = _try(["squeue", "-h", "-t", "all", "-j", ",".join(chunk), "-o", SQUEUE_FORMAT], asked)
+        text = _try(["squeue", "-h", "-r", "-t", "all", "-j", ",".join(chunk), "-o", SQUEUE_FORMAT], asked)
         found = parse_squeue_many(text) if text is not None else {}
         out.update((job, found[job]) for job in chunk if job in found)
     return out

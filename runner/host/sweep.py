@@ -12,8 +12,12 @@ own: each has its own run directory, ledger, checkpoints, alerts, resume.
   by its own local driver in a process of its own (``runner.host.background``), and holds the sweep's lock while it
   does. A second ``drive`` of the sweep (``runner sweep --resume ID``) continues it: a completed point is left alone,
   one never started is started, a stopped one is resumed from its newest checkpoint (``action``, a table).
-- On Slurm the plan is one job array (``render.array``: ``--array=0-N%limit``, task i runs point i's own batch
-  script in point i's run directory); ``--dry-run`` prints it, submitting it waits for its dev-cluster test.
+- On Slurm the sweep is one job array (``render.array``: ``--array=0-N%limit``, task i runs point i's own batch
+  script in point i's run directory), submitted by ``submit_array``: each point's run records its task,
+  ``ARRAYJOB_i`` (``slurmstates.job_id``: what the task records itself, and what squeue, sacct, scancel and
+  ``scontrol requeue`` take), as its job, so the batch script's hooks, requeue, ``runner cron``, status, cancel and
+  resume treat each task as the single job of one run. A task that fails is resubmitted by ``runner cron`` as that
+  run's own plain job; the array is never submitted again.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import json
 import logging
 import os
 import queue
+import shutil
 import signal
 import sys
 import threading
@@ -35,12 +40,13 @@ from typing import Any, Literal
 
 import yaml
 
-from runner import __version__, spec
+from runner import __version__, slurmstates, spec
 from runner.errors import ConfigError, InputError, RunnerError, SubmitError
-from runner.host import background, local, render, scheduler, slurm, submit
+from runner.host import background, local, nodes, render, scheduler, slurm, submit
 from runner.records import SweepMark
 from runner.rundir import RunDir, atomic_write, locked, read_json
 from runner.spec.load import parse_yaml, read_text
+from runner.spec.typed import read_resolved
 
 log = logging.getLogger(__name__)
 Point = tuple[tuple[str, str], ...]  # (key.path, value as written) pairs, in the order they were given
@@ -271,6 +277,11 @@ class SweepDir:
     def array(self) -> Path:  # Slurm: the job array's batch script
         return self.root / "array.sbatch"
 
+    def queued(self) -> bool:
+        """Whether the sweep's runs are jobs of a queue (Slurm: its job array), not runs of a driver here."""
+        rec = read_json(self.record)
+        return scheduler.of(rec.get("scheduler") if isinstance(rec, dict) else None).queue
+
     def points(self) -> list[dict[str, str]]:
         """The sweep's points as ``write`` recorded them.
 
@@ -437,6 +448,8 @@ def write(sp: SweepPlan) -> SweepPlan:
         "points": [dict(p) for p in sp.points], "created": time.time(), "runner_version": __version__,
         "cwd": os.getcwd()}, indent=2) + "\n")
     sp.plans = [submit.write(p) for p in sp.plans]
+    if sp.array is not None:
+        atomic_write(sp.sweep.array, sp.array)
     return sp
 
 
@@ -444,10 +457,8 @@ def prepare(sp: SweepPlan) -> SweepPlan:
     """Check what only running the sweep refuses, then ``write`` it; returns the plan written.
 
     Raises:
-        SubmitError: a Slurm sweep (its job array is printed by ``--dry-run``; submitting it is not wired yet), or an
-            image problem of a point.
+        SubmitError: an image problem of a point.
     """
-    _refuse_slurm(sp.scheduler)
     for p in sp.plans:
         if p.image_problem:
             raise SubmitError(p.image_problem)
@@ -455,15 +466,44 @@ def prepare(sp: SweepPlan) -> SweepPlan:
 
 
 def execute(sp: SweepPlan) -> int:
-    """Write the sweep and run it here (``drive``); returns the CLI's exit code (0: every point completed)."""
+    """Write the sweep and run it: on Slurm submit its job array (``submit_array``), else run it here (``drive``);
+    returns the CLI's exit code (locally 0 when every point completed)."""
+    if sp.array is not None:
+        return submit_array(prepare(sp))
     return drive(prepare(sp).sweep, sp.parallel)
 
 
-def _refuse_slurm(name: str) -> None:
-    if scheduler.of(name).queue:
-        raise SubmitError(f"runner sweep: found scheduler {name}; expected scheduler: local (a Slurm sweep is one "
-                          "job array, which `runner sweep --dry-run` prints; submitting it waits for its test on the "
-                          "dev cluster). hint: --dry-run to see the array, or `runner submit CONF key=value` per point")
+def submit_array(sp: SweepPlan) -> int:
+    """sbatch a written sweep's job array, without the nodes the run root remembers as bad, and make task i the job
+    of point i's run (``Slurm.submitted``: its ``job_id``, its successor, its ``submitted`` record), as
+    ``runner submit`` makes a job a run's. A refusal removes what was written for it: no run directory without a
+    job ever looks submitted.
+
+    Raises:
+        SubmitError: sbatch refused the array (in one line, as ``runner submit`` says it).
+    """
+    first = read_resolved(sp.plans[0].run.config)
+    try:
+        array, let_in = nodes.submit(str(sp.sweep.array), sp.sweep.run_root, first["resume"]["exclude_nodes_s"],
+                                     needed=first["num_nodes"], partition=first["slurm"]["partition"])
+    except SubmitError as e:
+        for p in sp.plans:
+            shutil.rmtree(p.run.root, ignore_errors=True)
+        shutil.rmtree(sp.sweep.root, ignore_errors=True)
+        raise scheduler.refused(e, "compare the config's num_nodes, num_device and slurm: block with "
+                                   "`sinfo -N -o '%N %c %G'`") from None
+    rec = read_json(sp.sweep.record)
+    atomic_write(sp.sweep.record, json.dumps({**(rec if isinstance(rec, dict) else {}), "job": array}, indent=2)
+                 + "\n")
+    keys = varied(sp.points)
+    for i, (p, point) in enumerate(zip(sp.plans, sp.points, strict=True)):
+        task = slurmstates.task_id(array, i)
+        scheduler.SLURM.submitted(p.run, read_resolved(p.run.config), task, p.world_size, let_in)
+        values = show(tuple(kv for kv in point if kv[0] in keys))
+        print(f"[{i + 1}/{len(sp.plans)}] {p.run.name}: job {task} ({values})", flush=True)
+    print(f"sweep {sp.id}: submitted job array {array} ({len(sp.plans)} tasks, at most {sp.parallel} at a time); "
+          f"runner status --root {sp.sweep.run_root} shows it, runner cron resubmits a task that fails", flush=True)
+    return 0
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -617,18 +657,41 @@ def _world_size(run: RunDir) -> int:
     return m.get("world_size", 1)
 
 
+def submit_queued(driver: _Driver) -> int:
+    """``runner sweep --resume`` of a Slurm sweep: a point whose run never got a job (its submitter died before sbatch,
+    or before it wrote the run) is submitted now, as a job of its own; a point with a job is left to it (a task that
+    fails is ``runner cron``'s to resubmit, ``runner resume RUN``'s by hand). Returns 0 when every point has a job."""
+    existing = driver.sweep.runs()
+    left = 0
+    for index in range(len(driver.points)):
+        run = existing.get(index)
+        job = run.job_id() if run is not None else None
+        if run is not None and job:
+            driver.say(index, run, f"job {job}: left to it (runner cron resubmits a job that fails)")
+            continue
+        try:
+            run = run or driver.write(index)
+            scheduler.SLURM.start(run, _world_size(run))  # prints the job
+        except RunnerError as e:
+            left += 1
+            driver.say(index, run, f"not submitted: {' '.join(str(e).split())}")
+    return 1 if left else 0
+
+
 def drive(sweep: SweepDir, parallel: int | None = None) -> int:
     """Run the sweep's points that are not completed, ``parallel`` at a time (default: as the sweep was planned),
     holding the sweep's lock (one driver per sweep); returns 0 when every point completed.
 
+    A Slurm sweep's points are their jobs' (``submit_queued``).
+
     Raises:
-        SubmitError: another driver holds the sweep, or it is a Slurm sweep.
+        SubmitError: another driver holds the sweep.
         InputError: the sweep's record cannot be read.
     """
     _check_parallel(parallel)
     rec = read_json(sweep.record)
     rec = rec if isinstance(rec, dict) else {}
-    _refuse_slurm(str(rec.get("scheduler", "local")))
+    queued = scheduler.of(str(rec.get("scheduler", "local"))).queue
     n = parallel or (rec["parallel"] if isinstance(rec.get("parallel"), int) and rec["parallel"] >= 1 else 1)
     driver = _Driver(sweep, n)
     deadline = time.monotonic() + LOCK_WAIT_S
@@ -637,6 +700,8 @@ def drive(sweep: SweepDir, parallel: int | None = None) -> int:
             if mine:
                 atomic_write(sweep.driver, json.dumps({"pid": os.getpid(), "host": os.uname().nodename,
                                                        "started": time.time()}) + "\n")
+                if queued:
+                    return submit_queued(driver)
                 old = {s: signal.signal(s, driver.on_signal) for s in (signal.SIGINT, signal.SIGTERM)} \
                     if threading.current_thread() is threading.main_thread() else {}
                 try:

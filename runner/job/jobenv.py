@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from runner import slurmstates
 from runner.rundir import ATTEMPT_ENV
 from runner.world import Rendezvous
 
@@ -25,7 +26,7 @@ class JobEnv:
     local_rank: int
     node_rank: int
     world_size: int
-    job_id: str | None  # the Slurm job; None in a local run
+    job_id: str | None  # the Slurm job as the run records it (slurmstates.job_id); None in a local run
     restart_count: str  # Slurm's requeues of the job, as Slurm says it ("0" before any): recorded and compared
     attempt: int | None  # RUNNER_ATTEMPT: the attempt whoever started the rank claims (None: not said)
     under_slurm: bool  # a task of an srun step (not an interactive allocation's shell)
@@ -42,7 +43,7 @@ class JobEnv:
                      int(env.get("WORLD_SIZE", 1)))
         attempt = env.get(ATTEMPT_ENV, "")
         port = int(env.get("MASTER_PORT", "29500"))
-        return cls(*place, job_id=env.get("SLURM_JOB_ID"), restart_count=env.get("SLURM_RESTART_COUNT", "0"),
+        return cls(*place, job_id=slurmstates.job_id(env), restart_count=env.get("SLURM_RESTART_COUNT", "0"),
                    attempt=int(attempt) if attempt.isdigit() else None,
                    under_slurm="SLURM_PROCID" in env and env.get("SLURM_JOB_NAME") not in ("bash", "interactive"),
                    rendezvous=Rendezvous(env.get("MASTER_ADDR", "127.0.0.1"), port,

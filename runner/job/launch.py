@@ -105,7 +105,7 @@ def _write_rank_info(rd: RunDir, manifest: RunManifest, rank: int, local: int, n
             "hostname": socket.gethostname(), "pid": os.getpid(),
             "slurm": {k: v for k, v in os.environ.items() if k in (
                 "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_JOB_ID", "SLURM_NTASKS",
-                "SLURM_RESTART_COUNT", "CUDA_VISIBLE_DEVICES")},
+                "SLURM_RESTART_COUNT", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "CUDA_VISIBLE_DEVICES")},
             "master": f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}",
             "ifname": {k: os.environ.get(k) for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")},
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), **container.describe(manifest)}
