@@ -203,6 +203,23 @@ class Goodput:
                 "losses_s": {k: round(v, 1) for k, v in self.losses.items()}}
 
 
+@dataclass
+class Accounting:
+    """What a run's goodput is worked out from (``account``), apart from where its wall time ends: a run that has not
+    finished runs on to now, so its goodput is worked out again at each look (``at``)."""
+
+    attempts: list[Attempt]
+    created: float | None  # the submission (the manifest's); None: unknown, no wall time
+    kept: float | None  # productive_s of the finished run or of its newest checkpoint
+    kept_step: int | None
+    stalls: dict[int, float] = field(default_factory=dict)  # account's hang_stall_s
+    program: bool = False
+
+    def at(self, end: float) -> Goodput:
+        created = self.created if self.created is not None else end
+        return account(self.attempts, created, end, self.kept, self.kept_step, self.stalls, self.program)
+
+
 def account(runs: Sequence[Attempt], created: float, end: float, productive_s: float | None,
             kept_step: int | None, hang_stall_s: Mapping[int, float] | None = None, program: bool = False) -> Goodput:
     """Split ``end - created`` into productive time and the named losses (see ``LOSSES``).

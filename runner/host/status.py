@@ -8,6 +8,7 @@ be read becomes one row that says what is wrong, never an error that hides the o
 from __future__ import annotations
 
 import codecs
+import functools
 import json
 import logging
 import os
@@ -23,7 +24,7 @@ from typing import Any, Literal
 from runner import checkpoint, goodput, policy, redaction, slurmstates, stragglers
 from runner import log as runner_log
 from runner.errors import InputError, RunnerError
-from runner.host import observe, scheduler
+from runner.host import local, observe, scheduler, statuscache
 from runner.records import RunManifest
 from runner.rundir import RunDir, read_json
 
@@ -93,6 +94,12 @@ def row(run: RunDir, jobs: Mapping[str, slurmstates.JobInfo] | None = None) -> d
 def row_of(seen: observe.Observation, last: tuple[int, Path] | None | Literal["find"] = "find") -> dict[str, Any]:
     """The status of a run looked at already (``observe.shown``); ``last``: its newest complete checkpoint where
     the caller found it already (``runner report`` reads every manifest)."""
+    return _row(seen, last)[0]
+
+
+def _row(seen: observe.Observation, last: tuple[int, Path] | None | Literal["find"] = "find") \
+        -> tuple[dict[str, Any], goodput.Accounting, float | None]:
+    """The row, with what its goodput is worked out from and the end of its wall time (``_accounting``)."""
     run, manifest, rec, info, heir = seen.run, seen.manifest, seen.records, seen.job, seen.heir
     cfg_hash = manifest.get("config_hash")
     if last == "find":
@@ -100,16 +107,18 @@ def row_of(seen: observe.Observation, last: tuple[int, Path] | None | Literal["f
     events = list(rec.events)
     state = policy.run_state(rec, info, heir) if _is_parallel(manifest) else \
         scheduler.of_manifest(manifest).state(run, rec, info, heir)
+    acct, end = _accounting(run, seen.attempts, manifest, last)
     return {"run": run.name, "path": str(run.root), "state": state, "job_id": rec.job_id,
             "last_checkpoint_step": last[0] if last else None,
             "restarts": policy.restarts_used(events),
             "age_s": round(time.time() - manifest.get("created", time.time()), 1),
             "last_event": events[-1]["event"] if events else None,
-            **history(run, events, seen.attempts, manifest, last),
+            **history(events, acct.at(end or time.time())),
             **({"sweep": manifest["sweep"]} if "sweep" in manifest else {}),  # runner sweep: grouped by sweep.table
             **({"slurm_state": info.state, "slurm_source": info.source, "slurm_exit_code": info.exit_code,
                 "reason": info.reason, "nodes": info.nodes} if info else {}),
-            **(_parallel_store(run).status(state, manifest.get("items", 0)) if _is_parallel(manifest) else {})}
+            **(_parallel_store(run).status(state, manifest.get("items", 0)) if _is_parallel(manifest) else {})}, \
+        acct, end
 
 
 def _is_parallel(manifest: RunManifest) -> bool:
@@ -135,8 +144,7 @@ def broken_row(run: RunDir, problem: str) -> dict[str, Any]:
             "productive_s": None, "losses_s": {}, "error": problem}
 
 
-def history(run: RunDir, events: Sequence[Mapping[str, Any]], runs: Sequence[goodput.Attempt],
-            manifest: RunManifest, last: tuple[int, Path] | None) -> dict[str, Any]:
+def history(events: Sequence[Mapping[str, Any]], acc: goodput.Goodput) -> dict[str, Any]:
     """What the failures cost: the last outcome and its cause, steps lost per restart, and goodput with its losses.
 
     Goodput is training time kept in checkpoints (or in the finished run) divided by wall time since submit
@@ -145,7 +153,7 @@ def history(run: RunDir, events: Sequence[Mapping[str, Any]], runs: Sequence[goo
     outcome, cause = last_outcome(events)
     return {"last_outcome": outcome, "last_cause": cause,
             "lost_steps": [e.get("lost_steps", 0) for e in events if e["event"] == "train_start"][1:],
-            **accounting(run, runs, manifest, last).as_json()}
+            **acc.as_json()}
 
 
 # What begins an attempt (its outcome is then not known yet) and what a person's cancel ends it with.
@@ -183,15 +191,22 @@ def accounting(run: RunDir, runs: Sequence[goodput.Attempt], manifest: RunManife
                last: tuple[int, Path] | None) -> goodput.Goodput:
     """The run's wall time since submission (its attempts: ``goodput.attempts``), split into kept training time
     and its named losses."""
+    acct, end = _accounting(run, runs, manifest, last)
+    return acct.at(end or time.time())
+
+
+def _accounting(run: RunDir, runs: Sequence[goodput.Attempt], manifest: RunManifest,
+                last: tuple[int, Path] | None) -> tuple[goodput.Accounting, float | None]:
+    """What the run's goodput is worked out from, and the end of its wall time (None: it has not finished, now)."""
     done = read_json(run.finished, None)
     done = done if isinstance(done, dict) else {}
     kept, kept_step = done.get("productive_s"), done.get("step")
     if kept is None and last is not None:
         kept, kept_step = checkpoint.manifest_of(last[1]).get("productive_s"), last[0]
-    end = done.get("time") or time.time()
     stalls = {a.log_attempt: _hang_stall(run, a.log_attempt) for a in runs if a.hang and a.log_attempt}
     program = any(a.train_start is None for a in runs) and program_mode(run)  # the config only where it matters
-    return goodput.account(runs, manifest.get("created", end), end, kept, kept_step, stalls, program)
+    return goodput.Accounting(list(runs), manifest.get("created"), kept, kept_step, stalls, program), \
+        done.get("time") or None
 
 
 def program_mode(run: RunDir) -> bool:
@@ -227,42 +242,69 @@ def _looks_like_run(path: Path) -> bool:
 def _entries(root: Path) -> list[Path]:
     """The entries of a run root, sorted; none when it cannot be listed."""
     try:
-        return sorted(root / e.name for e in os.scandir(root))
+        base = Path(os.path.abspath(root))
+        return [base / n for n in sorted(e.name for e in os.scandir(root))]
     except OSError:
         return []
 
 
 def collect(name: str | None, root: Path) -> list[dict[str, Any]]:
-    """Status rows of one run (by name) or of every run under root, Slurm asked once for all of them."""
+    """Status rows of one run (by name) or of every run under root, Slurm asked once for all of them. Listing a root
+    reads again only the runs whose files changed since the last look (``runner.host.statuscache``)."""
     if name:
         runs = [find_run(name, root)]
     else:
-        runs = [RunDir(Path(os.path.abspath(p))) for p in _entries(root) if _looks_like_run(p)]
-    looks: list[observe.Observation | Exception] = []
-    for run in runs:
+        runs = [RunDir(p) for p in _entries(root) if _looks_like_run(p)]
+    memory = None if name else statuscache.load(root)
+    now = time.time()
+    rows: list[dict[str, Any] | None] = [memory.row(run, functools.partial(local.held, run), now) if memory else None
+                                         for run in runs]
+    read = [i for i, r in enumerate(rows) if r is None]
+    sigs = {i: statuscache.signature(runs[i]) for i in read} if memory else {}  # before the files are read
+    looks: dict[int, observe.Observation | Exception] = {}
+    for i in read:
         try:
-            looks.append(observe.look(run, observe.shown, strict=True))
+            looks[i] = observe.look(runs[i], observe.shown, strict=True)
         except Exception as e:  # its row says what is wrong below
-            looks.append(e)
-    jobs = observe.ask(o for o in looks if isinstance(o, observe.Observation)) or {}  # slurm.query_many's reading
-    rows = []
-    for run, seen in zip(runs, looks, strict=True):
+            looks[i] = e
+    jobs = observe.ask(o for o in looks.values() if isinstance(o, observe.Observation)) or {}  # one Slurm question
+    kept: dict[int, tuple[observe.Observation, goodput.Accounting, float | None]] = {}
+    for i in read:
+        run, seen = runs[i], looks[i]
         try:
             if isinstance(seen, Exception):
                 raise seen
-            rows.append(row_of(seen.answered(jobs)))
+            seen = seen.answered(jobs)
+            r, acct, end = _row(seen)
+            if not seen.needed and not _is_parallel(seen.manifest):  # Slurm's word and items change by themselves
+                kept[i] = seen, acct, end
         except Exception as e:  # one unreadable run must not hide the others
             log.debug("%s: cannot read", run.root, exc_info=True)
-            rows.append(broken_row(run, runner_log.one_line(e)))
-    from runner import alerts
-
-    # A cause read from a log line may quote the webhook URL (ledgers written before redaction did): never show it,
-    # whatever its source (each run's url_env, url_file or env:, learnt from its config), nor any Slack URL.
-    for run, r in zip(runs, rows, strict=True):
+            r = broken_row(run, runner_log.one_line(e))
+        # A cause read from a log line may quote the webhook URL (ledgers written before redaction did): never show
+        # it, whatever its source (each run's url_env, url_file or env:, learnt from its config), nor a Slack URL.
         if r.get("last_cause") or r.get("error"):  # free text (a cause, an error) may quote it; the rest is runner's
             _learn_secrets(run)
+        rows[i] = r
+    # A remembered row was redacted when it was read: again only where this look may know a secret it did not (the
+    # webhook URL of this environment, or one that the runs read now taught it).
     url = os.environ.get(DEFAULT_URL_ENV, "").strip()
-    return [alerts.redact_obj(r, [url] if url else []) for r in rows]
+    out = [_redacted(r, [url] if url else []) if read or url else r for r in rows if r is not None]  # every one
+    if memory is not None:
+        for i, (seen, acct, end) in kept.items():
+            memory.keep(runs[i], sigs[i], out[i], seen.manifest.get("created"), acct if end is None else None,
+                        scheduler.of_manifest(seen.manifest).name == "local", now)
+        memory.save([run.name for run in runs])
+    return out
+
+
+def _redacted(row: Mapping[str, Any], secrets: Sequence[str]) -> dict[str, Any]:
+    """A row with every text in it redacted (``alerts.redact_obj``); its numbers and its losses (runner's names) need
+    none."""
+    from runner import alerts
+
+    return {k: v if k == "losses_s" or v is None or isinstance(v, (int, float)) else alerts.redact_obj(v, secrets)
+            for k, v in row.items()}
 
 
 def _learn_secrets(run: RunDir) -> None:
