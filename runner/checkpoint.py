@@ -152,10 +152,26 @@ def verify(path: Path) -> str | None:
     return None
 
 
+EPOCH_START = "epoch start"  # a manifest's ``position``: the train loader cannot be positioned mid-epoch
+
+
+def passed_over(path: Path) -> bool:
+    """Whether a resume passes over the checkpoint at ``path``: taken mid-epoch, with a train loader that cannot be
+    positioned there (its manifest's ``position``): resumed there, the epoch would be trained partly twice and partly
+    never; from the epoch's start it is trained once."""
+    manifest = manifest_of(path)
+    return bool(manifest.get("mid_epoch")) and manifest.get("position") == EPOCH_START
+
+
 def latest(root: Path, config_hash: str | None = None, force: bool = False,
-           check: bool = False) -> tuple[int, Path] | None:
-    """The newest complete checkpoint; with ``check``, damaged ones are skipped for the previous one."""
+           check: bool = False, positioned: bool = False) -> tuple[int, Path] | None:
+    """The newest complete checkpoint; with ``check``, damaged ones are skipped for the previous one; with
+    ``positioned``, ``passed_over`` ones too (the previous one is at an epoch's end: runner writes one at each epoch's
+    end for such a loader, and ``prune`` keeps the newest)."""
     for step, path in complete(root, config_hash, force):
+        if positioned and passed_over(path):
+            log.info("passing over %s: taken mid-epoch, with a train loader that cannot be positioned there", path)
+            continue
         problem = verify(path) if check else None
         if problem is None:
             return step, path
@@ -230,11 +246,14 @@ def write_digests(staging: Path, rank: int) -> None:
 
 
 def prune(root: Path, keep: int) -> None:
-    """Keep the newest ``keep`` complete checkpoints; remove older ones and abandoned staging dirs. One that failed
-    to load (``mark_unloadable``) is left as it is, for a person to look at, and not counted."""
+    """Keep the newest ``keep`` complete checkpoints, and the newest at an epoch's end (where a resume goes back to
+    when the loader cannot be positioned mid-epoch); remove older ones and abandoned staging dirs. One that failed to
+    load (``mark_unloadable``) is left as it is, for a person to look at, and not counted."""
     found = [(step, path) for step, path in complete(root) if not CheckpointDir.unloadable(path).exists()]
+    epoch_end = next((path for _, path in found if manifest_of(path).get("mid_epoch") is False), None)
     for _, path in found[keep:]:
-        shutil.rmtree(path, ignore_errors=True)
+        if path != epoch_end:
+            shutil.rmtree(path, ignore_errors=True)
     newest = found[0][0] if found else -1
     for step, path in CheckpointDir(root).stagings():
         if step < newest:

@@ -147,6 +147,8 @@ class CheckpointManifest(TypedDict, total=False):
     mid_epoch: bool
     epoch_batches: int  # batches each rank had taken in the epoch
     accumulate: int  # gradient accumulation of the shape that wrote it
+    position: str  # how a resume continues its train loader mid-epoch (honesty.positioning: restored, replayed,
+    # or "epoch start": passed over for the newest at an epoch's end, checkpoint.passed_over)
     format: str  # "dcp" (checkpoint.SHARDED): one shard per rank; missing: one model file
     shards: dict[str, str]  # a sharded checkpoint's rank -> the file of its shard
     files: dict[str, Any]  # every file's size and sha256, as written (checkpoint.verify checks each entry)
@@ -154,7 +156,7 @@ class CheckpointManifest(TypedDict, total=False):
 
 _MANIFEST_TYPES: dict[str, type | tuple[type, ...]] = {
     "step": int, "epoch": int, "config_hash": str, "world_size": int, "runner_version": str, "mid_epoch": bool,
-    "epoch_batches": int, "accumulate": int, "format": str, "files": dict}
+    "epoch_batches": int, "accumulate": int, "format": str, "files": dict, "position": str}
 
 
 def checkpoint_manifest(raw: Any) -> CheckpointManifest:

@@ -111,3 +111,26 @@ def test_the_checkpoint_directory_names_every_file(tmp_path: Path) -> None:
     (staging / "__3_0.distcp").write_bytes(b"shard")
     assert sorted(ckpts.steps()) == [(20, step), (1234567, ckpts.step(1234567))]  # seven digits or more
     assert ckpts.stagings() == [(20, staging)] and ckpts.shards(staging, 3) == [staging / "__3_0.distcp"]
+
+
+def test_a_mid_epoch_checkpoint_of_a_loader_that_cannot_be_positioned_is_passed_over_and_its_epoch_start_kept(
+        tmp_path: Path) -> None:
+    """``latest(positioned=True)``, a resume's: the newest checkpoint, taken mid-epoch with a loader runner cannot
+    position there (``position: epoch start``), gives way to the newest at an epoch's end, which ``prune`` keeps
+    beyond ``keep``; a replayed loader's mid-epoch checkpoint is resumed as it is."""
+    def make_at(step: int, mid: bool, position: str) -> Path:
+        checkpoint.CheckpointDir(tmp_path).staging(step).mkdir(parents=True)
+        (checkpoint.CheckpointDir(tmp_path).staging(step) / "model.ckpt").write_bytes(b"w")
+        return checkpoint.publish(tmp_path, step, {"step": step, "config_hash": "h", "mid_epoch": mid,
+                                                   "position": position})
+
+    boundary = make_at(16, False, checkpoint.EPOCH_START)
+    make_at(18, True, checkpoint.EPOCH_START)
+    stop = make_at(21, True, checkpoint.EPOCH_START)
+    assert checkpoint.passed_over(stop) and not checkpoint.passed_over(boundary)
+    assert checkpoint.latest(tmp_path, "h", check=True) == (21, stop)
+    assert checkpoint.latest(tmp_path, "h", check=True, positioned=True) == (16, boundary)
+    checkpoint.prune(tmp_path, keep=1)
+    assert [step for step, _ in checkpoint.complete(tmp_path)] == [21, 16]
+    replayed = make_at(23, True, "replayed")
+    assert checkpoint.latest(tmp_path, "h", check=True, positioned=True) == (23, replayed)

@@ -135,3 +135,24 @@ def assert_resumed_honestly(rd: RunDir, ckpt: dict[str, Any], to_world: int, to_
         batches += 1
         step += batches % to_accumulate == 0 or batches == epoch_len
     assert (after["epoch"], after["epoch_batches"]) == (epoch, batches), (ckpt, after)
+
+
+def test_a_loader_replayed_to_the_stops_batch_is_the_same_samples_bitwise() -> None:
+    r = honesty.resumed(manifest(2), 2, 2, 32, sharded=False, exact_resume=True, loader_resumable=True, replayed=True)
+    assert r.data_exact and r.trajectory == honesty.BITWISE
+    assert r.data.endswith("10 batches per rank into the epoch: the same samples (the epoch's pass replayed to that "
+                           "batch: its batches before it read again, not trained)")
+
+
+def test_a_loader_that_cannot_be_positioned_says_what_lightnings_count_trains() -> None:
+    """Lightning counts on from the checkpoint's batch while the loader starts its pass again (a resume on another
+    world size of a loader runner replays only on its own): what that epoch trains, in words."""
+    r = honesty.resumed(manifest(2), 1, 4, 32, sharded=False, exact_resume=True, loader_resumable=False)
+    assert not r.data_exact and "it replays the epoch from its start while Lightning counts on from batch 10" in r.data
+
+
+def test_a_resume_that_passed_over_a_mid_epoch_checkpoint_goes_back_to_the_epochs_start() -> None:
+    r = honesty.resumed(manifest(2, step=16, batches=16, mid=False), 2, 2, 32, sharded=False, exact_resume=True,
+                        loader_resumable=False, passed_over=21)
+    assert r.data_exact and r.trajectory == honesty.BITWISE and r.step == 16
+    assert "the newer checkpoint of step 21, mid-epoch, was passed over" in r.data and "(5 steps again)" in r.data

@@ -54,12 +54,12 @@ def test_boring_model_global_batch_and_exactness_are_told(tmp_path: Path) -> Non
     assert manifest["data_module"] == {"target": "lightning.pytorch.demos.BoringDataModule",
                                        "takes_dataloader": False, "global_batch": "the data module's own"}
     [measured] = [e for e in RunDir(run).events() if e["event"] == "data"]
-    assert measured["exactness"] == honesty.EPOCH_ONLY
+    assert measured["exactness"] == honesty.EXACT  # its DataLoader reads in order: replayed to a stop's batch
     # BoringDataModule's DataLoader has the default batch size 1: 1 x 2 ranks x 2 accumulation (the quickstart's),
     # not the config's own arithmetic (8 x 2 x 2 = 32).
     assert (measured["local_batch"], measured["global_batch"], measured["configured_global_batch"]) == (1, 4, 32)
     rank0 = next((run / "logs").rglob("rank-00000.log")).read_text()
-    assert "global batch measured at the first step: 4" in rank0 and "epoch boundaries" in rank0
+    assert "global batch measured at the first step: 4" in rank0 and "replayed to its batch" in rank0
 
 
 def test_runner_data_module_is_exact_and_measured_as_configured(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from runner import checkpoint
@@ -76,6 +77,32 @@ class StopNow(L.Callback):
             raise SIGTERMException
 
 
+class AfterEpochEnd(Checkpoint):
+    """Writes runner's checkpoint that fell due at a batch after which Lightning validates or ends the epoch once
+    they are done (``RunnerCheckpoint.write_deferred``), and ends training there when it is a stop's, as ``StopNow``
+    does after a batch. A ``Checkpoint``, so that Lightning calls its ``on_train_epoch_end`` with the checkpoint
+    callbacks, after the program's own: their saves of the epoch are in runner's checkpoint, which a resume then
+    continues after the epoch's end (Lightning's restart from a checkpoint taken before it skips it: no validation, no
+    epoch-end callback, no ModelCheckpoint of that epoch). ``Guarantees.fit`` puts it last of the Trainer's callbacks
+    and takes it out after ``fit``."""
+
+    def __init__(self, ckpt: RunnerCheckpoint) -> None:
+        self.ckpt = ckpt
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if (self.ckpt.deferred or self.ckpt.deferred_stop) and not trainer.sanity_checking \
+                and not internals.epoch_batches_done(trainer)[1]:  # a validation mid-epoch; else the epoch's end
+            self.write(trainer, pl_module)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.write(trainer, pl_module)
+
+    def write(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.ckpt.write_deferred(trainer):
+            self.ckpt.on_train_end(trainer, pl_module)  # the agreement's reduction done, the checkpoint complete
+            raise SIGTERMException
+
+
 class RunnerCallbacks(L.Callback):
     """runner's parts as one Lightning callback (``combine`` adds their hooks); ``runner``: whose parts they are."""
 
@@ -121,7 +148,8 @@ class Guarantees:
                                           first_step_s=w["first_step_s"]) if w["enabled"] else None
         pulse = [Pulse(self.watchdog)] if self.watchdog else []
         self.honesty = Honesty(rd, configured_batch, rank, world, cfg["checkpoint"]["exact_resume"],
-                               moved=lambda: self.checkpoint.moved)
+                               moved=lambda: self.checkpoint.moved, replayed=lambda: self.checkpoint.replayed)
+        self.after_epoch_end = AfterEpochEnd(self.checkpoint)
         # The non-finite guard runs before the optimizer step and before the checkpoint callback; the watchdog's
         # pulse first of all, so the stall clock stops before the last checkpoint is awaited at the end.
         self.parts: list[L.Callback] = [*(extra or []), *pulse, self.guard, OwnerCheck(rd, job), self.checkpoint,
@@ -145,19 +173,30 @@ class Guarantees:
             # A sharded checkpoint is the directory itself: Lightning's ModelParallelStrategy loads a DCP directory
             # (``meta.pt`` beside the shards) into this world size, resharding when it differs from the writer's.
             ckpt = str(last[1]) if checkpoint.is_sharded(last[1]) else str(checkpoint.CheckpointDir.model(last[1]))
+            newest = checkpoint.latest(self.rd.checkpoints, self.cfg_hash, self.cfg["resume"]["force"])
+            passed_over = newest[0] if newest and newest[0] > last[0] and checkpoint.passed_over(newest[1]) \
+                else None
             self.checkpoint.resuming(last[1])
-            self.honesty.resuming(last[1])
-            log.info("resuming from %s (step %d)%s", last[1], last[0],
-                     f" instead of the program's ckpt_path {asked}" if asked else "")
+            self.honesty.resuming(last[1], passed_over)
+            log.info("resuming from %s (step %d)%s%s", last[1], last[0],
+                     f" instead of the program's ckpt_path {asked}" if asked else "",
+                     f", the epoch's start: the loader cannot be positioned at step {passed_over}, mid-epoch"
+                     if passed_over is not None else "")
+        elif self.cfg["resume"]["enabled"] and (newest := checkpoint.latest(self.rd.checkpoints, self.cfg_hash)) \
+                and checkpoint.passed_over(newest[1]):
+            log.info("starting from the beginning: the newest checkpoint (step %d) is mid-epoch, where the loader "
+                     "cannot be positioned, and none is at an epoch's end", newest[0])
         if self.watchdog:
             self.watchdog.start()  # imports, preflight and the program's own start are not hangs
         flag = self.checkpoint.flag
         flag.driving = True  # a signal now waits for an agreed step (stopflag: a program's meaning outside a fit)
+        callbacks = trainer.callbacks  # type: ignore[attr-defined]  # public, set by its connector, not declared
+        callbacks.append(self.after_epoch_end)  # last of all: after the program's checkpoint callbacks
         watch, why = fallback.LoadWatch(trainer) if last else None, None
         try:
             call(ckpt)
         except SIGTERMException:
-            if self.checkpoint.stopped_by_signal:  # runner's stop checkpoint is written (StopNow ended the fit)
+            if self.checkpoint.stopped_by_signal:  # runner's stop checkpoint is written (StopNow or AfterEpochEnd)
                 log.info("stopped on signal at step %d; exit %d (requeue)", step(), EXIT_REQUEUE)
                 return EXIT_REQUEUE
             log.warning("terminated (SIGTERM) before the end of training")
@@ -170,6 +209,8 @@ class Guarantees:
             fallback.skip(self.rd, self.rank, last[0], last[1], why)
         finally:
             flag.driving = False
+            if self.after_epoch_end in callbacks:
+                callbacks.remove(self.after_epoch_end)  # the program's own Trainer again, for its code after fit
             if self.watchdog:
                 self.watchdog.stop()
         if why is not None:  # every rank: the checkpoint verified yet failed to load; the previous one, never it again

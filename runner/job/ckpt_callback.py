@@ -10,17 +10,19 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy
 
 from runner import __version__, checkpoint
 from runner.checkpoint import CheckpointDir
-from runner.job import internals, owner, rng
+from runner.job import honesty, internals, owner, rng
 from runner.job.agreement import STOP, SUPERSEDED, Agreement
 from runner.job.guards import NonFiniteGuard
 from runner.job.stopflag import StopFlag
@@ -49,6 +51,28 @@ def _loss(outputs: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def adopt_last_checkpoints(trainer: L.Trainer, rd: RunDir) -> None:
+    """On a resume: a ModelCheckpoint of the program's that keeps ``last.ckpt`` (``save_last``) and had saved none
+    when runner's checkpoint was taken (its restored ``last_model_path`` is empty), while a ``last.ckpt`` of this run
+    is there (an attempt wrote it after that checkpoint), overwrites that file instead of writing ``last-v1.ckpt``
+    beside it: Lightning versions a ``last.ckpt`` it does not know as another run's. One written before this run was
+    submitted is left to Lightning's versioning."""
+    created = float((rd.manifest_record() or {}).get("created") or 0.0)
+    for callback in trainer.checkpoint_callbacks:
+        if not isinstance(callback, ModelCheckpoint) or not callback.save_last or callback.last_model_path \
+                or "{" in callback.CHECKPOINT_NAME_LAST or not callback.dirpath:
+            continue
+        last = os.path.join(callback.dirpath, f"{callback.CHECKPOINT_NAME_LAST}{callback.FILE_EXTENSION}")  # its name
+        try:
+            written = os.lstat(last).st_mtime
+        except OSError:
+            continue
+        if written >= created:
+            callback.last_model_path = last
+            log.info("the program's %s is this run's (written after it was submitted): it is kept up to date, "
+                     "not versioned", last)
+
+
 class RunnerCheckpoint(L.Callback):
     """Checkpoints every ``checkpoint.every_n_steps`` steps and at the agreed stop step; resumes the RNG and the
     data position of the checkpoint that ``resuming`` names. ``guard``: a tripped non-finite guard's step is never
@@ -72,6 +96,12 @@ class RunnerCheckpoint(L.Callback):
         self.resume_from: Path | None = None
         self.rng: dict[str, Any] | None = None  # this rank's RNG state from the checkpoint, until restored
         self.moved: tuple[int, int, int] | None = None  # the data position moved onto another world size
+        self.position = honesty.EPOCH_START  # how a resume continues the train loader mid-epoch (on_train_start)
+        self.replayed = False  # this resume replayed the loader's pass to the checkpoint's batch
+        # A checkpoint due at a batch after which Lightning validates or ends the epoch is written after them (by
+        # ``write_deferred``, from runner's ``AfterEpochEnd`` or the next batch), and a stop waits for it.
+        self.deferred = False
+        self.deferred_stop = False
         # Here, not in on_train_start: a resume from a checkpoint at the last step (a time limit's, say)
         # reaches its end without Lightning starting to train, and the `finished` marker still needs them.
         self.t_start = time.time()
@@ -95,6 +125,7 @@ class RunnerCheckpoint(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         rd = self.rd
         self.flag.take_over_sigterm()
+        self.position = honesty.positioning(trainer.train_dataloader)[0]
         if internals.is_sharded(trainer.strategy):  # what this rank holds of the model, for tests and people
             mine, total = internals.resident_elements(pl_module)
             log.info("fsdp: this rank holds %d of the model's %d parameter elements", mine, total)
@@ -119,11 +150,30 @@ class RunnerCheckpoint(L.Callback):
             # the next epoch's loader iterator at an epoch's end (a DataLoader draws its base seed then). The
             # resumed run makes that iterator's draw in any case: the state goes back after it mid-epoch, before
             # it at an epoch's end.
-            if not checkpoint.manifest_of(resume_from).get("mid_epoch"):
+            saved = checkpoint.manifest_of(resume_from)
+            if not saved.get("mid_epoch"):
                 self.on_train_batch_start(trainer, pl_module, None, 0)
+                internals.begin_epoch_pass(trainer)
                 if internals.start_next_epoch_whole(trainer):
                     log.info("resumed at an epoch's end on %d batches an epoch per rank: the next epoch starts whole",
                              trainer.num_training_batches)
+            elif self.position == honesty.REPLAYED and saved.get("world_size") == trainer.world_size:
+                self.replay(trainer)
+        if resume_from is not None or self.attempt > 1:
+            adopt_last_checkpoints(trainer, self.rd)
+
+    def replay(self, trainer: L.Trainer) -> None:
+        """Resumed mid-epoch with a loader whose epoch is a function of the epoch: its pass is read up to the batch
+        the checkpoint was taken after, so that each batch of the epoch is trained once."""
+        batches = int(trainer.fit_loop.epoch_loop.batch_progress.current.ready)
+        t0 = time.monotonic()
+        taken = internals.skip_batches(trainer, batches)
+        self.replayed = taken == batches
+        # The RNG goes back to the checkpoint's now, not at the first batch: the uninterrupted run read the next
+        # batch after the checkpoint (a dataset's augmentation draws as it reads), the resumed run reads it next too.
+        self.on_train_batch_start(trainer, trainer.lightning_module, None, 0)
+        log.info("data position: the epoch's pass replayed to batch %d (%d batches read, not trained, in %.1f s)%s",
+                 batches, taken, time.monotonic() - t0, "" if self.replayed else ": the pass ended first")
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:
@@ -152,20 +202,51 @@ class RunnerCheckpoint(L.Callback):
                 log.info("step %d loss %.6f (%.1fs)", step, loss, time.time() - self.t0)
         if self.guard is not None and self.guard.tripped_at is not None:
             return  # a non-finite step: training stops here, and nothing of this step is saved
-        if step != self.last_saved and (step % self.every == 0 or stop):
+        stop = stop or self.deferred_stop
+        due = step != self.last_saved and (step % self.every == 0 or stop or self.deferred or (
+            self.position == honesty.EPOCH_START and internals.epoch_batches_done(trainer)[1]))
+        if (due or stop) and trainer.strategy.reduce_boolean_decision(internals.epoch_end_follows(trainer),
+                                                                      all=False):
+            # Written after the validation or the epoch's end that follows this batch (Lightning's restart would
+            # skip them): the program's own bookkeeping of a whole epoch runs, and is in the checkpoint.
+            if stop and not self.deferred_stop:
+                log.info("stop agreed at step %d: it waits for the epoch's end or the validation after this batch",
+                         step)
+            self.deferred, self.deferred_stop = due, stop
+            return
+        self.deferred = self.deferred_stop = False
+        if due:
             self.save(trainer, step, batch_idx + 1)
         if stop:
             self.stopped_by_signal = True
             trainer.should_stop = True
 
+    def write_deferred(self, trainer: L.Trainer) -> bool:
+        """After a validation or an epoch's end: write the checkpoint that fell due at the batch before it (every
+        rank at once). Returns whether it is a stop's."""
+        if not (self.deferred or self.deferred_stop):
+            return False
+        stop, self.deferred, self.deferred_stop = self.deferred_stop, False, False
+        step = trainer.global_step
+        if step != self.last_saved:
+            batches, ended = internals.epoch_batches_done(trainer)
+            self.save(trainer, step, batches, mid_epoch=not ended)
+        if stop:
+            self.stopped_by_signal = True
+            trainer.should_stop = True
+        return stop
+
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.write_deferred(trainer)  # training ended before the validation or epoch's end it waited for
         self.agreement.finish()
         self.writer.wait()  # the last checkpoint is complete before the launcher reports anything
 
-    def save(self, trainer: L.Trainer, step: int, batches: int) -> None:
-        """Checkpoint ``step``, taken after ``batches`` batches of this epoch (per rank)."""
+    def save(self, trainer: L.Trainer, step: int, batches: int, mid_epoch: bool | None = None) -> None:
+        """Checkpoint ``step``, taken after ``batches`` batches of this epoch (per rank); ``mid_epoch``: whether the
+        epoch goes on after it (None: unless ``batches`` is the epoch's length)."""
         root, rank, world = self.rd.checkpoints, trainer.global_rank, trainer.world_size
-        mid_epoch = batches != trainer.num_training_batches
+        if mid_epoch is None:
+            mid_epoch = batches != trainer.num_training_batches
         self.writer.wait()  # never two writes in flight
         staging, published = CheckpointDir(root).staging(step), CheckpointDir(root).step(step)
         if rank == 0:
@@ -187,7 +268,8 @@ class RunnerCheckpoint(L.Callback):
         manifest: CheckpointManifest = {
             "step": step, "epoch": trainer.current_epoch, "config_hash": self.cfg_hash, "world_size": world,
             "time": time.time(), "runner_version": __version__, "productive_s": self.productive(),
-            "mid_epoch": mid_epoch, "epoch_batches": batches, "accumulate": trainer.accumulate_grad_batches}
+            "mid_epoch": mid_epoch, "epoch_batches": batches, "accumulate": trainer.accumulate_grad_batches,
+            "position": self.position}
         if shards is not None:
             manifest["format"] = checkpoint.SHARDED
         group, keep, publish_timeout = self.group, self.keep, self.publish_timeout

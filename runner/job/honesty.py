@@ -1,12 +1,14 @@
 """Say what the user's data module really does, measured in the job.
 
 The config promises a global batch (``batch_size`` x ranks x accumulation) and bitwise-exact resumes, but both
-depend on the data module: one that does not take ``dataloader`` builds its own loaders, and a plain
-``DataLoader`` cannot resume in the middle of an epoch. This callback measures the real global batch at the
-first step and checks whether the train loader can save its position (``state_dict``/``load_state_dict``, as
-torchdata's ``StatefulDataLoader`` and runner's example loader do); rank 0 logs both and records them in one
-ledger event (``data``: ``exactness`` is "exact" or "epoch boundaries only"), where ``runner status`` and a
-reader of the run directory find them.
+depend on the data module: one that does not take ``dataloader`` builds its own loaders, and a loader that neither
+saves its position nor repeats an epoch's order cannot resume in the middle of an epoch. This callback measures the
+real global batch at the first step and says how a resume positions the train loader mid-epoch (``positioning``):
+restored by Lightning (``state_dict``/``load_state_dict``, as torchdata's ``StatefulDataLoader`` and runner's example
+loader do), replayed to the batch by runner (an epoch that is a function of the epoch: ESPnet3's loader, a DataLoader
+in order or under a ``DistributedSampler``), or only at the epoch's start (runner then resumes from the newest
+checkpoint at an epoch's end); rank 0 logs both and records them in one ledger event (``data``: ``exactness`` is
+"exact" or "epoch boundaries only"), where ``runner status`` and a reader of the run directory find them.
 
 A resume adds one ``resumed`` event (``Resumed``, a typed record made by ``resumed``, a pure function): what the
 resume restored exactly and what it did not. On the same shape, the weights, the optimizer state, the RNG and the
@@ -25,6 +27,7 @@ epoch boundary the next epoch starts whole.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -77,10 +80,14 @@ class Resumed:
 
 def resumed(manifest: CheckpointManifest, world: int, accumulate: int, global_batch: int | None, *, sharded: bool,
             exact_resume: bool, loader_resumable: bool,
-            global_position: tuple[int, int, int] | None = None) -> Resumed:
+            global_position: tuple[int, int, int] | None = None, replayed: bool = False,
+            passed_over: int | None = None) -> Resumed:
     """The honesty record of a resume from a checkpoint with this ``manifest`` onto ``world`` ranks (pure).
     ``global_position``: (batches of all ranks into the epoch, per rank before, per rank now) when the loader's
-    position is a global one and was moved onto this world size (``internals.move_epoch_position``)."""
+    position is a global one and was moved onto this world size (``internals.move_epoch_position``). ``replayed``:
+    the loader's pass of the epoch was replayed to the checkpoint's batch (``loader_resumable`` then too).
+    ``passed_over``: the step of a newer checkpoint, mid-epoch, not resumed because the loader cannot be positioned
+    there (this one is at the epoch's start)."""
     step, epoch = int(manifest.get("step", 0)), int(manifest.get("epoch", 0))
     from_world = int(manifest.get("world_size", world))
     from_acc = manifest.get("accumulate")
@@ -103,10 +110,18 @@ def resumed(manifest: CheckpointManifest, world: int, accumulate: int, global_ba
     short = None
     if not mid:
         data = f"{kept}, at the epoch's end: the next epoch starts whole"
+        if passed_over is not None:
+            data += (f"; the newer checkpoint of step {passed_over}, mid-epoch, was passed over: the loader cannot be "
+                     f"positioned mid-epoch, so the interrupted epoch is trained again from its start, each batch "
+                     f"once ({passed_over - step} steps again)")
     elif not loader_resumable:
-        data = f"{kept}; the loader cannot resume mid-epoch: it replays the epoch from its start"
+        data = (f"{kept}; the loader cannot resume mid-epoch: it replays the epoch from its start while Lightning "
+                f"counts on from batch {batches if batches is not None else '?'}, so this epoch trains the replayed "
+                "pass's first batches (those before that batch a second time) and never as many of its last")
     elif not reshaped:
         data = f"{kept}, {batches if batches is not None else '?'} batches per rank into the epoch: the same samples"
+        if replayed:
+            data += " (the epoch's pass replayed to that batch: its batches before it read again, not trained)"
     elif global_position is not None:
         done, before, now = global_position
         data = (f"{kept}, {done} batches of all ranks into the epoch, kept as a global position ({before} per rank "
@@ -146,6 +161,55 @@ def resumable(loader: Any) -> bool:
     return callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))
 
 
+RESTORED = "restored"  # the loader saves and restores its own position: Lightning restores it
+REPLAYED = "replayed"  # each epoch's batches are a function of the epoch: runner replays the pass to the batch
+EPOCH_START = checkpoint.EPOCH_START  # neither: a resume mid-epoch goes back to the epoch's start
+
+
+def positioning(loader: Any) -> tuple[str, str]:
+    """How a resume continues the train loader (or each of several) mid-epoch, and why in words (pure: reads the
+    loader's classes and settings, draws nothing). A loader that saves its position is restored by Lightning; one
+    whose epoch is a function of the epoch is replayed to the batch (``internals.skip_batches``): ESPnet3's
+    ``EpochSyncIterator`` over an espnet2 iter factory (each epoch's order seeded with epoch + seed, the sharded
+    datasets' shard chosen by epoch and rank), and a DataLoader over a map-style dataset in order, in a fixed list of
+    batches, or through a ``DistributedSampler`` (ordered by its seed and the epoch Lightning gives it). Anything else
+    (a ``RandomSampler``, whose order comes from the RNG when the epoch starts; an ``IterableDataset``, a sampler runner
+    does not know) is positioned at the epoch's start only."""
+    if isinstance(loader, dict):
+        loader = list(loader.values())
+    if isinstance(loader, (list, tuple)):
+        kinds = [positioning(one) for one in loader]
+        if all(k == RESTORED for k, _ in kinds) or all(k == REPLAYED for k, _ in kinds):
+            return kinds[0] if kinds else (EPOCH_START, "no train loader")
+        return EPOCH_START, "; ".join(why for k, why in kinds if k == EPOCH_START) or \
+            "its loaders are not positioned alike"
+    name = type(loader).__name__
+    if resumable(loader):
+        return RESTORED, f"{name} saves its position (state_dict/load_state_dict)"
+    if name == "EpochSyncIterator" and type(loader).__module__.startswith("espnet3."):
+        source = getattr(loader, "_source", None)  # DataLoaderBuilder's partial(iter_factory.build_iter, epoch)
+        factory = getattr(getattr(source, "func", None), "__self__", None)
+        if isinstance(source, functools.partial) and type(factory).__module__.startswith("espnet2.iterators."):
+            return REPLAYED, (f"ESPnet3's {name} over espnet2's {type(factory).__name__}: each epoch's batches are "
+                              "seeded with the epoch")
+        return EPOCH_START, f"ESPnet3's {name} over {type(source).__name__}, not an espnet2 iter factory's epoch"
+    from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset, SequentialSampler
+
+    if not isinstance(loader, DataLoader):
+        return EPOCH_START, f"{name} is not a loader runner can position"
+    if isinstance(loader.dataset, IterableDataset):
+        return EPOCH_START, f"its dataset {type(loader.dataset).__name__} is iterable: its order is its own"
+    batches = loader.batch_sampler
+    if isinstance(batches, (list, tuple)):
+        return REPLAYED, "a DataLoader over a fixed list of batches"
+    sampler = batches.sampler if isinstance(batches, BatchSampler) else loader.sampler
+    if isinstance(sampler, (SequentialSampler, DistributedSampler)) and \
+            (batches is None or type(batches) is BatchSampler):
+        return REPLAYED, f"a DataLoader with a {type(sampler).__name__}: each epoch's order is a function of the epoch"
+    what = type(sampler).__name__ if type(batches) is BatchSampler else type(batches).__name__
+    return EPOCH_START, f"a DataLoader with a {what}, whose order runner cannot replay"
+
+
 def configured_batch(cfg: RunConfig, world: int) -> int | None:
     """The global batch the config asks for (runner's own mode), None in program mode (the program's own)."""
     batch = cast(dict[str, Any], cfg["dataloader"]["train"]).get("batch_size")
@@ -160,30 +224,41 @@ class Honesty(L.Callback):
     ``moved``: the data position the checkpoint callback moved onto this world size, if it did."""
 
     def __init__(self, rd: RunDir, configured: int | None, rank: int, world: int, exact_resume: bool = True,
-                 moved: Callable[[], tuple[int, int, int] | None] = lambda: None) -> None:
+                 moved: Callable[[], tuple[int, int, int] | None] = lambda: None,
+                 replayed: Callable[[], bool] = lambda: False) -> None:
         self.rd, self.configured, self.rank, self.world = rd, configured, rank, world
-        self.exact_resume, self.moved = exact_resume, moved
+        self.exact_resume, self.moved, self.replayed = exact_resume, moved, replayed
         self.exactness = ""
         self.measured = False
         self.resume_from: Path | None = None
+        self.passed_over: int | None = None
         self.record: Resumed | None = None
 
-    def resuming(self, path: Path) -> None:
-        self.resume_from = path
+    def resuming(self, path: Path, passed_over: int | None = None) -> None:
+        """Before ``fit``: training continues from ``path``; ``passed_over``: a newer mid-epoch checkpoint's step,
+        not taken (the loader cannot be positioned there)."""
+        self.resume_from, self.passed_over = path, passed_over
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         rank, world, configured = self.rank, self.world, self.configured
         loader = trainer.train_dataloader
-        self.exactness = EXACT if resumable(loader) else EPOCH_ONLY
-        if self.exactness != EXACT and rank == 0:
-            log.warning("the train loader (%s) cannot save its position mid-epoch: a resume is exact only at "
-                        "epoch boundaries. hint: torchdata's StatefulDataLoader can", type(loader).__name__)
+        how, why = positioning(loader)
+        self.exactness = EPOCH_ONLY if how == EPOCH_START else EXACT
+        if rank == 0:
+            if how == EPOCH_START:
+                log.warning("the train loader cannot be positioned mid-epoch (%s): a resume continues from the "
+                            "epoch's start, exact only at epoch boundaries (runner checkpoints each epoch's end). "
+                            "hint: torchdata's StatefulDataLoader, or a sampler seeded by the epoch "
+                            "(DistributedSampler), can be positioned", why)
+            elif how == REPLAYED:
+                log.info("the train loader is replayed to its batch on a resume mid-epoch (%s)", why)
         if self.resume_from is None or rank != 0:
             return
         manifest = checkpoint.manifest_of(self.resume_from)
         self.record = resumed(manifest, world, trainer.accumulate_grad_batches, configured,
                               sharded=internals.is_sharded(trainer.strategy), exact_resume=self.exact_resume,
-                              loader_resumable=self.exactness == EXACT, global_position=self.moved())
+                              loader_resumable=how == RESTORED or self.replayed(), global_position=self.moved(),
+                              replayed=self.replayed(), passed_over=self.passed_over)
         r = self.record
         log.log(logging.WARNING if r.reshaped else logging.INFO,
                 "resumed at step %d on %d ranks (the checkpoint's: %d): weights and optimizer state %s; "

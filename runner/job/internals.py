@@ -8,8 +8,10 @@ training (``trainer.strategy: fsdp``): Lightning's ModelParallelStrategy with ru
 sharded checkpoint snapshot (Lightning's checkpoint connector again) and its DCP write; where that connector reads
 and applies a checkpoint (``watch_restore``: one that fails to load is skipped, ``runner.job.fallback``). The
 frames of torch's own code that tell the hang watchdog what a stuck rank waits in are the watchdog's
-(``runner.job.watchdog``, which a plain program starts without Lightning). tests/test_internals.py checks each
-against the installed torch and Lightning.
+(``runner.job.watchdog``, which a plain program starts without Lightning). Where a resumed epoch continues
+(Lightning's loop and fetcher state: a checkpoint after an epoch's end or its validation, a loader replayed to a
+stop's batch, the next epoch's pass made once the RNG is restored). tests/test_internals.py and
+tests/test_data_position.py check each against the installed torch and Lightning.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import lightning as L
 import torch
 import torch.distributed as dist
 from lightning.fabric.strategies.model_parallel import _METADATA_FILENAME
+from lightning.fabric.utilities.data import _set_sampler_epoch
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch.nn.parallel import DistributedDataParallel
@@ -289,13 +292,75 @@ def start_next_epoch_whole(trainer: Any) -> bool:
     per-rank count of batches into the next epoch, which then ends that many batches early. Called in
     ``on_train_start`` (the loops restored, the new epoch's length known, the epoch loop not yet reset): the count is
     set to the epoch's last batch, so Lightning starts the next epoch at its first batch, as on the same layout.
-    Returns True when it changed the count."""
+    Returns True when it changed the count. A checkpoint taken after the epoch's end hooks (runner's since the epoch
+    end is no longer skipped, ``epoch_end_follows``) needs nothing: Lightning starts the next epoch whole from it."""
     progress = trainer.fit_loop.epoch_loop.batch_progress
     batches = trainer.num_training_batches
-    if not progress.is_last_batch or batches == float("inf") or progress.current.completed + 1 >= batches:
+    at_batch_end = progress.current.completed + 1 == progress.current.ready  # on_train_batch_end's state
+    if not progress.is_last_batch or not at_batch_end or batches == float("inf") or \
+            progress.current.completed + 1 >= batches:
         return False
     progress.current.completed = int(batches) - 1
     return True
+
+
+def epoch_end_follows(trainer: Any) -> bool:
+    """In ``on_train_batch_end``: whether Lightning, after this batch, validates or ends the epoch (its last batch,
+    ``max_steps``). A checkpoint written here is resumed past them: Lightning's restart skips that validation and the
+    epoch's end (its callbacks' ``on_train_epoch_end``, the program's ModelCheckpoint saves, EarlyStopping's check),
+    so they would never run for that epoch."""
+    loop = trainer.fit_loop.epoch_loop
+    return bool(loop._is_training_done or loop._should_check_val_fx(trainer.fit_loop._data_fetcher))
+
+
+def epoch_batches_done(trainer: Any) -> tuple[int, bool]:
+    """(training batches of this epoch completed by this rank, whether the epoch's batches are all done): where a
+    checkpoint written after a validation or an epoch's end stands."""
+    loop = trainer.fit_loop.epoch_loop
+    return int(loop.batch_progress.current.completed), bool(loop._num_ready_batches_reached())
+
+
+def begin_epoch_pass(trainer: Any) -> bool:
+    """Resumed at an epoch's end, in ``on_train_start`` once the RNG is the checkpoint's: make the next epoch's pass
+    of the train loader now, as the uninterrupted run made it after its checkpoint (a DataLoader draws its workers'
+    base seed, a ``RandomSampler`` its order, when its pass begins); Lightning made it before, in its data setup, and
+    would not make it again. Nothing when Lightning reloads the loader for that epoch anyway (it makes the pass
+    then). Returns whether it made the pass."""
+    loop = trainer.fit_loop
+    if loop._should_reload_train_dl or loop._data_fetcher is None or loop._combined_loader is None:
+        return False
+    for loader in loop._combined_loader.flattened:
+        _set_sampler_epoch(loader, loop.epoch_progress.current.processed)
+    iter(loop._data_fetcher)
+    return True
+
+
+def skip_batches(trainer: Any, batches: int) -> int:
+    """Resumed mid-epoch with a loader that cannot restore its own position but whose epoch is a function of the
+    epoch (``honesty.positioning``): in ``on_train_start`` (Lightning's loops restored, their per-rank count
+    ``batches`` into the epoch; its fetcher's iterator made, not yet read by training), start this epoch's pass again
+    (with the sampler's epoch set first: Lightning sets it only later, and a ``DistributedSampler`` orders by it) and
+    take its first ``batches`` batches without training them, so that the next batch Lightning trains is the one the
+    interrupted run would have trained next. Lightning's fetcher already counts ``batches`` as taken (it adds its count
+    when the epoch loop starts). Returns the batches taken (fewer: the pass ended first)."""
+    loop = trainer.fit_loop
+    for loader in loop._combined_loader.flattened:
+        _set_sampler_epoch(loader, loop.epoch_progress.current.processed)
+    fetcher = loop._data_fetcher
+    iter(fetcher)  # a fresh pass, read ahead as Lightning does (an unsized loader's first batch)
+    ahead: list[Any] = getattr(fetcher, "batches", [])
+    size = len(ahead)
+    taken = min(size, batches)
+    del ahead[:taken]
+    try:
+        while taken < batches:
+            next(fetcher.iterator)
+            taken += 1
+        while len(ahead) < size:  # read ahead again, from the position
+            ahead.append(next(fetcher.iterator))
+    except StopIteration:
+        fetcher.done = size > 0 and not ahead
+    return taken
 
 
 META: str = _METADATA_FILENAME  # Lightning's name for the non-tensor part of a distributed checkpoint, as it reads it

@@ -27,7 +27,8 @@ def current_attempt(rd: RunDir) -> int:
 
 def resume_point(rd: RunDir, cfg: RunConfig, cfg_hash: str, rank: int, attempt: int,
                  tried: int = 0) -> tuple[int, Path] | None:
-    """The newest complete, verified checkpoint: rank 0 hashes the files, the other ranks wait for its verdict.
+    """The newest complete, verified checkpoint a resume can continue from (``checkpoint.latest``'s ``positioned``):
+    rank 0 hashes the files, the other ranks wait for its verdict.
 
     One reader instead of one per rank (a shared file system would serve the whole checkpoint world-size
     times). The verdict names its attempt and job, so a verdict left by an earlier attempt is never taken, and
@@ -36,7 +37,7 @@ def resume_point(rd: RunDir, cfg: RunConfig, cfg_hash: str, rank: int, attempt: 
     """
     env = jobenv.current()
     if rank == 0:
-        last = checkpoint.latest(rd.checkpoints, cfg_hash, cfg["resume"]["force"], check=True)
+        last = checkpoint.latest(rd.checkpoints, cfg_hash, cfg["resume"]["force"], check=True, positioned=True)
         verdict: ResumeVerdict = {"attempt": attempt, "job": env.job_id, "restart": env.restart_count,
                                   "step": last[0] if last else None, "path": str(last[1]) if last else None,
                                   "tried": tried}
