@@ -29,7 +29,7 @@ from typing import Any, overload
 
 from runner import ledger, spec
 from runner.errors import RunnerError, refused_by_filesystem
-from runner.host import background, report, scheduler, status
+from runner.host import background, report, scheduler, status, sweep_report
 from runner.host import submit as submission
 from runner.host import sweep as sweeps
 from runner.host.background import Driver
@@ -246,6 +246,17 @@ class Sweep:
             else:
                 time.sleep(POLL_S)
         return self.states()
+
+    @property
+    def report_path(self) -> Path:
+        """Where ``report`` writes the sweep's page (``RUN_ROOT/sweeps/ID/report.html``)."""
+        return self.folder.report_page
+
+    def report(self, out: PathLike | None = None) -> Path:
+        """Write the page comparing the sweep's runs (``runner report --sweep``), and each run's page it links to
+        where missing or stale; returns its path."""
+        with _said():
+            return sweep_report.write(self.folder, Path(out) if out is not None else None)
 
     def resume(self, parallel: int | None = None) -> Sweep:
         """``runner sweep --resume``: start or resume every point that is not completed, in the background.

@@ -148,7 +148,15 @@ def _report(args: argparse.Namespace) -> int:
     from runner.host import report, status
 
     root = Path(args.root)
-    if args.run:
+    if args.sweep is not None or (args.run and any((d / "sweep.json").is_file()
+                                                   for d in (Path(args.run), root / "sweeps" / args.run))):
+        from runner.host import sweep, sweep_report
+
+        if args.sweep is not None and args.run:
+            raise ConfigError([f"runner report --sweep {args.sweep}: found a run beside it ({args.run}); expected "
+                               "one of them. hint: runner report --sweep ID, or runner report RUN"])
+        path = sweep_report.write(sweep.find(args.sweep or args.run, root), args.out)
+    elif args.run:
         try:
             run = status.find_run(args.run, root)
         except RunnerError as e:  # bad input: exit 2, as for a config
@@ -293,11 +301,15 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--yes", action="store_true")
     sp.add_argument("--report", action="store_true",
                     help="also rewrite each run's report page whose records changed, and ROOT/index.html")
-    sp = cmd("report", _report, "write a run's report page (one HTML file, no network needed to view it), or the "
-             "index of a run root")
-    sp.add_argument("run", nargs="?", help="run directory or name (default: the index of every run under --root)")
+    sp = cmd("report", _report, "write a run's report page (one HTML file, no network needed to view it), a "
+             "sweep's page comparing its runs, or the index of a run root")
+    sp.add_argument("run", nargs="?", help="run directory or name, or a sweep's id or folder (default: the index of "
+                    "every run under --root)")
+    sp.add_argument("--sweep", metavar="SWEEP", help="a sweep's id or folder: one page comparing its runs (their "
+                    "varied values, state, last loss, steps, goodput), each linked to its own page, written too")
     sp.add_argument("--root", default="runs", help="where run directories live (default: runs)")
-    sp.add_argument("--out", type=Path, help="write the page here (default: RUN/report.html, ROOT/index.html)")
+    sp.add_argument("--out", type=Path, help="write the page here (default: RUN/report.html, "
+                    "ROOT/sweeps/SWEEP/report.html, ROOT/index.html)")
     sp.add_argument("--open", action="store_true", help="open the page in a browser, where there is one")
     sp = cmd("nodes", _nodes, "list the nodes kept out of this root's jobs (failed preflight, hang, NODE_FAIL)")
     sp.add_argument("--root", default="runs", help="run root (default: runs)")

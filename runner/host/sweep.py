@@ -44,7 +44,7 @@ from runner import __version__, slurmstates, spec
 from runner.errors import ConfigError, InputError, RunnerError, SubmitError
 from runner.host import background, local, nodes, render, scheduler, slurm, submit
 from runner.records import SweepMark
-from runner.rundir import RunDir, atomic_write, locked, read_json
+from runner.rundir import REPORT_PAGE, RunDir, Unreadable, atomic_write, locked, read_json, read_regular
 from runner.spec.load import parse_yaml, read_text
 from runner.spec.typed import read_resolved
 
@@ -277,6 +277,10 @@ class SweepDir:
     def array(self) -> Path:  # Slurm: the job array's batch script
         return self.root / "array.sbatch"
 
+    @property
+    def report_page(self) -> Path:  # `runner report --sweep`'s page comparing the sweep's runs
+        return self.root / REPORT_PAGE
+
     def queued(self) -> bool:
         """Whether the sweep's runs are jobs of a queue (Slurm: its job array), not runs of a driver here."""
         rec = read_json(self.record)
@@ -287,11 +291,19 @@ class SweepDir:
 
         Raises:
             InputError: no sweep record, or a damaged one."""
-        rec = read_json(self.record)
+        try:  # read here, not by read_json: a damaged record is this one error line, not a warning besides
+            rec = json.loads(read_regular(self.record).decode("utf-8"))
+            found = "no list of points"
+        except FileNotFoundError:
+            rec, found = None, "no file"
+        except Unreadable as e:
+            rec, found = None, e.found
+        except (OSError, ValueError) as e:
+            rec, found = None, f"no readable JSON ({type(e).__name__})"
         pts = rec.get("points") if isinstance(rec, dict) else None
         if not isinstance(pts, list) or not all(isinstance(p, dict) for p in pts):
-            raise InputError(f"sweep {self.id}: found no readable {self.record}; expected the sweep's record. hint: "
-                             "`runner status` lists runs with their sweep")
+            raise InputError(f"sweep {self.id}: {self.record}: found {found}; expected the sweep's record, its points. "
+                             "hint: `runner status` lists runs with their sweep")
         return [{str(k): str(v) for k, v in p.items()} for p in pts]
 
     def runs(self) -> dict[int, RunDir]:
