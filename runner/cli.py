@@ -86,7 +86,8 @@ def _status(args: argparse.Namespace) -> int:
     from runner.host import sweep
 
     rows = status.collect(args.run, Path(args.root))
-    print(json.dumps(rows, indent=2) if args.json else sweep.table(rows))
+    grouped = sweep.table if any(r.get("sweep") for r in rows) else status.stages_table  # sweeps, or recipes' stages
+    print(json.dumps(rows, indent=2) if args.json else grouped(rows))
     return 0
 
 

@@ -228,13 +228,14 @@ class RunManifest(TypedDict, total=False):
     env: str  # parallel.env: "local", "local_gpu" or "slurm" (parallel)
     items: int  # the work items of a parallel run (parallel)
     sweep: SweepMark  # the sweep this run is a point of (submit, for `runner sweep`); missing: a run of its own
+    stage: str  # the recipe stage(s) a program's command runs (``--stages train``: "train"); missing: none named
 
 
 _RUN_TYPES: dict[str, tuple[type, ...]] = {
     "runner_version": (str,), "kind": (str,), "config_hash": (str,), "config_file": (str,), "scheduler": (str,),
     "image": (str,), "runtime": (str,), "spec_hash": (str, NoneType), "world_size": (int,),
     "global_batch": (int, NoneType), "accumulate_grad_batches": (int, NoneType), "host": (str,), "cwd": (str,),
-    "env": (str,), "items": (int,)}
+    "env": (str,), "items": (int,), "stage": (str,)}
 _GIT_TYPES: dict[str, tuple[type, ...]] = {
     "commit": (str, NoneType), "dirty": (bool, NoneType), "diff_sha256": (str, NoneType)}
 _DATA_MODULE_TYPES: dict[str, tuple[type, ...]] = {

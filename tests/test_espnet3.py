@@ -154,20 +154,28 @@ def test_the_whole_recipe_reaches_a_wer_in_espnet3s_own_metrics(recipe: Path, tm
     best checkpoints, the model prepare.sh points inference at), then `infer` and `measure` as one run with the
     example's command, as its README has it: ESPnet3's metrics.json holds a WER and a CER for both test sets, from
     this training's averaged model."""
-    out = submit(recipe, local_env(), tmp_path / "train", "stages=train", "num_device=2", "trainer.max_epochs=11",
-                 "exp_tag=to_wer")
+    runs = tmp_path / "runs"
+    out = submit(recipe, local_env(), runs, "stages=train", "num_device=2", "trainer.max_epochs=11", "exp_tag=to_wer")
     assert out.returncode == 0, out.stdout + out.stderr
-    out = submit(recipe, local_env(), tmp_path / "score", "stages=[infer, measure]", "exp_tag=to_wer")
+    [train] = runs.iterdir()
+    out = submit(recipe, local_env(), runs, "stages=[infer, measure]", "exp_tag=to_wer")
     assert out.returncode == 0, out.stdout + out.stderr
+    [score] = [r for r in runs.iterdir() if r != train]
     exp = recipe / "exp" / "to_wer"
     metrics = json.loads((exp / "inference" / "metrics.json").read_text())
     for name, key in (("wer.WER", "WER"), ("cer.CER", "CER")):
         scores = metrics[f"espnet3.systems.esp2_asr.metrics.{name}"]
         assert sorted(scores) == ["test", "valid"], metrics
         assert all(isinstance(s[key], (int, float)) and s[key] >= 0 for s in scores.values()), metrics
-    log = (one_run(tmp_path / "score") / "logs" / "attempt-1" / "rank-00000.log").read_text()
+    log = (score / "logs" / "attempt-1" / "rank-00000.log").read_text()
     assert "exp/to_wer/valid.loss.ave_10best.pth" in log  # the model this training averaged, not a 1-step file
     assert (exp / "valid.loss.ave_10best.pth").exists()
+    # `runner status` shows the recipe's stages together, oldest first, each with its state.
+    shown = subprocess.run([str(espnet3_python()), "-m", "runner", "status", "--root", str(runs)], capture_output=True,
+                           text=True, env=local_env(), timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert f"recipe {recipe}: train completed, infer measure completed" in shown.stdout, shown.stdout
+    assert f"{train.name}  [train]" in shown.stdout and f"{score.name}  [infer measure]" in shown.stdout
 
 
 @pytest.mark.local

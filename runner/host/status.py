@@ -16,7 +16,7 @@ import re
 import stat
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -115,6 +115,8 @@ def _row(seen: observe.Observation, last: tuple[int, Path] | None | Literal["fin
             "last_event": events[-1]["event"] if events else None,
             **history(events, acct.at(end or time.time())),
             **({"sweep": manifest["sweep"]} if "sweep" in manifest else {}),  # runner sweep: grouped by sweep.table
+            # a recipe's stage (ESPnet3's run.py --stages ...): grouped with its recipe's other runs (``stages``)
+            **({"stage": manifest["stage"], "recipe": manifest.get("cwd", "")} if "stage" in manifest else {}),
             **({"slurm_state": info.state, "slurm_source": info.source, "slurm_exit_code": info.exit_code,
                 "reason": info.reason, "nodes": info.nodes} if info else {}),
             **(_parallel_store(run).status(state, manifest.get("items", 0)) if _is_parallel(manifest) else {})}, \
@@ -360,6 +362,49 @@ def table(rows: list[dict[str, Any]]) -> str:
     widths = [max(len(h), *(len(d[i]) for d in data)) for i, h in enumerate(heads)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     return "\n".join([fmt.format(*heads), *(fmt.format(*d) for d in data)])
+
+
+def grouped_table(rows: list[dict[str, Any]], key: Callable[[dict[str, Any]], str | None],
+                  head: Callable[[str, list[dict[str, Any]]], str], label: Callable[[dict[str, Any]], str],
+                  order: Callable[[dict[str, Any]], Any] = lambda r: 0) -> str:
+    """``table`` with the rows that share a ``key`` together (in ``order``) under one ``head`` line, at the place of
+    the first of them, each run's cell followed by its ``label``; a row without a key keeps its place."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    places: list[str | dict[str, Any]] = []
+    for r in rows:
+        k = key(r)
+        if k is None:
+            places.append(r)
+        elif k not in groups:
+            groups[k] = [r]
+            places.append(k)
+        else:
+            groups[k].append(r)
+    if not groups:
+        return table(rows)
+    flat: list[dict[str, Any]] = []
+    heads: dict[int, str] = {}
+    for place in places:
+        if isinstance(place, dict):
+            flat.append(place)
+            continue
+        members = sorted(groups[place], key=order)
+        heads[len(flat)] = head(place, members)
+        width = max(len(r["run"]) for r in members)
+        flat += [{**r, "run": f"  {r['run']:<{width}}  {label(r)}".rstrip()} for r in members]
+    lines = table(flat).split("\n")
+    return "\n".join([lines[0], *(x for i, line in enumerate(lines[1:]) for x in ([heads[i]] if i in heads else [])
+                                   + [line])])
+
+
+def stages_table(rows: list[dict[str, Any]]) -> str:
+    """``table`` with a recipe's stage runs (ESPnet3's ``run.py --stages ...``, each a run) together under one line
+    that names the recipe's directory and each stage's state, oldest first."""
+    def head(recipe: str, members: list[dict[str, Any]]) -> str:
+        return f"recipe {recipe}: " + ", ".join(f"{r['stage']} {r['state']}" for r in members)
+
+    return grouped_table(rows, lambda r: r.get("recipe") if r.get("stage") else None, head,
+                         lambda r: f"[{r['stage']}]", order=lambda r: -float(r.get("age_s") or 0))
 
 
 def ranks(run: RunDir) -> str:

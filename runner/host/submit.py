@@ -172,6 +172,16 @@ def plan(path: Path, overrides: list[str], allow_missing_image: bool = False, sw
                 allow_missing_image, sweep)
 
 
+def stage(command: Any) -> str | None:
+    """The recipe stage(s) a program's command runs, as ESPnet3's ``run.py --stages a b`` names them ("a b"); None
+    for a command that names none (runner's own training, a plain script)."""
+    if not isinstance(command, list) or "--stages" not in command:
+        return None
+    words = command[command.index("--stages") + 1:]
+    named = [str(w) for w in words[:next((i for i, w in enumerate(words) if str(w).startswith("-")), len(words))]]
+    return " ".join(named) or None
+
+
 def make(f: Facts, path: Path, overrides: list[str], allow_missing_image: bool = False,
          sweep: SweepMark | None = None) -> Plan:
     """The plan from its facts alone: the run directory's files, the command that starts the run and every other
@@ -186,6 +196,8 @@ def make(f: Facts, path: Path, overrides: list[str], allow_missing_image: bool =
         "created": f.now, "host": f.host, "data_module": data_module(cfg), "cwd": f.cwd}
     if sweep is not None:
         manifest["sweep"] = sweep
+    if (named := stage(cfg.data.get("command"))) is not None:
+        manifest["stage"] = named
     files = {run.config.name: spec.dump(cfg.data),  # named relative to the run directory, by RunDir
              run.manifest.name: manifest_text(cast(RunManifest, alerts.redact_obj(manifest, f.secrets))),
              run.script.name: render.sbatch(cfg, run.root, f.image, f.cwd)}

@@ -755,41 +755,16 @@ def held(sweep: SweepDir) -> bool:
 
 def table(rows: list[dict[str, Any]]) -> str:
     """``status.table`` with a sweep's runs together under one line that names the sweep and counts its states (at
-    the place of its first run); a run of its own keeps its place."""
+    the place of its first run), each with its point's values; a run of its own keeps its place."""
     from runner.host import status
 
-    groups: dict[str, list[dict[str, Any]]] = {}
-    order: list[str | dict[str, Any]] = []
-    for r in rows:
-        sid = (r.get("sweep") or {}).get("id") if isinstance(r.get("sweep"), dict) else None
-        if sid is None:
-            order.append(r)
-            continue
-        if sid not in groups:
-            groups[sid] = []
-            order.append(sid)
-        groups[sid].append(r)
-    if not groups:
-        return status.table(rows)
-    flat: list[dict[str, Any]] = []
-    heads: dict[int, str] = {}
-    for item in order:
-        if isinstance(item, dict):
-            flat.append(item)
-            continue
-        members = sorted(groups[item], key=lambda r: r["sweep"]["index"])
+    def head(sid: str, members: list[dict[str, Any]]) -> str:
         counts: dict[str, int] = {}
         for r in members:
             counts[r["state"]] = counts.get(r["state"], 0) + 1
         size = members[0]["sweep"].get("size", len(members))
-        heads[len(flat)] = (f"sweep {item}: {len(members)} of {size} runs, "
-                            + ", ".join(f"{n} {state}" for state, n in sorted(counts.items(), key=lambda kv: -kv[1])))
-        width = max(len(r["run"]) for r in members)
-        flat += [{**r, "run": f"  {r['run']:<{width}}  {show(r['sweep']['point'])}".rstrip()} for r in members]
-    lines = status.table(flat).split("\n")
-    out = lines[:1]
-    for i, line in enumerate(lines[1:]):
-        if i in heads:
-            out.append(heads[i])
-        out.append(line)
-    return "\n".join(out)
+        return (f"sweep {sid}: {len(members)} of {size} runs, "
+                + ", ".join(f"{n} {state}" for state, n in sorted(counts.items(), key=lambda kv: -kv[1])))
+
+    return status.grouped_table(rows, lambda r: r["sweep"].get("id") if isinstance(r.get("sweep"), dict) else None,
+                                head, lambda r: show(r["sweep"]["point"]), order=lambda r: r["sweep"]["index"])
