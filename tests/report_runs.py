@@ -298,10 +298,10 @@ def thirty_day_run(root: Path, checkpoints: int = 10_000, attempts: int = 200, r
 
 def restless_run(root: Path, attempts: int = 50_000, checkpoints: int = 5_000) -> RunDir:
     """A run that restarted ``attempts`` times, of every kind in turn: preempted, a failed preflight (no step; a
-    person resumed it), a hang (its node remembered in the root's nodes.jsonl), a crash (steps lost), a time limit,
-    a NaN (a person resumed it); a resize every 100 attempts; ``checkpoints`` complete checkpoints spread over the
-    attempts that trained. The shape that made ``runner report`` quadratic (issue 39): attempts that never
-    trained, node memory growing with the hangs."""
+    person resumed it), a hang, a crash (steps lost), a time limit, a NaN (a person resumed it); the node a failed
+    preflight, a hang or a crash named is remembered in the root's nodes.jsonl; a resize every 100 attempts;
+    ``checkpoints`` complete checkpoints spread over the attempts that trained. The shape that made ``runner report``
+    quadratic (issue 39): attempts that never trained, node memory growing with the faults."""
     rd = plan_run(root, "slurm-2node.yaml", "checkpoint.keep_last=100000", "trainer.max_steps=100000000")
     manifest = json.loads(rd.manifest.read_text())
     t0 = manifest["created"] - 30 * 86400
@@ -338,16 +338,18 @@ def restless_run(root: Path, attempts: int = 50_000, checkpoints: int = 5_000) -
                 checkpoint.CheckpointDir.marker(d).write_text(f"{step}\n")
                 written += 1
         lost = 40 if kind in ("hang", "failed", "nan") else 0
+        node = {"preflight_failed": "n1", "hang": "n2", "failed": "n3"}.get(kind)
+        if node:
+            bad.append(json.dumps({"node": node, "cause": kind, "run": rd.name, "detail": "", "time": end}) + "\n")
         if kind == "hang":
             lines.append(_line(end - 2, "hang", summary="hang: rank 3 on n2 (in data)", nodes=["n2"], step=step))
-            bad.append(json.dumps({"node": "n2", "cause": "hang", "run": rd.name, "detail": "", "time": end}) + "\n")
         if kind == "nan":
             lines.append(_line(end - 2, "nonfinite", step=step, what="loss nan", skipped_in_a_row=1))
         if kind == "completed":
             lines.append(_line(end - 1, "finished", step=step))
         lines.append(_line(end, "exit", job_id=job, exit_code=0 if kind == "completed" else 1, signal="none",
                            outcome=kind, attempt=a, cause=None if kind in ("preempted", "timeout", "completed")
-                           else f"{kind}: attempt {a}", crash=None, nodes=["n2"] if kind == "hang" else []))
+                           else f"{kind}: attempt {a}", crash=None, nodes=[node] if node else []))
         if kind in ("preempted", "timeout"):
             lines.append(_line(end + 1, "requeued", job_id=job, reason=kind, attempt=a + 1))
         elif kind != "completed":

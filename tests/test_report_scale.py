@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from runner import goodput
+from runner import alerts, goodput
 from runner.host import nodes, report
 from runner.rundir import RunDir
 
@@ -105,3 +105,26 @@ def test_a_page_of_more_attempts_than_it_draws_shows_the_newest_and_counts_all(
     assert page.count('class="attempt"') == 3 and 'id="attempts-cut"' in page
     monkeypatch.setattr(report, "MAX_ATTEMPTS", 6)
     assert report.collect(run).cut == "" and 'id="attempts-cut"' not in report.render(report.collect(run))
+
+
+def test_nodes_named_again_and_again_and_many_alerts_stay_a_few_rows(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(report, "MAX_ATTEMPTS", 3)
+    run = RunDir(tmp_path / "runs" / "r")
+    run.root.mkdir(parents=True)
+    run.config.write_text("scheduler: local\n")
+    named = [_bad("n1", 10), _bad("n2", 20) | {"cause": "preflight"}, _bad("n1", 30) | {"cause": "crashes"},
+             _bad("n3", 40), _bad("n1", 50), _bad("n9", 60) | {"run": "q"}]
+    nodes.path(run.root.parent).write_text("".join(json.dumps(e) + "\n" for e in named))
+    assert report._bad_nodes(run) == [
+        {"node": "n2", "times": "1", "cause": "preflight", "time": report.clock(20), "detail": ""},
+        {"node": "n3", "times": "1", "cause": "hang", "time": report.clock(40), "detail": ""},
+        {"node": "n1", "times": "3", "cause": "hang", "time": report.clock(50), "detail": ""}], \
+        "each node once, by its last time; another run's (n9) left out"
+    sent = alerts.delivery.sent_log(run.root)
+    sent.parent.mkdir(parents=True, exist_ok=True)
+    sent.write_text("".join(json.dumps({"run": "r", "event": "failed", "attempt": a, "time": float(a)}) + "\n"
+                            for a in range(1, 6)))
+    r = report.collect(run)
+    assert [a["text"] for a in r.alerts_sent] == [f"r failed (job -, attempt {a})" for a in (3, 4, 5)]
+    assert r.alerts_cut == "5 alerts: the newest 3 are listed" and 'id="alerts-cut"' in report.render(r)

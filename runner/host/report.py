@@ -11,13 +11,15 @@ webhook URL never lands on the page. A file that is missing or torn is said on t
 from __future__ import annotations
 
 import bisect
+import gc
 import json
 import logging
 import os
 import time
 import webbrowser
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,6 +112,7 @@ class Report:
     missing: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what runner cannot see of this run, said once at the top
     cut: str = ""  # which attempts the timeline, the steps chart and the table leave out (``MAX_ATTEMPTS``)
+    alerts_cut: str = ""  # the alerts listed are the newest MAX_ATTEMPTS
 
 
 def clock(t: float | None) -> str:
@@ -408,13 +411,22 @@ def _ranks(run: RunDir) -> tuple[list[dict[str, Any]], int | None]:
 
 
 def _bad_nodes(run: RunDir) -> list[dict[str, str]]:
-    """The nodes this run named as bad in its root's memory (nodes.jsonl)."""
+    """The nodes this run named as bad in its root's memory (nodes.jsonl): each node once, how many times, and the
+    last time (a run restarted thousands of times names the same few nodes again and again)."""
     try:
         found = nodes.entries(run.root.parent)
     except RunnerError:  # said by _excluded for a Slurm run
         return []
-    return [{"node": str(e.get("node")), "cause": str(e.get("cause")), "time": clock(e.get("time")),
-             "detail": str(e.get("detail", ""))} for e in found if e.get("run") == run.name and "node" in e]
+    last: dict[str, Mapping[str, Any]] = {}
+    times: Counter[str] = Counter()
+    for e in found:
+        if e.get("run") == run.name and "node" in e:
+            node = str(e["node"])
+            last.pop(node, None)  # ordered by its last time
+            last[node] = e
+            times[node] += 1
+    return [{"node": n, "times": str(times[n]), "cause": str(e.get("cause")), "time": clock(e.get("time")),
+             "detail": str(e.get("detail", ""))} for n, e in last.items()]
 
 
 def _loss_bars(acc: goodput.Goodput) -> list[tuple[str, str, float, float, int]]:
@@ -497,6 +509,7 @@ def collect(run: RunDir) -> Report:
     excluded = _excluded(run.root.parent, runs, keep_s, missing) if scheduler.of_manifest(manifest).queue \
         else {}
     ranks, rank_attempt = _ranks(run)
+    sent = _alerts(run)
     pre = read_json(run.preflight)
     pre = pre if isinstance(pre, dict) else {}
     hang = read_json(run.hang)
@@ -512,8 +525,9 @@ def collect(run: RunDir) -> Report:
         _ran(_rows(runs, events, manifest, excluded, end, end_step), runs, blind, end), _timeline(runs, sc, end, blind),
         max(len(runs), 1) * ROW_H, sc.ticks(), lines, marks, chart_h, step_ticks(top, chart_h) if lines else [], ranks,
         rank_attempt, [c for c in pre.get("checks") or [] if isinstance(c, dict)], str(pre.get("summary", "")),
-        hang if isinstance(hang, dict) else None, _bad_nodes(run), _alerts(run), _identity(manifest), config,
-        missing, [NO_STEPS] if blind else [], _cut(every, runs))
+        hang if isinstance(hang, dict) else None, _bad_nodes(run), sent[-MAX_ATTEMPTS:], _identity(manifest), config,
+        missing, [NO_STEPS] if blind else [], _cut(every, runs),
+        f"{len(sent)} alerts: the newest {MAX_ATTEMPTS} are listed" if len(sent) > MAX_ATTEMPTS else "")
 
 
 def _cut(every: Sequence[goodput.Attempt], shown: Sequence[goodput.Attempt]) -> str:
@@ -583,8 +597,23 @@ def refresh(root: Path) -> int:
 def write(run: RunDir, out: Path | None = None) -> Path:
     """Write the run's page (default: RUN_DIR/report.html) and return its path."""
     path = out or run.report_page
-    atomic_write(path, render(collect(run), _secrets(run)))
+    with _no_gc():
+        page = render(collect(run), _secrets(run))
+    atomic_write(path, page)
     return path
+
+
+@contextmanager
+def _no_gc() -> Iterator[None]:
+    """A ledger of 50,000 attempts is some 300,000 small objects without a cycle among them: Python's cyclic collector
+    would walk them again and again while they are made (a third of the page's time) and free nothing."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def index(root: Path, out: Path | None = None) -> Path:
