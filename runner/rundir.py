@@ -142,6 +142,25 @@ def locked(path: Path, blocking: bool = True, fail_open: bool = False) -> Iterat
         yield held
 
 
+def lock_held(path: Path) -> bool:
+    """Whether a live process holds the flock on ``path`` (a shared lock taken and dropped at once to look); False
+    where there is no such file or it cannot be looked at."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
 MAX_RUN_FILE = 64 << 20  # a JSON record of a run directory (manifests, progress, chunks): never larger
 
 

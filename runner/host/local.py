@@ -39,7 +39,7 @@ from runner.alerts import nextstep
 from runner.alerts.causes import RankExit, first_failure
 from runner.errors import SubmitError
 from runner.host import ending
-from runner.rundir import OWNER_FD_ENV, RunDir, atomic_write, read_json
+from runner.rundir import OWNER_FD_ENV, RunDir, atomic_write, lock_held, read_json
 from runner.spec.typed import read_resolved
 
 log = logging.getLogger(__name__)
@@ -141,21 +141,8 @@ def acquire(run: RunDir) -> Owner:
 
 
 def held(run: RunDir) -> bool:
-    """Whether a live local run holds the run's owner lock (a shared lock taken and dropped at once to look)."""
-    try:
-        fd = os.open(run.owner_lock, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
+    """Whether a live local run holds the run's owner lock."""
+    return lock_held(run.owner_lock)
 
 
 def _wait_free(run: RunDir, seconds: float) -> bool:

@@ -66,16 +66,22 @@ def new_run_dir(cfg: spec.Config, taken: Collection[Path] = ()) -> RunDir:
 
     Free when planned (and not in ``taken``: the names a sweep's earlier points were planned under); ``write`` claims
     it with an atomic mkdir and plans again under the next name when another submit took it in between."""
+    return RunDir(free_dir(Path(cfg.data["run_root"]).resolve(), cfg.name, taken, "run directory"))
+
+
+def free_dir(parent: Path, name: str, taken: Collection[Path], what: str) -> Path:
+    """``parent/NAME-YYYYmmdd-HHMMSS``, then ``-2``, ...: the first that neither exists nor is in ``taken``; refused
+    where sbatch could not read it in an #SBATCH line (``what`` names it in the error)."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    root = Path(cfg.data["run_root"]).resolve() / f"{cfg.name}-{stamp}"
+    root = parent / f"{name}-{stamp}"
     n = 1
     while os.path.lexists(root) or root in taken:
         n += 1
-        root = root.with_name(f"{cfg.name}-{stamp}-{n}")
+        root = root.with_name(f"{name}-{stamp}-{n}")
     if not spec.SBATCH_SAFE.match(str(root)):
-        raise SubmitError(f"run directory {root}: found characters sbatch cannot read in #SBATCH lines; expected a "
+        raise SubmitError(f"{what} {root}: found characters sbatch cannot read in #SBATCH lines; expected a "
                           "path of letters, digits and _.-/ hint: set run_root to such a path")
-    return RunDir(root)
+    return root
 
 
 def data_module(cfg: spec.Config) -> DataModule:

@@ -44,7 +44,7 @@ from runner import __version__, slurmstates, spec
 from runner.errors import ConfigError, InputError, RunnerError, SubmitError
 from runner.host import background, local, nodes, render, scheduler, slurm, submit
 from runner.records import SweepMark
-from runner.rundir import REPORT_PAGE, RunDir, Unreadable, atomic_write, locked, read_json, read_regular
+from runner.rundir import REPORT_PAGE, RunDir, Unreadable, atomic_write, lock_held, locked, read_json, read_regular
 from runner.spec.load import parse_yaml, read_text
 from runner.spec.typed import read_resolved
 
@@ -330,16 +330,8 @@ class SweepDir:
 
 def new_sweep_dir(cfg: spec.Config, taken: Sequence[Path] = ()) -> SweepDir:
     """The next free sweep folder, ``sweep-NAME-YYYYmmdd-HHMMSS`` then ``-2``, ... (claimed by ``write``)."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    root = Path(cfg.data["run_root"]).resolve() / "sweeps" / f"sweep-{cfg.name}-{stamp}"
-    n = 1
-    while os.path.lexists(root) or root in taken:
-        n += 1
-        root = root.with_name(f"sweep-{cfg.name}-{stamp}-{n}")
-    if not spec.SBATCH_SAFE.match(str(root)):
-        raise SubmitError(f"sweep folder {root}: found characters sbatch cannot read in #SBATCH lines; expected a "
-                          "path of letters, digits and _.-/ hint: set run_root to such a path")
-    return SweepDir(root)
+    return SweepDir(submit.free_dir(Path(cfg.data["run_root"]).resolve() / "sweeps", f"sweep-{cfg.name}", taken,
+                                    "sweep folder"))
 
 
 def find(name: str, root: Path) -> SweepDir:
@@ -730,23 +722,8 @@ def drive(sweep: SweepDir, parallel: int | None = None) -> int:
 
 
 def held(sweep: SweepDir) -> bool:
-    """Whether a driver runs the sweep now (it holds the sweep's lock; a shared lock taken and dropped to look)."""
-    import fcntl
-
-    try:
-        fd = os.open(sweep.lock, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
+    """Whether a driver runs the sweep now (it holds the sweep's lock)."""
+    return lock_held(sweep.lock)
 
 
 # ---------------------------------------------------------------------------------------------------------------
