@@ -3,6 +3,7 @@ versions: a new torch or Lightning fails here, by name, not in a rank's log."""
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 from runner import checkpoint  # noqa: E402
 from runner.dev.example import ShardedDataModule, TinyRegressor  # noqa: E402
 from runner.job import internals, watchdog  # noqa: E402
+from runner.spec import schema  # noqa: E402
 
 pytestmark = [pytest.mark.unit, pytest.mark.filterwarnings("ignore:.*LeafSpec:FutureWarning")]
 
@@ -182,3 +184,13 @@ def test_the_restore_is_watched_from_its_read_to_its_end_and_a_failed_load_stays
     with pytest.raises(Exception, match="load"):
         _fit(tmp_path, 3, failing, ckpt=bad)
     assert failing.loading and failing.loaded_while == []
+
+
+def test_precision_and_strategy_lists_match_installed_lightning() -> None:
+    """runner.spec.schema's lists, which the CLI checks configs against without importing Lightning."""
+    from lightning.fabric.connector import _PRECISION_INPUT
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    accepted = {v for lit in typing.get_args(_PRECISION_INPUT) for v in typing.get_args(lit)}
+    assert set(schema.PRECISIONS) == accepted
+    assert set(schema.STRATEGIES) <= set(StrategyRegistry.available_strategies())
