@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.dev import devcluster
+from runner.dev import busy, devcluster
 from tests.waiting import until
 
 pytestmark = pytest.mark.slurm
@@ -114,6 +114,41 @@ def test_requeue_from_batch_script(slurm_cluster: devcluster.Cluster, tmp_path: 
     runs = [line for line in out.read_text().splitlines() if line.startswith("RUN ")]
     assert [r.split()[1] for r in runs] == ["restart=0", "restart=1"], out.read_text()
     assert "Restarts=1" in _sh(["scontrol", "show", "job", job_id]).stdout
+
+
+@pytest.mark.slurm
+def test_a_busy_partition_takes_released_nodes_before_a_requeued_job(slurm_cluster: devcluster.Cluster,
+                                                                      tmp_path: Path) -> None:
+    """runner.dev.busy: the benchmarks' stand-in for other users. A job that gives its nodes back (here: requeues
+    itself) waits for the fillers that take them, ``hold_s``, where on an empty queue it starts ~6 s later (the
+    requeue delay, cred_expire here)."""
+    body = """\
+        echo "RUN restart=${SLURM_RESTART_COUNT:-0} at=$(date +%s.%N)"
+        if [ "${SLURM_RESTART_COUNT:-0}" -eq 0 ]; then
+            while [ ! -e "$READY" ]; do sleep 0.1; done
+            scontrol requeue "$SLURM_JOB_ID"
+            sleep 60
+        fi
+        """
+    ready = tmp_path / "ready"
+    os.environ["READY"] = str(ready)
+    try:
+        job_id, out = _sbatch(tmp_path, body, "--requeue", "--open-mode=append", "--nodes=2", "--exclusive")
+    finally:
+        del os.environ["READY"]
+    until("the job to run", lambda: "restart=0" in (out.read_text() if out.exists() else ""), 30, every=0.1)
+    filler = busy.Filler(slurm_cluster, hold_s=15)
+    try:
+        filler.arm()  # pending behind the running job: they start only where it releases a node
+        assert filler.holding() == []
+        released = time.time()
+        ready.touch()
+        until("the fillers to take both nodes", lambda: filler.holding() == ["n1", "n2"], 30, every=0.1)
+        assert _wait_final(job_id, timeout=90)[1:] == ["COMPLETED", "0:0"]
+        again = [float(line.split("at=")[1]) for line in out.read_text().splitlines() if "restart=1" in line]
+        assert again and again[0] - released >= 15, out.read_text()
+    finally:
+        filler.stop()
 
 
 _RECEIVER = """
