@@ -19,7 +19,8 @@ from typing import Any, Literal, NotRequired, TypedDict, TypeGuard, Unpack, get_
 EventName = Literal[
     # a submission and its jobs (the login node, the batch script's hooks)
     "submitted", "resubmitted", "resized", "cancelled", "start", "exit", "superseded", "requeued",
-    "requeue_failed", "handed_over", "took_over", "stopped", "gave_up", "hook_failed", "hook_failure_alerted",
+    "restarted", "requeue_failed", "handed_over", "took_over", "stopped", "gave_up", "hook_failed",
+    "hook_failure_alerted",
     # resume.successor: the job queued behind the run's job
     "successor_queued", "successor_failed", "successor_cancelled",
     # the ranks
@@ -113,6 +114,17 @@ class Requeued(TypedDict):
     job_id: str | None
     reason: str
     attempt: int
+
+
+class Restarted(TypedDict):
+    """resume.in_job: the batch script trains again in the same job (a new step, a new attempt) on ``nodes``,
+    without ``bad`` (the nodes named bad in this job so far)."""
+
+    job_id: str | None
+    reason: str
+    attempt: int
+    nodes: list[str]
+    bad: list[str]
 
 
 class RequeueFailed(TypedDict):
@@ -270,7 +282,8 @@ class Finished(TypedDict, total=False):
 
 EVENT_FIELDS: dict[EventName, type[Mapping[str, Any]]] = {
     "submitted": Submitted, "resubmitted": Resubmitted, "resized": Resized, "cancelled": Cancelled, "start": Start,
-    "exit": Exit, "superseded": Superseded, "requeued": Requeued, "requeue_failed": RequeueFailed,
+    "exit": Exit, "superseded": Superseded, "requeued": Requeued, "restarted": Restarted,
+    "requeue_failed": RequeueFailed,
     "handed_over": HandedOver, "took_over": TookOver, "stopped": Stopped, "gave_up": GaveUp,
     "hook_failed": HookFailed, "hook_failure_alerted": HookFailureAlerted, "successor_queued": SuccessorQueued,
     "successor_failed": SuccessorFailed, "successor_cancelled": SuccessorCancelled, "preflight": Preflight,
@@ -307,6 +320,8 @@ class Ledger:
     def record(self, event: Literal["superseded"], **fields: Unpack[Superseded]) -> None: ...
     @overload
     def record(self, event: Literal["requeued"], **fields: Unpack[Requeued]) -> None: ...
+    @overload
+    def record(self, event: Literal["restarted"], **fields: Unpack[Restarted]) -> None: ...
     @overload
     def record(self, event: Literal["requeue_failed"], **fields: Unpack[RequeueFailed]) -> None: ...
     @overload

@@ -7,7 +7,8 @@ run directory's ledger, exit status, ``finished`` marker and job id; ``JobInfo``
 ``Limits``: the config's values; ``now``), then act on the ``Decision`` or state they get back:
 
 - the batch script's exit hook (``runner.host.jobhook``): ``classify`` the step's end, then ``after_exit`` (its
-  alert's "Next:" line tells the decision in ``runner.alerts.nextstep``);
+  alert's "Next:" line tells the decision in ``runner.alerts.nextstep``); with ``resume.in_job`` a crash or a hang
+  ``restart``s the training in the same allocation, on the nodes ``step_nodes`` chooses;
 - a successor job's batch script (``resume.successor``): ``take_over`` the run, or step aside;
 - ``runner cron``: ``next_action`` (``settled`` says which runs need no Slurm answer at all);
 - ``runner status``: ``run_state`` (``asks_slurm`` says whether Slurm's view can change it);
@@ -29,7 +30,7 @@ train), and the successor itself ``take_over``s the run only from the job it fol
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -74,16 +75,18 @@ class Limits:
     max_restarts: int  # resume.max_restarts
     backoff_s: float  # resume.backoff_s
     successor: bool  # resume.successor
+    in_job: bool = False  # resume.in_job: a crash or a hang restarts the training in the same allocation
 
     @classmethod
     def of(cls, cfg: RunConfig) -> Limits:
         return cls(requeue=bool(cfg["slurm"]["requeue"]), signal_lead_s=cfg["slurm"]["signal_lead_s"],
                    max_restarts=cfg["resume"]["max_restarts"], backoff_s=float(cfg["resume"]["backoff_s"]),
-                   successor=cfg["resume"]["successor"])
+                   successor=cfg["resume"]["successor"], in_job=bool(cfg["resume"]["in_job"]))
 
 
 # What a decision tells its caller to do (see ``Decision``).
-Action = Literal["requeue", "hand_over", "resubmit", "stop", "wait", "give_up", "refuse", "train", "skip"]
+Action = Literal["requeue", "hand_over", "resubmit", "restart", "stop", "wait", "give_up", "refuse", "train",
+                 "skip"]
 
 
 @dataclass(frozen=True)
@@ -91,13 +94,15 @@ class Decision:
     """What to do with a run next, and why (cron prints it as one line).
 
     ``action``: requeue (the exit hook asks Slurm), hand_over (to the successor job, after ``delay_s``), resubmit
-    (sbatch again), stop (for a person), wait (ask again later), give_up, refuse (the user asked for something that
-    cannot be done), train or skip (nothing to do; for a successor job: step aside).
+    (sbatch again), restart (a new training step in the same allocation, on ``nodes``), stop (for a person), wait
+    (ask again later), give_up, refuse (the user asked for something that cannot be done), train or skip (nothing
+    to do; for a successor job: step aside).
     """
 
     action: Action
     reason: str
     delay_s: float = 0.0  # hand_over: the backoff before the successor may start
+    nodes: tuple[str, ...] = ()  # restart: the nodes the next step trains on
 
 
 def _names(events: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -115,8 +120,9 @@ def cancelled_by_user(events: Sequence[Mapping[str, Any]]) -> bool:
 
 
 def restarts_used(events: Sequence[Mapping[str, Any]]) -> int:
-    """Requeues and resubmissions so far, from the run's own ledger (survives Slurm forgetting the job)."""
-    ours = sum(1 for e in events if e["event"] in ("requeued", "resubmitted"))
+    """Requeues, resubmissions and in-job restarts so far, from the run's own ledger (survives Slurm forgetting the
+    job)."""
+    ours = sum(1 for e in events if e["event"] in ("requeued", "resubmitted", "restarted"))
     # Slurm may requeue a job on its own (after a node failure): every attempt's batch script records a start.
     return max(ours, sum(1 for e in events if e["event"] == "start") - 1)
 
@@ -200,16 +206,35 @@ def backoff(failed: int, limits: Limits) -> float:
     return float(limits.backoff_s) * (2 ** max(failed - 2, 0)) if failed > 1 else 0.0
 
 
+IN_JOB = ("failed", "hang", "preflight_failed")  # the ends an in-job restart may follow (preflight: with bad nodes)
+
+
+def step_nodes(allocation: Sequence[str], previous: Sequence[str], bad: Collection[str], needed: int) \
+        -> tuple[str, ...] | None:
+    """The nodes the next training step of this job runs on: ``needed`` of the ``allocation`` (the job's nodes, in
+    Slurm's order) that are not ``bad`` (named in this job: a hang's suspects, a failed preflight's nodes, a crash's
+    node cause, nodes Slurm reports down), the ``previous`` step's first (the same placement where nothing changed),
+    then spares in the allocation's order; None when too few are left (the job ends, the run goes on elsewhere).
+    In the allocation's order: srun places rank 0 on the first, which is the rendezvous (MASTER_ADDR)."""
+    keep = [n for n in allocation if n in previous and n not in bad]
+    spares = [n for n in allocation if n not in previous and n not in bad]
+    chosen = set((keep + spares)[:needed])
+    return tuple(n for n in allocation if n in chosen) if len(chosen) >= needed else None
+
+
 def after_exit(outcome: str, attempt: int, job_id: str | None, limits: Limits,
                events: Sequence[Mapping[str, Any]] = (), bad_nodes: Sequence[str] = (),
-               successor: str | None = None) -> Decision:
-    """The exit hook's move after ``classify``: requeue the job, hand over to its successor, resubmit it without
-    its bad nodes, stop it for a person, give up, or leave it (to cron).
+               successor: str | None = None, in_job: Sequence[str] | None = None) -> Decision:
+    """The exit hook's move after ``classify``: restart the training in this allocation, requeue the job, hand over
+    to its successor, resubmit it without its bad nodes, stop it for a person, give up, or leave it (to cron).
 
     ``events`` is the ledger with this exit already recorded (its ``crash``, if the launcher wrote one);
     ``bad_nodes`` the nodes this attempt named (a hang's suspects, the preflight's failing nodes); ``successor``
     the job queued behind this one (resume.successor) that Slurm still holds, if any. Every decision but
-    ``hand_over`` cancels it.
+    ``hand_over`` cancels it. ``in_job``: the nodes a new step of this job would train on (``step_nodes``), None
+    where none can start (not the batch script's loop, or too few good nodes left). With ``resume.in_job`` a crash
+    or a hang (a failed preflight only where it named its nodes) restarts there, within resume.max_restarts (the
+    in-job restarts count), and a run out of restarts stops for a person in the job, with one ``stopped``.
     """
     used = failures(events)
     if outcome == "failed" and (error := program_error(events)) is not None:
@@ -221,6 +246,14 @@ def after_exit(outcome: str, attempt: int, job_id: str | None, limits: Limits,
         return Decision("stop", f"crash loop: {loop.get('type')} at {loop.get('frame')}{at}, in two attempts in a row")
     if outcome == "nan":
         return Decision("stop", "non-finite loss or gradients; the newest checkpoint holds finite weights")
+    if limits.in_job and job_id and outcome in IN_JOB and (outcome != "preflight_failed" or bad_nodes):
+        if used > limits.max_restarts:
+            return Decision("stop", f"{outcome}: {used} failed attempts, {used - 1} restarts of "
+                                    f"resume.max_restarts={limits.max_restarts} used")
+        if in_job is not None:
+            without = f" without {', '.join(bad_nodes)}" if bad_nodes else ""
+            return Decision("restart", f"{outcome}; restarted in job {job_id}{without} as attempt {attempt + 1}",
+                            nodes=tuple(in_job))
     if outcome in ("hang", "preflight_failed") and bad_nodes:
         if used > limits.max_restarts:
             return Decision("give_up", f"{outcome} after {used - 1} failed attempts")

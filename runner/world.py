@@ -18,6 +18,9 @@ from runner.rundir import ATTEMPT_ENV
 
 FIRST_PORT = 10000  # a Slurm job's ports: below the ephemeral range, two per job id modulo PORT_SPAN
 PORT_SPAN = 10000
+RESTART_STRIDE = 997  # an in-job restart's ports: this many jobs' further on (the last ones may be in TIME_WAIT)
+STEP_NODES_ENV = "RUNNER_STEP_NODES"  # the nodes of this attempt's training step (a job's spares left out), "a,b"
+AGAIN = 10  # the exit hook's answer to the batch script (resume.in_job): train again in this job
 
 
 @dataclass(frozen=True)
@@ -30,10 +33,11 @@ class Rendezvous:
     preflight_port: int
 
     @classmethod
-    def of_job(cls, first_node: str, job_id: int) -> Rendezvous:
-        """A Slurm job's: its first node, ports derived from its id (two jobs sharing a node rarely collide, and a
-        requeued job keeps its ports)."""
-        port = FIRST_PORT + 2 * (job_id % PORT_SPAN)
+    def of_job(cls, first_node: str, job_id: int, restart: int = 0) -> Rendezvous:
+        """A Slurm job's: the first node of its step, ports derived from its id (two jobs sharing a node rarely
+        collide, and a requeued job keeps its ports) and from its in-job ``restart`` (the previous attempt's port
+        may still be in TIME_WAIT on that node)."""
+        port = FIRST_PORT + 2 * ((job_id + RESTART_STRIDE * restart) % PORT_SPAN)
         return cls(first_node, port, port + 1)
 
 

@@ -291,6 +291,98 @@ def test_after_exit_of_a_program_that_cannot_train(events: list[dict[str, Any]],
     assert d.action == action and reason in d.reason, d
 
 
+# resume.in_job: a crash or a hang trains again in the same job, on the nodes step_nodes chose
+
+IN_JOB = Limits(in_job=True, max_restarts=2)
+STEP = ("n1", "n2")  # the nodes the next step would train on (None: none left)
+
+
+def failed_attempts(n: int, outcome: str = "failed", restarted: bool = True) -> list[dict[str, Any]]:
+    """``n`` attempts of job 4 that ended ``outcome``, each but the last restarted in the job (the last exit is
+    the one being decided, recorded already as after_exit sees it)."""
+    out: list[dict[str, Any]] = [{"event": "submitted", "job_id": "4"}]
+    for i in range(n):
+        out += [{"event": "start", "job_id": "4"}, {"event": "exit", "outcome": outcome, "job_id": "4"}]
+        if i < n - 1 and restarted:
+            out.append({"event": "restarted", "job_id": "4", "attempt": i + 2})
+    return out
+
+
+CRASH = {"type": "RuntimeError", "frame": "m.py:3", "step": 12}
+IN_JOB_EXITS = [
+    pytest.param("failed", 1, IN_JOB, failed_attempts(1), (), STEP, "restart",
+                 "failed; restarted in job 4 as attempt 2", id="a crash restarts in the job"),
+    pytest.param("hang", 1, IN_JOB, failed_attempts(1, "hang"), ["n2"], ("n1", "n3"), "restart",
+                 "hang; restarted in job 4 without n2 as attempt 2", id="a hang restarts on the spare"),
+    pytest.param("preflight_failed", 1, IN_JOB, failed_attempts(1, "preflight_failed"), ["n2"], ("n1", "n3"),
+                 "restart", "without n2", id="a node's failed preflight restarts on the spare"),
+    pytest.param("preflight_failed", 1, IN_JOB, failed_attempts(1, "preflight_failed"), [], STEP, "skip",
+                 "preflight failed", id="the whole world's failed preflight: not retried"),
+    pytest.param("failed", 3, IN_JOB, failed_attempts(3), (), STEP, "stop",
+                 "failed: 3 failed attempts, 2 restarts of resume.max_restarts=2 used",
+                 id="a crash loop in one job stops at max_restarts"),
+    pytest.param("hang", 3, IN_JOB, failed_attempts(3, "hang"), ["n2"], ("n1", "n3"), "stop", "resume.max_restarts=2",
+                 id="hangs count too"),
+    pytest.param("hang", 1, IN_JOB, failed_attempts(1, "hang"), ["n2"], None, "resubmit",
+                 "hang; resubmitted without n2", id="no spare left: resubmitted without the node, as before"),
+    pytest.param("failed", 1, IN_JOB, failed_attempts(1), (), None, "skip", "runner cron decides",
+                 id="no nodes left: the job ends, cron resubmits"),
+    pytest.param("failed", 1, Limits(max_restarts=2), failed_attempts(1), (), STEP, "skip", "runner cron decides",
+                 id="resume.in_job off: as before"),
+    pytest.param("timeout", 1, IN_JOB, failed_attempts(1, "timeout"), (), STEP, "requeue", "requeued",
+                 id="a time limit is requeued"),
+    pytest.param("preempted", 1, IN_JOB, failed_attempts(1, "preempted"), (), STEP, "requeue", "requeued",
+                 id="a preemption is requeued"),
+    pytest.param("cancelled", 1, IN_JOB, failed_attempts(1, "cancelled"), (), STEP, "skip", "cancelled",
+                 id="a cancel ends the job"),
+    pytest.param("completed", 1, IN_JOB, failed_attempts(1, "completed"), (), STEP, "skip", "finished",
+                 id="a finished run ends the job"),
+    pytest.param("nan", 1, IN_JOB, failed_attempts(1, "nan"), (), STEP, "stop", "non-finite",
+                 id="a NaN stops"),
+    pytest.param("failed", 2, IN_JOB, [*failed_attempts(1)[:-1], {"event": "exit", "outcome": "failed", "crash": CRASH},
+                                       {"event": "restarted", "job_id": "4"}, {"event": "start", "job_id": "4"},
+                                       {"event": "exit", "outcome": "failed", "crash": CRASH}], (), STEP, "stop",
+                 "crash loop: RuntimeError", id="the same crash twice in a row stops"),
+]
+
+
+@pytest.mark.parametrize("outcome, attempt, limits, events, bad, nodes, action, reason", IN_JOB_EXITS)
+def test_after_exit_in_job(outcome: str, attempt: int, limits: Limits, events: list[dict[str, Any]],
+                           bad: list[str], nodes: tuple[str, ...] | None, action: str, reason: str) -> None:
+    d = policy.after_exit(outcome, attempt, "4", limits, events, bad, None, nodes)
+    assert d.action == action and reason in d.reason, d
+    assert d.nodes == (nodes if action == "restart" else ())
+    said = nextstep.next_step(outcome, d, attempt, limits, None, events)
+    assert said and ("restarted in job 4" in said) == (action == "restart"), said
+
+
+def test_in_job_restarts_count_as_attempts() -> None:
+    """Each in-job restart is an attempt (its own number, logs and ledger lines), counted by restarts_used."""
+    events = failed_attempts(3)
+    assert policy.restarts_used(events) == 2 and policy.attempt(events) == 3 and policy.failures(events) == 3
+
+
+STEP_NODES = [
+    pytest.param(["n1", "n2", "n3"], [], [], 2, ("n1", "n2"), id="a new job: its first nodes, the spare last"),
+    pytest.param(["n1", "n2", "n3"], ["n1", "n2"], [], 2, ("n1", "n2"), id="nothing named: the same nodes"),
+    pytest.param(["n1", "n2", "n3"], ["n1", "n2"], ["n2"], 2, ("n1", "n3"), id="n2 named: the spare takes its place"),
+    pytest.param(["n1", "n2", "n3"], ["n1", "n2"], ["n1"], 2, ("n2", "n3"),
+                 id="the first node named: the rendezvous moves to the next one"),
+    pytest.param(["n1", "n2", "n3"], ["n1", "n3"], ["n3", "n2"], 2, None, id="the spare named too: none left"),
+    pytest.param(["n1", "n2", "n3", "n4"], ["n1", "n3"], ["n3"], 2, ("n1", "n2"),
+                 id="the kept node stays, the first free spare joins"),
+    pytest.param(["n1", "n2"], ["n1", "n2"], [], 2, ("n1", "n2"), id="no spares, nothing named"),
+    pytest.param(["n1", "n2"], ["n1", "n2"], ["n9"], 2, ("n1", "n2"), id="a node outside the job named"),
+    pytest.param(["n1"], [], [], 2, None, id="fewer nodes than needed"),
+]
+
+
+@pytest.mark.parametrize("allocation, previous, bad, needed, chosen", STEP_NODES)
+def test_step_nodes(allocation: list[str], previous: list[str], bad: list[str], needed: int,
+                    chosen: tuple[str, ...] | None) -> None:
+    assert policy.step_nodes(allocation, previous, bad, needed) == chosen
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # runner cron: skip, wait, resubmit or give up
 

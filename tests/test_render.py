@@ -66,6 +66,7 @@ CONFIGS = [
                    "container.nccl_tests=true", "container.perftest=true", "slurm.requeue=false"]),
     (GOLDEN_CONF, ["container.install_lightning=false", "env={}", "slurm.partition=null"]),
     (GOLDEN_CONF, ["resume.successor=true"]),
+    (GOLDEN_CONF, ["resume.in_job=true", "slurm.spare_nodes=1"]),
 ]
 
 
@@ -84,7 +85,7 @@ def test_sbatch_layout_follows_config() -> None:
                  "#SBATCH --requeue", "#SBATCH --signal=B:USR2@180", "#SBATCH --open-mode=append",
                  f"#SBATCH --output={RUN_DIR}/logs/slurm-%j.out", "#SBATCH --partition=gpu"):
         assert line in text.splitlines()
-    srun = next(line for line in text.splitlines() if line.startswith("env -u RUNNER_WEBHOOK_URL srun "))
+    srun = next(line.strip() for line in text.splitlines() if " srun --kill" in line)
     assert "apptainer exec --nv --bind" in srun and "/shared/images/ngc-4x8gpu-GOLDEN.sif" in srun
     assert '--env "MASTER_ADDR=$MASTER_ADDR"' in srun
 
@@ -92,7 +93,7 @@ def test_sbatch_layout_follows_config() -> None:
 def test_runtimes_differ_only_in_exec_prefix() -> None:
     a = artifacts(["container.runtime=apptainer"])["job.sbatch"].splitlines()
     b = artifacts(["container.runtime=none"])["job.sbatch"].splitlines()
-    changed = [(x, y) for x, y in zip(a, b, strict=True) if x != y]
+    changed = [(x.strip(), y.strip()) for x, y in zip(a, b, strict=True) if x != y]
     assert len(changed) == 1 and all(x.startswith("env -u RUNNER_WEBHOOK_URL srun ") for x in changed[0])
     assert changed[0][1].split(" -m runner.job.launch")[1] == changed[0][0].split(" -m runner.job.launch")[1]
 
@@ -156,6 +157,47 @@ def test_an_attempt_gets_its_rendezvous_from_its_job(tmp_path: Path, monkeypatch
     (tmp_path / "logs").mkdir()
     code, env = jobhook.begin(RunDir(tmp_path), "")
     assert code == 0 and env == {"MASTER_ADDR": "n1", "MASTER_PORT": "10026", "RUNNER_PREFLIGHT_PORT": "10027",
-                                 "RUNNER_RUN_DIR": str(tmp_path), "RUNNER_ATTEMPT": "1"}
+                                 "RUNNER_RUN_DIR": str(tmp_path), "RUNNER_ATTEMPT": "1", "RUNNER_STEP_NODES": "n1"}
     monkeypatch.setenv("SLURM_JOB_NODELIST", "")
     assert jobhook.begin(RunDir(tmp_path), "") == (1, {})  # no rendezvous: no rank starts
+
+
+def test_spare_nodes_allocate_more_and_each_step_trains_on_num_nodes() -> None:
+    """slurm.spare_nodes: N + K nodes, --no-kill (a lost node leaves the job alive), srun on exactly N of them (the
+    nodes `begin` chose); without spares the job and its step are as before."""
+    plain = artifacts()["job.sbatch"].splitlines()
+    spare = artifacts(["slurm.spare_nodes=2"])["job.sbatch"].splitlines()
+    assert "#SBATCH --nodes=4" in plain and "#SBATCH --no-kill" not in plain
+    assert "#SBATCH --nodes=6" in spare and "#SBATCH --no-kill" in spare
+    srun = next(line.strip() for line in spare if " srun --kill" in line)
+    assert ' srun --kill-on-bad-exit=1 --nodes=4 --ntasks=32 --nodelist="$RUNNER_STEP_NODES" apptainer ' in srun
+    assert "--nodelist" not in next(line for line in plain if " srun --kill" in line)
+    assert any("begin --nodes 4 " in line for line in spare)
+
+
+def test_in_job_restart_loops_only_when_configured() -> None:
+    """resume.in_job: the exit hook is asked after each step (--again) and exit 10 trains again; off, the script
+    runs one step and its EXIT trap records it, as before."""
+    off = artifacts()["job.sbatch"]
+    on = artifacts(["resume.in_job=true"])["job.sbatch"]
+    assert "--again" not in off and "  break\n" in off
+    assert 'hook exit --rc "$rc" --signal "${got_signal:-none}" --again' in on and "[ $? -eq 10 ] || break" in on
+
+
+@pytest.mark.parametrize(("requeue", "said", "flag"), [
+    (True, "slurm 22.05.8\n", "--requeue"),
+    (True, "slurm 25.05.3\n", "--requeue"),
+    (True, "slurm 25.11.0\n", "--requeue=expedite"),
+    (True, "slurm-wlm 26.05.1\n", "--requeue=expedite"),
+    (True, "slurm 24.11.6-1\n", "--requeue"),
+    (True, "", "--requeue"),  # sbatch said nothing (or could not be asked): nothing new
+    (True, "sbatch: command not found", "--requeue"),
+    (False, "slurm 25.11.0\n", "--no-requeue"),
+])
+def test_requeue_expedite_where_slurm_has_it(requeue: bool, said: str, flag: str) -> None:
+    """Slurm 25.11+ requeues a job at top priority on its nodes (--requeue=expedite); older Slurm gets --requeue."""
+    from runner.host import slurm
+
+    assert render.requeue_flag(requeue, slurm.parse_version(said)) == flag
+    cfg = spec.load(GOLDEN_CONF, [f"slurm.requeue={str(requeue).lower()}"], run_dir=str(RUN_DIR))
+    assert flag in render.directives(cfg, slurm.parse_version(said))

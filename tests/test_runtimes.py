@@ -37,7 +37,8 @@ STEP = "env -u RUNNER_WEBHOOK_URL srun "  # the training step: no rank inherits 
 
 def srun_line(text: str) -> str:
     """The training step's srun command (after the `env -u` that keeps the webhook's variables from the ranks)."""
-    return next(line for line in text.splitlines() if line.startswith(STEP)).removeprefix("env -u RUNNER_WEBHOOK_URL ")
+    return next(line.strip() for line in text.splitlines() if line.strip().startswith(STEP)) \
+        .removeprefix("env -u RUNNER_WEBHOOK_URL ")
 
 
 def check_golden(name: str, text: str, request: pytest.FixtureRequest) -> None:
@@ -56,7 +57,7 @@ def test_golden_sbatch(runtime: str, request: pytest.FixtureRequest) -> None:
 def test_runtimes_change_only_the_exec_prefix(runtime: str) -> None:
     a, b = sbatch(runtime).splitlines(), sbatch("none").splitlines()
     changed = [(x, y) for x, y in zip(a, b, strict=True) if x != y]
-    assert len(changed) == 1 and changed[0][0].startswith(STEP)
+    assert len(changed) == 1 and changed[0][0].strip().startswith(STEP)
     assert changed[0][0].endswith(' -m runner.job.launch "$RUN_DIR" &')
 
 
@@ -195,6 +196,6 @@ def test_a_verify_key_renders_the_jobs_signature_check(tmp_path: Path, monkeypat
     (tmp_path / "k.pub").write_text("")
     cfg = spec.load(GOLDEN_CONF, ["container.verify_key=k.pub"])
     script = render.sbatch(cfg, Path(RUN_DIR), "/images/x.sif")
-    verify = f'"$RUNNER_PY" -m runner.host.jobhook begin --key {tmp_path / "k.pub"} "$RUN_DIR"'
+    verify = f'"$RUNNER_PY" -m runner.host.jobhook begin --nodes 4 --key {tmp_path / "k.pub"} "$RUN_DIR"'
     assert verify in script and script.index(verify) < script.index("srun --kill-on-bad-exit")  # before any rank
     assert "--key" not in render.sbatch(spec.load(GOLDEN_CONF), Path(RUN_DIR), "/images/x.sif")

@@ -143,7 +143,7 @@ def test_the_batch_script_starts_the_ranks_without_the_webhook_variables() -> No
 
     cfg = spec.load(CONF, ["alerts.url_env=MY_SLACK"], run_dir="/shared/runs/x")
     script = render.sbatch(cfg, Path("/shared/runs/x"), "/shared/x.sif")
-    step = next(line for line in script.splitlines() if " srun --kill-on-bad-exit=1 " in line)
+    step = next(line.strip() for line in script.splitlines() if " srun --kill-on-bad-exit=1 " in line)
     assert step.startswith("env -u MY_SLACK -u RUNNER_WEBHOOK_URL srun "), step
     assert "hook exit --rc" in script  # the exit hook (a trap) runs in the batch shell, which keeps the variables
     assert "unset" not in script and "MY_SLACK=" not in script

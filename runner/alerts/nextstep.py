@@ -93,6 +93,9 @@ def next_step(outcome: str, decision: Decision | None = None, attempt: int = 1, 
         return f"no further submissions: {decision.reason}"
     if limits is None:  # the exit hook's decisions are told against the run's own limits, never a default
         raise TypeError("next_step: the exit hook's decision needs the run's limits")
+    if decision.action == "restart":
+        return f"{decision.reason}, on {', '.join(decision.nodes)}; it resumes from the newest complete checkpoint " \
+               f"(restart {failures(events or ())} of resume.max_restarts={limits.max_restarts})"
     if decision.action == "hand_over":
         return f"{decision.reason}, as soon as this job ends; it resumes from the newest complete checkpoint"
     if decision.action == "requeue":

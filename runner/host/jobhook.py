@@ -86,8 +86,22 @@ def _batch_output(run: RunDir, job: str | None, rec: policy.Records) -> list[str
         return []
 
 
-def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
-    """Decide, requeue first (Slurm may end the job any second), then record, then queue the alerts."""
+def step_nodes(run: RunDir, cfg: Any, events: list[Any], job: str | None, named: list[str]) \
+        -> tuple[list[str], tuple[str, ...] | None]:
+    """resume.in_job: the nodes this end names bad (``named``, and the job's nodes Slurm reports down), and those the
+    next step of this job would train on (``policy.step_nodes``: without every node named bad in this job so far;
+    None when too few are left)."""
+    nodelist = os.environ.get("SLURM_JOB_NODELIST", "")
+    allocation = slurm.hostnames(nodelist)
+    previous = [n for n in os.environ.get(world.STEP_NODES_ENV, "").split(",") if n] or allocation
+    bad = sorted(set(named) | set(slurm.unhealthy(nodelist)))
+    earlier = {n for e in events if e["event"] == "restarted" and e.get("job_id") == job for n in e.get("bad") or ()}
+    return bad, policy.step_nodes(allocation, previous, earlier | set(bad), cfg["num_nodes"])
+
+
+def on_exit(run: RunDir, rc: int, signal_name: str, again: bool = False) -> int:
+    """Decide, requeue first (Slurm may end the job any second), then record, then queue the alerts. ``again``: the
+    batch script's loop asks (resume.in_job); ``world.AGAIN`` tells it to train again in this job."""
     from runner import alerts
     from runner.alerts import background
 
@@ -114,9 +128,12 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
     this_exit = {"event": "exit", "outcome": event, "crash": crash, "time": time.time()}
     probe_only = cfg["preflight"].get("only") is True  # `runner preflight`: a report, never a resubmission
     heir = _successor(observe.answer(seen, using=slurm.squeue_many))
+    in_job = None
+    if again and limits.in_job and event in policy.IN_JOB and not probe_only:
+        bad, in_job = step_nodes(run, cfg, [*rec.events], job, bad)
     decision = policy.after_exit(event, attempt, job, limits, [*rec.events, this_exit], () if probe_only else bad,
-                                 heir)
-    if heir and decision.action != "hand_over":  # before this job ends: afterwards Slurm would start it
+                                 heir, in_job)
+    if heir and decision.action not in ("hand_over", "restart"):  # before this job ends: else Slurm would start it
         successor.cancel(run, heir, f"{event}: {decision.reason}")
     elif heir and decision.delay_s:
         if (complaint := slurm.delay_start(heir, decision.delay_s)) is not None:
@@ -133,7 +150,8 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
         refusal = slurm.requeue(job)
         requeued = refusal is None
     step = nextstep.next_step(event, decision, attempt, limits, requeued, [*rec.events, this_exit])
-    common = {"job_id": job or "", "attempt": attempt, "nodes": os.environ.get("SLURM_JOB_NODELIST", ""),
+    where = os.environ.get(world.STEP_NODES_ENV) or os.environ.get("SLURM_JOB_NODELIST", "")
+    common = {"job_id": job or "", "attempt": attempt, "nodes": where,
               "exit_code": rc, "next_step": step, **ending.alert_fields(run, why, logs)}
     queued = _alerts(run, event, decision, requeued, **common) if event != "cancelled" and \
         ledger.is_alert_event(event) else []
@@ -141,7 +159,9 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
     ending.record(run, cfg["alerts"], {"job_id": job, "exit_code": rc, "signal": signal_name, "outcome": event,
                                        "attempt": attempt, "cause": queued[0].cause if queued else None,
                                        "crash": crash, "nodes": bad})
-    if decision.action == "hand_over":
+    if decision.action == "restart":
+        run.record("restarted", job_id=job, reason=event, attempt=attempt + 1, nodes=list(decision.nodes), bad=bad)
+    elif decision.action == "hand_over":
         run.record("handed_over", job_id=job, successor=heir, reason=event, attempt=attempt + 1,
                    delay_s=decision.delay_s)
     elif requeued:
@@ -165,7 +185,7 @@ def on_exit(run: RunDir, rc: int, signal_name: str) -> int:
     if sender is not None:  # the job's leftover processes die with the batch script: give the sender its time
         with contextlib.suppress(subprocess.TimeoutExpired):
             sender.wait(timeout=ALERT_BUDGET_S + 5)
-    return 0
+    return world.AGAIN if decision.action == "restart" else 0
 
 
 def _has_successor(rec: policy.Records, manifest: RunManifest) -> bool:
@@ -217,15 +237,15 @@ def verify(run: RunDir, key: str) -> int:
     return EXIT_PREFLIGHT
 
 
-def begin(run: RunDir, key: str) -> tuple[int, dict[str, str]]:
+def begin(run: RunDir, key: str, needed: int = 0) -> tuple[int, dict[str, str]]:
     """Before any rank starts: whether this job trains the run, and the environment of the attempt it trains.
 
     In order: a job older than the run's owner (``job_id``: Slurm requeued it after ``runner cron`` had resubmitted
     the run) steps aside with ``EXIT_SUPERSEDED``, as does a successor the run is not for (``claim``); the attempt
     is claimed (its number, as a local run claims one); the image's signature is checked (``container.verify_key``,
-    ``EXIT_PREFLIGHT``). Returns the exit code (0: train) and the variables for the batch script to export (the
-    attempt's, ``runner.world``), which it gets even when the image is refused, so that the exit hook records the
-    attempt."""
+    ``EXIT_PREFLIGHT``). The attempt's step trains on ``needed`` nodes of the job (0: all; ``step_of``). Returns
+    the exit code (0: train) and the variables for the batch script to export (the attempt's, ``runner.world``),
+    which it gets even when the image is refused, so that the exit hook records the attempt."""
     job = slurmstates.job_id(os.environ) or ""
     owner = run.job_id() or ""
     mine, theirs = slurmstates.submitted_at(job), slurmstates.submitted_at(owner)
@@ -235,19 +255,35 @@ def begin(run: RunDir, key: str) -> tuple[int, dict[str, str]]:
     if os.environ.get(SUCCESSOR_ENV) and claim(run) != 0:
         return EXIT_SUPERSEDED, {}
     nodelist = os.environ.get("SLURM_JOB_NODELIST", "")
-    first = slurm.hostnames(nodelist)[:1]
+    allocation = slurm.hostnames(nodelist)
     number = os.environ.get("SLURM_JOB_ID", "")  # this job's own number (an array task's too): its ports
-    if not first or not number.isdigit():
+    if not allocation or not number.isdigit():
         log.error("cannot read the first node of SLURM_JOB_NODELIST=%r (job %r): no rendezvous for the ranks",
                   nodelist, number)
         return 1, {}
+    on, restart = step_of(run.events(), job, allocation, needed or len(allocation))
     try:
         attempt = run.new_attempt(make_logs=False)
+        if restart:  # the code rank 0 left for the previous attempt of this very job is not this attempt's
+            run.last_exit.unlink(missing_ok=True)
     except OSError as e:
         log.error("cannot create %s", e.filename)
         return 1, {}
-    env = world.attempt_env(run.root, attempt, world.Rendezvous.of_job(first[0], int(number)))
+    env = world.attempt_env(run.root, attempt, world.Rendezvous.of_job(on[0], int(number), restart))
+    env[world.STEP_NODES_ENV] = ",".join(on)
     return (verify(run, key) if key else 0), env
+
+
+def step_of(events: list[Any], job: str, allocation: list[str], needed: int) -> tuple[list[str], int]:
+    """The nodes of this attempt's step and how many in-job restarts came before it: the exit hook's choice when it
+    restarted the training in this job (its last word since the job's last start), else the job's first
+    ``needed`` nodes (its spares after them: slurm.spare_nodes), as after a requeue by Slurm (new nodes, maybe)."""
+    restarts = [e for e in events if e["event"] == "restarted" and e.get("job_id") == job]
+    last = next((e for e in reversed(events) if e["event"] in ("start", "restarted") and e.get("job_id") == job), None)
+    chosen = last.get("nodes") if last is not None and last["event"] == "restarted" else None
+    if chosen and set(chosen) <= set(allocation):
+        return [str(n) for n in chosen], len(restarts)
+    return allocation[:needed], len(restarts)
 
 
 def deliver(run: RunDir, signame: str, step: int, ranks: int) -> int:
@@ -276,14 +312,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pid", type=int, default=0)
     parser.add_argument("--world", type=int, default=1)
     parser.add_argument("--key", default="")
+    parser.add_argument("--nodes", type=int, default=0, help="begin: the nodes a step trains on (0: the job's)")
     parser.add_argument("--rc", type=int, default=0)
     parser.add_argument("--signal", default="none")
+    parser.add_argument("--again", action="store_true", help="resume.in_job: exit 10 to train again in this job")
     parser.add_argument("run_dir", type=Path)
     args = parser.parse_args(argv)
     runner_log.setup(stamped=True)
     run = RunDir(args.run_dir)
     if args.what == "begin":
-        code, env = begin(run, args.key)
+        code, env = begin(run, args.key, args.nodes)
         print("".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items()), end="", flush=True)
         return code
     if args.what == "signal":
@@ -295,11 +333,12 @@ def main(argv: list[str] | None = None) -> int:
         except OSError:
             offset = 0
         attempt = os.environ.get(ATTEMPT_ENV, "")  # `begin` claimed it: `runner logs --batch --attempt N` finds it
-        run.record("start", job_id=job, nodes=os.environ.get("SLURM_JOB_NODELIST"),
+        where = os.environ.get(world.STEP_NODES_ENV) or os.environ.get("SLURM_JOB_NODELIST")
+        run.record("start", job_id=job, nodes=where,
                    restart_count=int(os.environ.get("SLURM_RESTART_COUNT", "0")), out_offset=offset,
                    **({"attempt": int(attempt)} if attempt.isdigit() else {}))
         return 0
-    return on_exit(run, args.rc, args.signal)
+    return on_exit(run, args.rc, args.signal, args.again)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import jinja2
 
-from runner import __version__, redaction
+from runner import __version__, redaction, world
 from runner.errors import BuildError, ConfigError
 from runner.rundir import ATTEMPT_ENV
 from runner.spec import Config
@@ -249,30 +249,55 @@ def program_python(cfg: Config, run_dir: Path, image: str, program_dir: str) -> 
     return job_python(cfg, image, _binds(cfg, run_dir, program_dir), list(cfg.data["env"]), program_dir)
 
 
-def directives(cfg: Config) -> list[str]:
+EXPEDITE_SINCE = (25, 11)  # Slurm's --requeue=expedite: a requeued job restarts at top priority, on the same nodes
+
+
+def requeue_flag(requeue: bool, version: tuple[int, int] | None) -> str:
+    """``--requeue=expedite`` where the site's Slurm (``version``: sbatch's, None when unknown) has it, else
+    ``--requeue`` (nothing new on older Slurm); ``--no-requeue`` with slurm.requeue off."""
+    if not requeue:
+        return "--no-requeue"
+    return "--requeue=expedite" if version is not None and version >= EXPEDITE_SINCE else "--requeue"
+
+
+def directives(cfg: Config, slurm_version: tuple[int, int] | None = None) -> list[str]:
     """The batch script's ``#SBATCH`` options but its output file: what the job asks Slurm for. A sweep's job array
-    (``array``) carries them once for all its tasks."""
+    (``array``) carries them once for all its tasks. ``slurm_version``: the site's (``requeue_flag``).
+
+    With slurm.spare_nodes the job asks for num_nodes + spare_nodes nodes and survives the loss of one
+    (``--no-kill``): each training step runs on num_nodes of them (the batch script's srun ``--nodelist``)."""
     d, s = cfg.data, cfg.data["slurm"]
     flags = [f"--{key}={s[key]}" for key in ("partition", "account", "qos", "constraint", "mem") if s[key] is not None]
     flags += list(s["extra_flags"])
     gpus = s["gpus_per_node"]
     if gpus is None:
         gpus = d["num_device"] if d["trainer"]["accelerator"] in ("gpu", "cuda") else 0
-    return [f"--job-name={cfg.name}", f"--nodes={d['num_nodes']}", f"--ntasks-per-node={d['num_device']}",
+    spares = s["spare_nodes"]
+    return [f"--job-name={cfg.name}", f"--nodes={d['num_nodes'] + spares}", f"--ntasks-per-node={d['num_device']}",
             *([f"--gres=gpu:{gpus}"] if gpus else []), f"--cpus-per-task={s['cpus_per_task']}", f"--time={s['time']}",
-            *flags, "--requeue" if s["requeue"] else "--no-requeue", f"--signal=B:{s['signal']}@{s['signal_lead_s']}",
-            "--open-mode=append"]
+            *flags, *(["--no-kill"] if spares else []), requeue_flag(s["requeue"], slurm_version),
+            f"--signal=B:{s['signal']}@{s['signal_lead_s']}", "--open-mode=append"]
 
 
-def sbatch(cfg: Config, run_dir: Path, image: str, program_dir: str | None = None) -> str:
-    """The batch script. ``program_dir``: where a program (``command:``) runs, bound into the container."""
+def sbatch(cfg: Config, run_dir: Path, image: str, program_dir: str | None = None,
+           slurm_version: tuple[int, int] | None = None) -> str:
+    """The batch script. ``program_dir``: where a program (``command:``) runs, bound into the container;
+    ``slurm_version``: the site's (``directives``).
+
+    With resume.in_job the script trains in a loop: after each step the exit hook says whether to train again in
+    this job (``world.AGAIN``); with slurm.spare_nodes each step runs on num_nodes of the job's nodes, the ones the
+    hooks chose (``world.STEP_NODES_ENV``)."""
     d = cfg.data
     binds = _binds(cfg, run_dir, program_dir)
     everything = sorted((k, str(v)) for k, v in d["env"].items())
     env = [(k, v) for k, v in everything if k not in secret_env(d["env"])]  # the rest: RUN/secret.env (0600)
     ifname = cfg.data["network"]["ifname"]
     env_names = [*CONTAINER_ENV, *(IFNAME_ENV if ifname else ()), *(k for k, _ in everything)]
-    return render("sbatch.sh.j2", config_name=cfg.name, config_hash=cfg.hash(), directives=directives(cfg),
+    return render("sbatch.sh.j2", config_name=cfg.name, config_hash=cfg.hash(),
+                  directives=directives(cfg, slurm_version),
+                  in_job=d["resume"]["in_job"], step_size=d["num_nodes"], again=world.AGAIN,
+                  step_nodes=world.STEP_NODES_ENV,
+                  num_nodes=d["num_nodes"] if d["slurm"]["spare_nodes"] else None,
                   world_size=d["num_nodes"] * d["num_device"], signal=d["slurm"]["signal"], run_dir=str(run_dir),
                   env=env, host_python=sys.executable, ifname=ifname,
                   verify_key=verify_key(cfg), exec_prefix=exec_prefix(cfg, image, binds, env_names, str(run_dir)),

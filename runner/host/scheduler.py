@@ -55,6 +55,11 @@ class Scheduler:
         """Whether an attempt runs in the config's image (``runner submit`` then checks the image first)."""
         return False
 
+    def slurm_version(self) -> tuple[int, int] | None:
+        """The site's Slurm version, for the batch script's options (``render.requeue_flag``); None where no Slurm
+        runs the run."""
+        return None
+
     def launch(self, run: RunDir, cfg: spec.Config, bad_nodes: Sequence[str]) -> Launch:
         """The command that starts an attempt, every other command starting it may run, and what the plan says about
         them (``--dry-run`` prints all three). ``bad_nodes``: those the run root remembers, oldest first."""
@@ -129,6 +134,9 @@ class Slurm(Scheduler):
 
     def uses_image(self, cfg: spec.Config) -> bool:
         return cfg.data["container"]["runtime"] != "none"
+
+    def slurm_version(self) -> tuple[int, int] | None:
+        return slurm.version()
 
     def launch(self, run: RunDir, cfg: spec.Config, bad_nodes: Sequence[str]) -> Launch:
         script, notes, also = str(run.script), [], []

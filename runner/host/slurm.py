@@ -17,6 +17,7 @@ not report ended, and ``scontrol show job`` (one command per job) only for a few
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Sequence
 
@@ -354,6 +355,20 @@ def delay_start(job_id: str, seconds: float) -> str | None:
     out = proc.run(["scontrol", "update", f"JobId={job_id}", f"StartTime=now+{max(1, round(seconds))}"],
                    timeout=QUERY_TIMEOUT_S, check=False)
     return None if out.returncode == 0 else proc.last_line(out)
+
+
+def parse_version(text: str) -> tuple[int, int] | None:
+    """``sbatch --version``'s answer (``slurm 22.05.8``, ``slurm-wlm 25.11.0``) as (major, minor); None when it
+    says no version."""
+    m = re.search(r"\bslurm(?:-wlm)?\s+(\d+)\.(\d+)", text)
+    return (int(m[1]), int(m[2])) if m else None
+
+
+@functools.cache
+def version() -> tuple[int, int] | None:
+    """The site's Slurm version, from ``sbatch --version`` (asked once per process); None when it cannot be asked."""
+    out = _try(["sbatch", "--version"])
+    return None if out is None else parse_version(out)
 
 
 def hostnames(nodelist: str) -> list[str]:

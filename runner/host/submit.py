@@ -134,6 +134,7 @@ class Facts:
     host: str
     cwd: str  # where a program (command:) runs, as sbatch runs a job where it was submitted
     now: float
+    slurm_version: tuple[int, int] | None = None  # the site's (sbatch --version): --requeue=expedite where it has it
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,8 @@ def gather(path: Path, overrides: list[str], allow_missing_image: bool = False, 
     image = build.image_path(cfg)
     return Facts(cfg, run, image, check_image(cfg, image, allow_missing_image), _spec_hash(cfg), ctx.git, ctx.diff,
                  alerts.secrets_of(cfg.data["alerts"]), [n for n, _ in sorted(bad.items(), key=lambda kv: (
-                     kv[1]["time"], kv[0]))], ctx.host, ctx.cwd, ctx.now)
+                     kv[1]["time"], kv[0]))], ctx.host, ctx.cwd, ctx.now,
+                 scheduler.of(cfg.data["scheduler"]).slurm_version())
 
 
 def plan(path: Path, overrides: list[str], allow_missing_image: bool = False, sweep: SweepMark | None = None,
@@ -206,7 +208,7 @@ def make(f: Facts, path: Path, overrides: list[str], allow_missing_image: bool =
         manifest["stage"] = named
     files = {run.config.name: spec.dump(cfg.data),  # named relative to the run directory, by RunDir
              run.manifest.name: manifest_text(cast(RunManifest, alerts.redact_obj(manifest, f.secrets))),
-             run.script.name: render.sbatch(cfg, run.root, f.image, f.cwd)}
+             run.script.name: render.sbatch(cfg, run.root, f.image, f.cwd, f.slurm_version)}
     if cfg.document is not None:  # program mode: the program's config, ${program_config} in the command
         python = render.program_python(cfg, run.root, f.image, f.cwd)
         files[str(run.program_config(cfg.path.name).relative_to(run.root))] = \
@@ -402,7 +404,8 @@ def resize(run: RunDir, overrides: list[str]) -> str:
     atomic_write(run.config, spec.dump(after.data))
     if program is not None:
         atomic_write(program.path, spec.dump(program.config))
-    atomic_write(run.script, render.sbatch(after, run.root, manifest.get("image", "none"), manifest.get("cwd")))
+    atomic_write(run.script, render.sbatch(after, run.root, manifest.get("image", "none"), manifest.get("cwd"),
+                                           scheduler.of(after.data["scheduler"]).slurm_version()))
     acc = program.accumulate if program is not None else (before.accumulate, after.accumulate)
     manifest["world_size"], manifest["accumulate_grad_batches"] = after.world_size, acc[1]
     run.write_manifest(manifest)

@@ -165,6 +165,9 @@ SCHEMA: dict[str, Any] = {
         "signal": _f(str, "USR2", choices=("USR1", "USR2", "TERM", "INT", "HUP", "URG")),
         "signal_lead_s": _f(int, 120, min=10),
         "requeue": _f(bool, True),
+        # Nodes allocated beyond num_nodes: an in-job restart (resume.in_job) trains on one in place of a node named
+        # bad, without leaving the job (--no-kill keeps the job alive when a node is lost).
+        "spare_nodes": _f(int, 0, min=0),
     },
     "env": {"*": True},
     "network": {
@@ -186,6 +189,7 @@ SCHEMA: dict[str, Any] = {
         "exclude_nodes_s": _f((int, float), 21600, min=0),
         "owner_check_every_n_steps": _f(int, 20, **POS_INT),  # how often the ranks check they still own the run
         "successor": _f(bool, False),  # queue the next attempt behind each job (afternotok) instead of requeueing
+        "in_job": _f(bool, False),  # a crash or a hang restarts the training in the same job (srun again), not requeue
     },
     "fsdp": {
         "blocks": _f(list, []),  # class names (or module.Class) sharded as units; none: each direct child

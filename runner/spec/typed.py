@@ -75,6 +75,7 @@ class Slurm(TypedDict):
     signal: str
     signal_lead_s: int
     requeue: bool
+    spare_nodes: int
 
 
 class Network(TypedDict):
@@ -102,6 +103,7 @@ class Resume(TypedDict):
     exclude_nodes_s: float
     owner_check_every_n_steps: int
     successor: bool
+    in_job: bool
 
 
 class Alerts(TypedDict):
