@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from runner.rundir import EXIT_PREFLIGHT
 from tests.ci import unavailable
 from tests.conftest import fixture_tier
 from tests.test_failures import checkpoint_done, events, status, wait_for
@@ -126,12 +127,40 @@ def test_runner_validates_espnet3s_template_config(tmp_path: Path, overrides: li
 # -- every stage, locally ------------------------------------------------------------------------------------------
 
 
+def assert_the_preflight_found_espnet3(run: Path) -> None:
+    """The preflight names the ranks' Python (the ESPnet3 venv's) and found what run.py imports."""
+    [python] = [c for c in json.loads((run / "preflight.json").read_text())["checks"] if c["name"] == "python"]
+    assert (python["status"], python["value"], python["threshold"]) == ("pass", str(PYTHON), "finds espnet3"), python
+
+
+@pytest.mark.local
+def test_runners_own_python_is_refused_by_the_preflight_in_one_line(tmp_path: Path) -> None:
+    """The quickstart's .venv (no espnet3) as the ranks' Python: the preflight names it and the line of run.py that
+    imports espnet3 (was: a pass, then ModuleNotFoundError on every rank ~10 s later); the run waits for a person."""
+    espnet3_python()
+    work = tmp_path / "mini_an4"
+    prep = subprocess.run([str(EXAMPLE / "prepare.sh"), str(work)], capture_output=True, text=True, timeout=300)
+    assert prep.returncode == 0, prep.stdout + prep.stderr
+    out = subprocess.run([sys.executable, "-m", "runner", "submit", CONF, f"runner.run_root={tmp_path / 'runs'}",
+                          "stages=create_dataset"], capture_output=True, text=True, cwd=work, env=local_env(),
+                         timeout=300)
+    assert out.returncode == EXIT_PREFLIGHT, out.stdout + out.stderr
+    missing = f"{sys.executable} cannot find espnet3, which run.py:1 imports: `from espnet3."
+    run = one_run(tmp_path / "runs")
+    [python] = [c for c in json.loads((run / "preflight.json").read_text())["checks"] if c["name"] == "python"]
+    assert python["status"] == "fail" and python["value"].startswith(missing), python
+    [line] = [ln for ln in (run / "logs" / "attempt-1" / "rank-00000.log").read_text().splitlines() if " ERROR " in ln]
+    assert f"preflight: {missing}" in line and "hint: run the ranks with the Python that has" in line, line
+    assert "Traceback" not in out.stdout + out.stderr and [e["outcome"] for e in exits(run)] == ["preflight_failed"]
+
+
 @pytest.mark.local
 def test_the_stages_run_as_runner_runs_and_espnet3s_outputs_are_where_espnet3_puts_them(recipe: Path,
                                                                                       tmp_path: Path) -> None:
     for n in ("0", "1"):
         run = one_run(recipe / "prep-runs" / n)
         assert (run / "finished").exists() and [e["outcome"] for e in exits(run)] == ["completed"]
+        assert_the_preflight_found_espnet3(run)
     assert (recipe / "data" / "manifest" / "train.tsv").exists()
     assert (recipe / "exp" / "stats" / "train" / "feats_shape").exists()  # collect_stats, on ESPnet3's Dask
     out = submit(recipe, local_env(), tmp_path / "runs", "stages=train", "num_device=2", "trainer.max_epochs=2",
@@ -139,6 +168,7 @@ def test_the_stages_run_as_runner_runs_and_espnet3s_outputs_are_where_espnet3_pu
     assert out.returncode == 0, out.stdout + out.stderr
     run = one_run(tmp_path / "runs")
     assert (run / "finished").exists()
+    assert_the_preflight_found_espnet3(run)
     # ESPnet3's experiment, named as ESPnet3 names it, its own checkpoints and its validation loss in its log.
     exp = recipe / "exp" / "local_train"
     assert (exp / "last.ckpt").exists() and list(exp.glob("epoch*valid.loss.ckpt"))

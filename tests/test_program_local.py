@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 import torch
 
 from runner import checkpoint
-from runner.rundir import EXIT_HANG, EXIT_NONFINITE, EXIT_PROGRAM, EXIT_REQUEUE, RunDir, read_json
+from runner.rundir import EXIT_HANG, EXIT_NONFINITE, EXIT_PREFLIGHT, EXIT_PROGRAM, EXIT_REQUEUE, RunDir, read_json
 from tests.conftest import fixture_tier
 from tests.waiting import until
 
@@ -190,15 +191,48 @@ def test_a_program_that_cannot_train_says_why_in_one_line(tmp_path: Path, comman
     assert events(run, "exit")[-1]["exit_code"] == EXIT_PROGRAM and not run.finished.exists()
 
 
-def test_a_script_whose_packages_the_ranks_python_lacks_stops_before_the_preflight(tmp_path: Path) -> None:
-    """ESPnet3's run.py under runner's own venv (no espnet3): one line naming the package and the Python, before any
-    rank builds a process group, instead of a ModuleNotFoundError on every rank after the preflight."""
-    (tmp_path / "run.py").write_text("import os\nimport espnet3_not_in_this_python\n\nprint('trained')\n")
+MISSING = f"{sys.executable} cannot find espnet3_not_in_this_python, which run.py:2 imports: " \
+    "`import espnet3_not_in_this_python.stages as stages`"
+
+
+def test_a_script_whose_packages_the_ranks_python_lacks_is_refused_by_the_preflight(tmp_path: Path) -> None:
+    """ESPnet3's run.py under runner's own venv (no espnet3): the preflight names the ranks' Python and refuses it in
+    one line naming the package and the script's line, before any rank trains, instead of a ModuleNotFoundError on
+    every rank after it; a failed preflight waits for a person (no requeue loop)."""
+    (tmp_path / "run.py").write_text("import os\nimport espnet3_not_in_this_python.stages as stages\n\n"
+                                     "print('trained')\n")
     code, out, run = submit(tmp_path, "python run.py --stages train")
+    assert code == EXIT_PREFLIGHT, out
+    assert f"preflight_failed (exit 77): preflight fail: python on {socket.gethostname()}: {MISSING} (expected the " \
+        "ranks' Python finds every package the program imports)" in out.splitlines()[-2], out
+    log = run.rank_log(0).read_text()
+    [line] = [line for line in log.splitlines() if " ERROR " in line]
+    assert f"preflight: {MISSING}; expected the ranks' Python finds every package the program imports. hint: run " \
+        "the ranks with the Python that has the program's packages" in line, line
+    assert "Traceback" not in out + log and "trained" not in out + log
+    report = read_json(run.preflight)
+    assert report["status"] == "fail" and MISSING in report["summary"], report
+    [python] = [c for c in report["checks"] if c["name"] == "python"]
+    assert (python["status"], python["value"]) == ("fail", MISSING)
+    assert "python " in run.preflight_table.read_text()
+    [end] = events(run, "exit")
+    assert (end["outcome"], end["exit_code"]) == ("preflight_failed", EXIT_PREFLIGHT), end
+
+
+def test_the_preflight_names_the_python_that_has_the_programs_packages(tmp_path: Path) -> None:
+    code, out, run = submit(tmp_path, TRAIN.replace("--max_steps 80", "--max_steps 2"))
+    assert code == 0, out
+    [python] = [c for c in read_json(run.preflight)["checks"] if c["name"] == "python"]
+    assert (python["status"], python["value"], python["threshold"]) == ("pass", sys.executable,
+                                                                        "finds lightning, torch"), python
+
+
+def test_without_a_preflight_the_lacking_package_stops_the_program_at_its_start(tmp_path: Path) -> None:
+    (tmp_path / "run.py").write_text("import os\nimport espnet3_not_in_this_python.stages as stages\n")
+    code, out, run = submit(tmp_path, "python run.py --stages train", "runner.preflight.enabled=false")
     assert code == EXIT_PROGRAM, out
     [line] = [line for line in out.splitlines() if " ERROR " in line]
-    assert f"run.py imports espnet3_not_in_this_python, which this rank's Python ({sys.executable}) does not " \
-        "have" in line and "hint: run runner with the Python that has the program's packages" in line, line
+    assert f"program: {MISSING}. hint: run the ranks with the Python" in line, line
     assert [e["reason"] for e in events(run, "program_error")] == ["missing_package"]
     assert not run.preflight.exists() and "Traceback" not in out
 

@@ -143,8 +143,10 @@ def train(rd: RunDir) -> int:
         return EXIT_PREFLIGHT
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     command = cfg["command"]
-    if command and (code := program.prepare(rd, command, manifest, rank)) is not None:
-        return code  # a command that cannot start: one line, before the preflight builds a process group
+    # A command that cannot start: one line, before the preflight builds a process group. Whether its packages are
+    # here is the preflight's check (it names the Python in its report), or this one's where no preflight runs.
+    if command and (code := program.prepare(rd, command, manifest, rank, not preflight.runs(cfg))) is not None:
+        return code
 
     import torch
 

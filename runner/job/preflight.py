@@ -33,6 +33,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -64,7 +65,7 @@ from runner.checks import (
     worst,
 )
 from runner.errors import PreflightError
-from runner.job import ifname, jobenv
+from runner.job import container, ifname, imports, jobenv, program
 from runner.job.netenv import NetEnv
 from runner.rundir import EXIT_PREFLIGHT, RunDir, atomic_write, read_json
 from runner.spec.typed import RunConfig
@@ -160,6 +161,23 @@ class _Job:
         return at.addr, at.preflight_port
 
 
+def check_python(job: _Job) -> Check:
+    """The Python the ranks run (this one; its container, when any) and, in program mode, whether it finds the
+    program's third-party packages (``program.needs``; looked up, never imported): a wrong Python (runner's own venv
+    for an ESPnet3 recipe) is one line here, before any rank trains, instead of a ModuleNotFoundError on every rank
+    10 s in. It fails on every node alike, so no node is named bad and the run waits for a person (no requeue)."""
+    where = container.describe(job.rd.manifest_record() or {})
+    python = sys.executable + (f" in {where['runtime']} {where['image']}" if where["in_container"] else "")
+    command = job.cfg["command"] or []
+    needs = program.needs(command, Path.cwd()) if command else []
+    lacking = imports.lacking(needs)
+    if lacking:
+        return Check("python", job.host, FAIL, program.refusal(lacking, python),
+                     "the ranks' Python finds every package the program imports", program.HINTS["missing_package"])
+    return Check("python", job.host, PASS, python, f"finds {', '.join(n.package for n in needs)}" if needs else "",
+                 note=f"Python {sys.version.split()[0]}")
+
+
 def _local_facts(job: _Job) -> dict[str, Any]:
     """What this rank checks on its own node; only the first rank of a node checks node-wide things."""
     facts: dict[str, Any] = {"rank": job.rank, "host": job.host, "node": job.node, "local": job.local,
@@ -181,6 +199,9 @@ def _local_facts(job: _Job) -> dict[str, Any]:
     checks += [check_path(str(p), host, write=False) for p in pf.get("paths") or []]
     checks.append(check_path(str(job.rd.checkpoints), host, write=True))
     checks.append(check_free_space(str(job.rd.checkpoints), host, float(pf["min_free_gb"])))
+    checks.append(python := check_python(job))
+    if python.status == FAIL:  # the one line a user reads in the rank's log (the report's table says it too)
+        log.error("preflight: %s; expected %s. hint: %s", python.value, python.threshold, python.hint)
     facts["checks"] = [asdict(c) for c in checks]
     facts["versions"] = versions(cfg)
     facts["ifname"] = job.ne.ifname
@@ -557,12 +578,17 @@ def run_checks(job: _Job) -> str:
     return status
 
 
+def runs(cfg: RunConfig) -> bool:
+    """Whether the preflight runs in this job: enabled, or `runner preflight` (the checks alone)."""
+    return bool(cfg["preflight"]["enabled"]) or cfg["preflight"].get("only") is True
+
+
 def in_job(rd: RunDir, cfg: RunConfig, rank: int, local: int, node: int, world: int, ne: NetEnv,
            keep_group: bool = True) -> int | None:
     """The launcher's hook, after ``netenv.setup`` gave ``ne``: run the checks; an exit code, or None to train.
     ``keep_group``: training goes on in the process group the checks built (else it is taken down)."""
     only = cfg["preflight"].get("only") is True  # `runner preflight`: the checks alone
-    if not cfg["preflight"]["enabled"] and not only:
+    if not runs(cfg):
         return None
     job = _Job(rd, cfg, rank, local, node, world, ne, train=keep_group and not only)
     status = run_checks(job)

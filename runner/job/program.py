@@ -23,7 +23,6 @@ import shutil
 import signal
 import subprocess
 import sys
-from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, Literal
 
@@ -61,29 +60,48 @@ def launched(command: list[str]) -> tuple[list[str], dict[str, str]]:
 
 
 HINTS = {"not_found": "check command: in the config (it runs in the directory runner submit ran in)",
-         "missing_package": "run runner with the Python that has the program's packages (its venv's `runner`, or "
-                            "`python -m runner` with it), or put them in the image"}
+         "missing_package": "run the ranks with the Python that has the program's packages: submit with its venv's "
+                            "`runner` (or `python -m runner`), or in an image that has them (container.runtime, "
+                            "container.python)"}
 
 
-def problem(command: list[str], cwd: Path) -> tuple[Literal["not_found", "missing_package"], str] | None:
-    """Why ``command`` cannot start here: its ledger reason and one line; None when it can."""
+def needs(command: list[str], cwd: Path) -> list[imports.Need]:
+    """The third-party packages this rank's Python must have to start ``command`` in ``cwd``: the top
+    package of ``python -m pkg.mod``, a script's top-level imports; none for a command that is not run by this
+    Python (another interpreter's path, a binary: their packages are not this one's)."""
+    command = launched(command)[0]
+    if not in_process(command):
+        return []
+    if command[1] == "-m":
+        return imports.module_needs(command[2], cwd)
+    return imports.script_needs(cwd / command[1])
+
+
+def refusal(lacking: list[imports.Need], python: str = sys.executable) -> str:
+    """What was found, in one line: the Python (this one, and its container when the caller names it), the package
+    it cannot find and the program's line that imports it."""
+    first = lacking[0]
+    more = f" (and {', '.join(n.package for n in lacking[1:])})" if lacking[1:] else ""
+    return f"{python} cannot find {first.package}{more}, which {first.where} imports: `{first.text}`"
+
+
+def problem(command: list[str], cwd: Path, packages: bool = True) -> tuple[Literal["not_found", "missing_package"],
+                                                                            str] | None:
+    """Why ``command`` cannot start here: its ledger reason and one line; None when it can. ``packages``: whether
+    the packages it imports are looked up here too (else the preflight does, naming the Python in its report)."""
     if fabric_run(command) is not None and len(launched(command)[0]) < 2:
         return "not_found", "`fabric run` with no script"
     command = launched(command)[0]
     if in_process(command):
-        if command[1] == "-m":
-            try:
-                found = find_spec(command[2]) is not None
-            except (ImportError, ValueError):
-                found = False
-            return None if found else ("not_found", f"no module {command[2]!r} for `python -m` (sys.path: the "
-                                                    "image's Python)")
         script = cwd / command[1]
-        if not script.is_file():
+        if command[1] != "-m" and not script.is_file():
             return "not_found", f"no script {command[1]!r} in {cwd}"
-        lacking = imports.missing(script)  # before a rank imports anything: a wrong Python is one line, not a crash
-        return ("missing_package", f"{command[1]} imports {', '.join(lacking)}, which this rank's Python "
-                                   f"({sys.executable}) does not have") if lacking else None
+        lacking = imports.lacking(needs(command, cwd))
+        if lacking:  # before a rank imports anything: a wrong Python is one line, not a crash
+            return ("missing_package", refusal(lacking)) if packages else None
+        if command[1] == "-m" and not imports.found(command[2]):  # its package is here: the module is not
+            return "not_found", f"no module {command[2]!r} for `python -m` (sys.path: the image's Python)"
+        return None
     if shutil.which(command[0], path=os.environ.get("PATH")) is None and not (cwd / command[0]).is_file():
         return "not_found", f"no command {command[0]!r} on PATH or in {cwd}"
     return None
@@ -104,12 +122,13 @@ def venv_on_path() -> None:
         os.environ["PATH"] = os.pathsep.join(p for p in (bindir, path) if p)
 
 
-def prepare(rd: RunDir, command: list[str], manifest: RunManifest, rank: int) -> int | None:
+def prepare(rd: RunDir, command: list[str], manifest: RunManifest, rank: int, packages: bool) -> int | None:
     """Before the preflight: into the program's working directory; EXIT_PROGRAM with one line (and a ledger entry)
-    when the command cannot start."""
+    when the command cannot start. ``packages``: look up the packages it imports here, where no preflight will
+    (``preflight.runs``)."""
     os.chdir(workdir(manifest))
     venv_on_path()
-    found = problem(command, Path.cwd())
+    found = problem(command, Path.cwd(), packages)
     if found is None:
         return None
     reason, why = found
