@@ -57,7 +57,7 @@ class _Run:
         self.first = step
         w = cfg["watchdog"]
         self.wd: Any = watchdog.Watchdog(rd, self.rank, self.world, self.attempt, factor=w["factor"],
-                                         floor_s=w["floor_s"], report_every_s=w["straggler_report_s"],
+                                         floor_s=w["plain_floor_s"], report_every_s=w["straggler_report_s"],
                                          on_beat=self._peer_stopped).start() if w["enabled"] else None
         if self.rank == 0:
             import atexit

@@ -91,7 +91,7 @@ def test_a_program_that_shows_runner_no_step_is_reported_as_such(tmp_path: Path)
 
 
 def test_a_stopped_rank_of_a_plain_program_is_named_as_a_hang(tmp_path: Path) -> None:
-    proc, where = start(tmp_path, "runner.watchdog.floor_s=4", EPOCHS="100", STEP_SLEEP="0.02")
+    proc, where = start(tmp_path, "runner.watchdog.plain_floor_s=4", EPOCHS="100", STEP_SLEEP="0.02")
 
     def training() -> Any:
         assert proc.poll() is None, "the run ended"

@@ -4,13 +4,28 @@ tests/test_watchdog_local.py)."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from runner import stragglers
-from runner.job.watchdog import phase, rank_hosts, summarize
+from runner import spec, stragglers
+from runner.errors import ConfigError
+from runner.job.watchdog import (
+    BEFORE_VALIDATION,
+    CHECKPOINT,
+    EPOCH_END,
+    EPOCH_START,
+    FIRST_STEP,
+    VALIDATION,
+    Watchdog,
+    allowance,
+    phase,
+    quantile,
+    rank_hosts,
+    summarize,
+)
 from runner.rundir import RunDir
 
 pytestmark = pytest.mark.unit
@@ -181,3 +196,151 @@ def test_status_ranks_shows_the_slowest_rank_and_the_last_hang(tmp_path: Path,
     assert out[1].split()[:2] == ["1", "n2"] and out[1].endswith("forward")
     assert out[-1].startswith("last hang (attempt 1, step 40): hang: rank 1 on n2")
     assert cli.main(["status", "--root", str(tmp_path), "--ranks"]) == 2
+
+
+# --- the limit: what is normal for this run ---------------------------------------------------------------------
+
+DEFAULTS = {"factor": 10, "floor_s": 5, "phase_s": 900, "first_step_s": 900}  # runner.spec.schema's watchdog
+STEADY = [0.1] * 1000
+JITTERY = [0.1 * (1 + i % 8) for i in range(1000)]  # 0.1 to 0.8 s
+SPIKY = [1.5 if i % 50 == 0 else 0.1 for i in range(1000)]  # a 1.5 s step (a log flush) every 50: 2%
+LIMITS = [
+    # (phase, step times, longest pause per phase, limit)
+    pytest.param(None, STEADY, {}, 5, id="0.1 s steps: the floor (a hang named within 15 s)"),
+    pytest.param(None, JITTERY, {}, 8.0, id="jittery steps: 10x their 99th percentile"),
+    pytest.param(None, SPIKY, {}, 15.0, id="a slow step every 50: 10x it, not 10x the median"),
+    pytest.param(None, [0.1] * 995 + [40.0] * 5, {}, 5, id="a few outliers in 1,000 do not raise it"),
+    pytest.param(None, [], {}, 5, id="the second step: no step time yet"),
+    pytest.param(FIRST_STEP, [], {}, 900, id="the first step: first_step_s"),
+    pytest.param(VALIDATION, STEADY, {}, 900, id="a first validation: phase_s"),
+    pytest.param(VALIDATION, STEADY, {VALIDATION: 20.0, CHECKPOINT: 10.0}, 200, id="validation: 10x its longest"),
+    pytest.param(CHECKPOINT, STEADY, {VALIDATION: 20.0, CHECKPOINT: 10.0}, 100, id="checkpoint: 10x its longest"),
+    pytest.param(EPOCH_END, STEADY, {VALIDATION: 20.0}, 900, id="phases are learned apart"),
+    pytest.param(CHECKPOINT, STEADY, {CHECKPOINT: 0.02}, 5, id="a fast phase: the floor"),
+    pytest.param(VALIDATION, STEADY, {VALIDATION: 300.0}, 900, id="never above phase_s"),
+    pytest.param(BEFORE_VALIDATION, STEADY, {BEFORE_VALIDATION: 0.01}, 900,
+                 id="before a validation that may not come: never learned"),
+]
+
+
+@pytest.mark.parametrize(("ph", "steps", "longest", "expected"), LIMITS)
+def test_the_limit_from_the_step_times_and_the_phases_seen(ph: str | None, steps: list[float],
+                                                           longest: dict[str, float], expected: float) -> None:
+    assert allowance(ph, steps, longest, **DEFAULTS) == pytest.approx(expected)
+
+
+def test_without_a_first_step_limit_the_first_step_waits_forever() -> None:
+    assert allowance(FIRST_STEP, [], {}, **{**DEFAULTS, "first_step_s": None}) == float("inf")
+
+
+@pytest.mark.parametrize(("values", "q", "expected"), [
+    ([3.0, 1.0, 2.0], 0.5, 2.0), ([1.0] * 99 + [9.0], 0.99, 1.0), ([1.0] * 98 + [9.0] * 2, 0.99, 9.0),
+    ([4.0], 0.99, 4.0)])
+def test_quantile_is_the_nearest_rank(values: list[float], q: float, expected: float) -> None:
+    assert quantile(values, q) == expected
+
+
+# --- the training thread's marks, replayed with their times: when is a hang named ---------------------------------
+
+def steps(t0: float, n: int, dt: float = 0.1, first: int = 0) -> list[tuple[float, str, object]]:
+    """n training steps of dt seconds from t0, numbered from ``first``: each batch starts, then its step ends."""
+    return timed(t0, [dt] * n, first)
+
+
+def timed(t0: float, durations: list[float], first: int = 0) -> list[tuple[float, str, object]]:
+    """Training steps one after the other from t0, taking ``durations`` seconds."""
+    out: list[tuple[float, str, object]] = []
+    for i, d in enumerate(durations):
+        out += [(t0, "batch", None), (t0 + d, "step", first + i)]
+        t0 += d
+    return out
+
+
+def validation(t0: float, batches: list[float]) -> list[tuple[float, str, object]]:
+    """After the batch at t0: Lightning's validation, its batches taking ``batches`` seconds each, then its end."""
+    out: list[tuple[float, str, object]] = [(t0, "enter", BEFORE_VALIDATION), (t0 + 0.3, "enter", VALIDATION)]
+    t = t0 + 0.3
+    for b in batches:
+        t += b
+        out.append((t, "enter", VALIDATION))
+    return [*out, (t + 0.1, "leave", None)]
+
+
+def first_hang(tmp_path: Path, events: list[tuple[float, str, object]], until_s: float) -> float | None:
+    """Replays ``events`` (seconds after the watchdog's start) into a real Watchdog (its thread not started) and
+    asks it every 0.1 s, as its thread does, whether this is a hang: the first time it is, or None until
+    ``until_s``."""
+    wd = Watchdog(RunDir(tmp_path), 0, 1, 1, factor=10, floor_s=5, first_step_s=900, phase_s=900)
+    t0 = time.monotonic()  # the first step's clock started at the construction, microseconds before
+    calls = {"batch": lambda t, _: wd.batch_start(t), "step": lambda t, step: wd.beat(step, t),
+             "enter": lambda t, ph: wd.enter(ph, t), "leave": lambda t, _: wd.leave(t)}
+    pending = sorted(events, key=lambda e: e[0])
+    for tick in range(int(until_s * 10) + 1):
+        now = tick / 10
+        while pending and pending[0][0] <= now:
+            t, kind, arg = pending.pop(0)
+            calls[kind](t0 + t, arg)
+        if wd.overdue(t0 + now):
+            return now
+    return None
+
+
+RUN = steps(0.0, 1, 30.0) + steps(30.0, 200, first=1)  # a 30 s first step (start-up, compiling), then 0.1 s steps
+END = RUN[-1][0]  # the last of RUN's steps: 50 s
+JITTER = [0.5, 0.5, 2.0] * 100  # seconds per step
+TIMELINES = [
+    # (events, checked until, the first moment a hang is named: None for no hang)
+    pytest.param(RUN, END + 60, END + 5.1, id="0.1 s steps stop: named 5 s after the last one"),
+    pytest.param([*RUN, *validation(END, [20.0]), *steps(END + 20.5, 100, first=201),
+                  (END + 30.5, "enter", CHECKPOINT), *steps(END + 40.5, 100, first=301)], END + 55.0, None,
+                 id="a 20 s validation and a 10 s checkpoint: no hang"),
+    pytest.param([*RUN, *validation(END, [20.0]), *steps(END + 20.5, 100, first=201),
+                  *validation(END + 30.5, [35.0]), *steps(END + 66.0, 10, first=301)], END + 71.0, None,
+                 id="a second validation longer than the first, within 10x: no hang"),
+    pytest.param([*RUN, *validation(END, [20.0]), *steps(END + 20.5, 100, first=201),
+                  *validation(END + 30.5, [250.0])], END + 400, END + 30.8 + 200, id="... and past 10x the first"),
+    pytest.param([*RUN, *validation(END, [20.0])], END + 60, END + 20.4 + 5.1,
+                 id="a step stalled right after a validation ends: the step limit again"),
+    pytest.param([*RUN, (END, "enter", CHECKPOINT), (END + 10, "batch", None)], END + 60, END + 10 + 5.1,
+                 id="a step stalled after a checkpoint: its phase ends when the next batch starts"),
+    pytest.param([*RUN, (END, "enter", EPOCH_END), (END + 12, "enter", EPOCH_START),
+                  *steps(END + 40, 10, first=201)], END + 45.0, None,
+                 id="an epoch's end and the next loader's start, first seen: phase_s"),
+    pytest.param([(10.0, "enter", VALIDATION), (60.0, "leave", None)], 1000, 900.1,
+                 id="no first step: first_step_s, whatever is marked before it"),
+    pytest.param(steps(0.0, 1, 800.0) + steps(800.0, 10, first=1), 820, 801.0 + 5.1,
+                 id="a first step in 800 s: no hang"),
+    pytest.param(timed(0.0, JITTER), 300 + 30, 300 + 20.1,
+                 id="jittery steps (0.5 s, 2 s every third): 10x the slow ones, no false alarm"),
+]
+
+
+@pytest.mark.parametrize(("events", "until_s", "named_at"), TIMELINES)
+def test_when_a_hang_is_named(tmp_path: Path, events: list[tuple[float, str, object]], until_s: float,
+                              named_at: float | None) -> None:
+    got = first_hang(tmp_path, events, until_s)
+    assert got == (None if named_at is None else pytest.approx(named_at, abs=0.11))
+
+
+def test_the_peers_of_a_stopped_rank_waiting_in_a_collective_are_named_by_the_step_limit(tmp_path: Path) -> None:
+    """A stopped rank's peer blocks in the next step's collective after its batch started: no phase is marked there
+    (only the markers make a pause legitimate, never what the stack shows), so the step limit names it, even right
+    after a checkpoint."""
+    events = [*RUN, (END, "enter", CHECKPOINT), (END + 0.2, "batch", None)]
+    assert first_hang(tmp_path, events, END + 30) == pytest.approx(END + 0.2 + 5.1, abs=0.11)
+
+
+@pytest.mark.parametrize(("override", "key"), [("watchdog.phase_s=0", "watchdog.phase_s"),
+                                               ("watchdog.plain_floor_s=-1", "watchdog.plain_floor_s"),
+                                               ("watchdog.floor_s=0.5", "watchdog.floor_s"),
+                                               ("watchdog.phase_s=soon", "watchdog.phase_s")])
+def test_the_watchdog_settings_are_checked_in_one_line(override: str, key: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        spec.load(Path(__file__).resolve().parents[1] / "conf" / "quickstart.yaml", [override])
+    [line] = [p for p in err.value.problems if f": {key}: " in p]
+    assert "\n" not in line
+
+
+def test_the_watchdog_defaults() -> None:
+    w = spec.load(Path(__file__).resolve().parents[1] / "conf" / "quickstart.yaml", []).data["watchdog"]
+    assert (w["floor_s"], w["factor"], w["phase_s"], w["first_step_s"], w["plain_floor_s"]) == (5, 10, 900, 900, 30)

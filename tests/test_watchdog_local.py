@@ -1,5 +1,5 @@
-"""The hang watchdog's thread with real processes that really stop advancing (the local tier; the analysis as tables:
-tests/test_watchdog.py)."""
+"""The hang watchdog's thread with real processes that really stop advancing, and real Lightning runs of runner's
+whose phases it learns (the local tier; the analysis and the limit as tables: tests/test_watchdog.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from runner.rundir import EXIT_HANG, RunDir, read_json
+from tests import test_local_lifecycle as lifecycle
 from tests.waiting import until
 
 pytestmark = pytest.mark.local
@@ -117,3 +118,70 @@ def test_a_slow_rank_is_reported_once_by_rank_0(tmp_path: Path) -> None:
     assert events[0]["compute_x"] > 3
     latest = json.loads((rd.root / "stragglers.json").read_text())["ranks"]
     assert latest[0]["rank"] == 2
+
+
+def test_a_stopped_rank_of_a_run_of_0_1_s_steps_is_named_within_15_s(tmp_path: Path) -> None:
+    """Two ranks of runner's own Trainer (gloo DDP, a real all-reduce per step), 0.1 s steps, the default watchdog:
+    rank 1 SIGSTOPped; rank 0 waits in its next step's collective, where no phase is marked, and its step limit
+    (the 5 s floor: 10x its 0.1 s steps is less) names rank 1 not responding, with hang.json, within 15 s of the last
+    step. Stopped after the first checkpoints: a checkpoint's own allowance is learned by then."""
+    proc, run = lifecycle.submit(tmp_path, "model.step_time_s=0.1", "trainer.max_steps=100000",
+                                 "data.num_samples=100000")  # no epoch's end (its first occurrence) before the stop
+    rd = RunDir(run)
+    lifecycle.wait_for(run / "checkpoints" / "step-0000020" / "COMPLETE", proc)
+    pid = lifecycle.owner(run, 1)["ranks"][1]
+    try:
+        os.kill(pid, signal.SIGSTOP)
+        stopped = time.time()
+        until("hang.json", rd.hang.exists, 60)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if Path(f"/proc/{pid}").exists():
+            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == EXIT_HANG, out
+    hang = json.loads(rd.hang.read_text())
+    assert [(s["rank"], s["state"]) for s in hang["suspects"]] == [(1, "not responding")], hang
+    report = rd.hang_report(1, 0)
+    waited = json.loads(report.read_text())
+    last_step = report.stat().st_mtime - waited["stalled_s"]  # rank 0's: the report is written when it fires
+    assert (waited["during"], waited["limit_s"]) == (None, 5.0), waited
+    print(f"SIGSTOP -> hang.json {hang['time'] - stopped:.1f} s; rank 0's last step -> hang.json "
+          f"{hang['time'] - last_step:.1f} s (it fired {waited['stalled_s']} s after it)")
+    assert hang["time"] - last_step < 15 and hang["time"] - stopped < 15
+
+
+SLOW_PHASES = """
+import time
+
+from runner.dev.example import TinyRegressor
+
+
+class SlowPhases(TinyRegressor):
+    \"\"\"A validation of 20 s (its one batch) and checkpoints of 10 s (the module's own on_save_checkpoint).\"\"\"
+
+    def validation_step(self, batch, batch_idx):
+        time.sleep(20)
+        return super().validation_step(batch, batch_idx)
+
+    def on_save_checkpoint(self, checkpoint):
+        time.sleep(10)
+"""
+
+
+def test_a_20_s_validation_and_a_10_s_checkpoint_are_no_hang(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default watchdog (a 5 s floor, 0.1 s steps): two epochs of 20 steps, each ending in a validation of 20 s,
+    and runner's checkpoints every 15 steps each taking 10 s, train to the end; no hang.json, exit 0."""
+    (tmp_path / "slowphases.py").write_text(SLOW_PHASES)
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    proc, run = lifecycle.submit(tmp_path / "runs", "model._target_=slowphases.SlowPhases", "model.step_time_s=0.1",
+                                 "trainer.max_steps=40", "data.num_samples=320", "trainer.limit_val_batches=1",
+                                 "checkpoint.every_n_steps=15")
+    out, _ = proc.communicate(timeout=400)
+    rd = RunDir(run)
+    assert proc.returncode == 0, out
+    assert not rd.hang.exists() and rd.finished.exists()
+    logs = rd.rank_log(0).read_text()
+    assert "no progress for" not in logs and logs.count("checkpoint step-") >= 2, logs

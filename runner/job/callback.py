@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import lightning as L
@@ -39,8 +40,12 @@ log = logging.getLogger("runner.job.callback")
 
 
 class Pulse(L.Callback):
-    """The Lightning callback that feeds the watchdog from the training thread (timestamps only, no I/O). Here, not
-    in ``runner.job.watchdog``: the watchdog needs no Lightning (a plain program's ``runner.progress`` feeds it)."""
+    """The Lightning callback that feeds the watchdog from the training thread (timestamps only, no I/O): the steps,
+    and the phases in which a long pause is no hang (``watchdog.MARKED``). Here, not in ``runner.job.watchdog``:
+    the watchdog needs no Lightning (a plain program's ``runner.progress`` feeds it).
+
+    Lightning calls runner's callback before the program's own hooks of the same name (and before its checkpoint
+    callbacks), so a phase is marked before the program's slow part of it runs."""
 
     def __init__(self, wd: watchdog.Watchdog) -> None:
         self.wd = wd
@@ -51,12 +56,33 @@ class Pulse(L.Callback):
     def on_before_backward(self, trainer: L.Trainer, *args: Any) -> None:
         self.wd.before_backward()
 
-    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
         self.wd.beat(trainer.global_step)
+        # The validation loader starts before on_validation_start. Asked only at a batch where Lightning may validate
+        # or end the epoch: the question costs 9 us, a step's other hooks together ~25.
+        every = trainer.val_check_batch
+        if (every is None or (batch_idx + 1) % every == 0 or batch_idx + 1 >= trainer.num_training_batches) \
+                and internals.epoch_end_follows(trainer):
+            self.wd.enter(watchdog.BEFORE_VALIDATION)
+
+    def on_validation_start(self, trainer: L.Trainer, *args: Any) -> None:
+        self.wd.enter(watchdog.VALIDATION)
 
     def on_validation_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-        self.wd.busy(True)  # validation is progress too: restart the stall clock
-        self.wd.busy(False)
+        self.wd.enter(watchdog.VALIDATION)  # progress within the validation: its clock restarts
+
+    def on_validation_end(self, trainer: L.Trainer, *args: Any) -> None:
+        self.wd.leave()
+
+    def on_save_checkpoint(self, trainer: L.Trainer, *args: Any) -> None:
+        self.wd.enter(watchdog.CHECKPOINT)  # the program's (ModelCheckpoint's) save, before its own hook runs
+
+    def on_train_epoch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        self.wd.enter(watchdog.EPOCH_END)
+
+    def on_train_epoch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        self.wd.enter(watchdog.EPOCH_START)
 
     def on_train_end(self, trainer: L.Trainer, *args: Any) -> None:
         self.wd.stop()
@@ -144,8 +170,10 @@ class Guarantees:
         self.checkpoint = RunnerCheckpoint(rd, cfg, cfg_hash, flag, attempt, self.guard, job)
         w = cfg["watchdog"]
         self.watchdog = watchdog.Watchdog(rd, rank, world, attempt, factor=w["factor"], floor_s=w["floor_s"],
-                                          report_every_s=w["straggler_report_s"],
-                                          first_step_s=w["first_step_s"]) if w["enabled"] else None
+                                          report_every_s=w["straggler_report_s"], first_step_s=w["first_step_s"],
+                                          phase_s=w["phase_s"]) if w["enabled"] else None
+        if self.watchdog:  # runner's own save waits for the previous write before Lightning's hooks run
+            self.checkpoint.saving = partial(self.watchdog.enter, watchdog.CHECKPOINT)
         pulse = [Pulse(self.watchdog)] if self.watchdog else []
         self.honesty = Honesty(rd, configured_batch, rank, world, cfg["checkpoint"]["exact_resume"],
                                moved=lambda: self.checkpoint.moved, replayed=lambda: self.checkpoint.replayed)
@@ -174,16 +202,17 @@ class Guarantees:
             # (``meta.pt`` beside the shards) into this world size, resharding when it differs from the writer's.
             ckpt = str(last[1]) if checkpoint.is_sharded(last[1]) else str(checkpoint.CheckpointDir.model(last[1]))
             newest = checkpoint.latest(self.rd.checkpoints, self.cfg_hash, self.cfg["resume"]["force"])
-            passed_over = newest[0] if newest and newest[0] > last[0] and checkpoint.passed_over(newest[1]) \
-                else None
+            passed_over = newest[0] if newest and newest[0] > last[0] and \
+                checkpoint.passed_over(newest[1], self.world) else None
             self.checkpoint.resuming(last[1])
             self.honesty.resuming(last[1], passed_over)
             log.info("resuming from %s (step %d)%s%s", last[1], last[0],
                      f" instead of the program's ckpt_path {asked}" if asked else "",
-                     f", the epoch's start: the loader cannot be positioned at step {passed_over}, mid-epoch"
+                     f", the epoch's start: the loader cannot be positioned at step {passed_over}, mid-epoch, on "
+                     f"{self.world} ranks"
                      if passed_over is not None else "")
         elif self.cfg["resume"]["enabled"] and (newest := checkpoint.latest(self.rd.checkpoints, self.cfg_hash)) \
-                and checkpoint.passed_over(newest[1]):
+                and checkpoint.passed_over(newest[1], self.world):
             log.info("starting from the beginning: the newest checkpoint (step %d) is mid-epoch, where the loader "
                      "cannot be positioned, and none is at an epoch's end", newest[0])
         if self.watchdog:

@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +107,7 @@ class RunnerCheckpoint(L.Callback):
         # reaches its end without Lightning starting to train, and the `finished` marker still needs them.
         self.t_start = time.time()
         self.base_productive = 0.0
+        self.saving: Callable[[], None] | None = None  # told at each save's start (the watchdog's checkpoint phase)
 
     def resuming(self, path: Path) -> None:
         """Before ``fit``: training continues from this checkpoint."""
@@ -203,8 +205,10 @@ class RunnerCheckpoint(L.Callback):
         if self.guard is not None and self.guard.tripped_at is not None:
             return  # a non-finite step: training stops here, and nothing of this step is saved
         stop = stop or self.deferred_stop
+        # At each epoch's end too for a loader positioned mid-epoch only on its own layout, or not at all: a resume
+        # that cannot continue its newest checkpoint mid-epoch (on another world size) goes back to this one.
         due = step != self.last_saved and (step % self.every == 0 or stop or self.deferred or (
-            self.position == honesty.EPOCH_START and internals.epoch_batches_done(trainer)[1]))
+            self.position in (honesty.EPOCH_START, honesty.REPLAYED) and internals.epoch_batches_done(trainer)[1]))
         if (due or stop) and trainer.strategy.reduce_boolean_decision(internals.epoch_end_follows(trainer),
                                                                       all=False):
             # Written after the validation or the epoch's end that follows this batch (Lightning's restart would
@@ -245,6 +249,8 @@ class RunnerCheckpoint(L.Callback):
         """Checkpoint ``step``, taken after ``batches`` batches of this epoch (per rank); ``mid_epoch``: whether the
         epoch goes on after it (None: unless ``batches`` is the epoch's length)."""
         root, rank, world = self.rd.checkpoints, trainer.global_rank, trainer.world_size
+        if self.saving is not None:
+            self.saving()
         if mid_epoch is None:
             mid_epoch = batches != trainer.num_training_batches
         self.writer.wait()  # never two writes in flight

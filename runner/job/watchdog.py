@@ -1,9 +1,19 @@
 """The hang watchdog: every rank notices when training stops advancing, and the job names who is stuck where.
 
-Each rank runs one daemon thread (off the training thread; the training thread only stores its step number).
-The thread rewrites the rank's heartbeat file every ``interval`` seconds, so a rank that stops beating (SIGSTOP,
-a dead node, a process holding the GIL in C code) is seen by the others. When this rank's step has not advanced
-for ``max(factor x median step time, floor)`` seconds, the thread
+Each rank runs one daemon thread (off the training thread; the training thread only stores its step number, and
+timestamps with the name of a phase where a long pause is legitimate). The thread rewrites the rank's heartbeat file
+every ``interval`` seconds, so a rank that stops beating (SIGSTOP, a dead node, a process holding the GIL in C code)
+is seen by the others. It learns what is normal for this run (``allowance``):
+
+- between two steps: ``max(factor x the 99th percentile of the last 1,000 step times, floor)``; a run of 0.1 s
+  steps is named within ``floor`` (5 s) and the few seconds the reports take, not after a fixed half minute;
+- in a phase the training thread marked (``PHASES``: the first step, a validation, a checkpoint, an epoch's end and
+  the next epoch's data loader start): ``factor x`` the longest pause of the same phase earlier in this run, at
+  least ``floor``, at most ``phase_s``; a phase's first occurrence gets ``phase_s`` (the first step
+  ``first_step_s``). The step clock restarts when the phase ends.
+
+Only the markers make a pause legitimate, never what the stack shows: the peers of a stopped rank wait in a
+collective with their steps stopped too, and that must be named. When the limit is passed, the thread
 
 1. writes where this rank's main thread is (its Python stack, and the phase that stack means: in a collective,
    in the data loader, in backward, ...) to ``hangs/attempt-N/rank-XXXXX.json``;
@@ -21,6 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import socket
 import statistics
@@ -63,6 +74,40 @@ PHASES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("optimizer", ("torch/optim/", "optimizer_step")),
     ("forward", (":forward", ":training_step")),
 )
+
+
+# The phases in which a long pause is no hang, as the training thread marks them (``Watchdog.enter``): the Lightning
+# callback (runner.job.callback.Pulse) and runner's checkpoint (RunnerCheckpoint.save). A plain program marks none.
+FIRST_STEP = "first step"  # from the watchdog's start (a fit's) to the first step: ``first_step_s``
+BEFORE_VALIDATION = "before validation"  # after a batch Lightning validates or ends the epoch after (loader start)
+VALIDATION = "validation"  # on_validation_start to on_validation_end; each validation batch restarts its clock
+CHECKPOINT = "checkpoint"  # runner's or the program's save, until the next batch starts
+EPOCH_END = "epoch end"  # on_train_epoch_end (the program's epoch-end work) until the next epoch starts
+EPOCH_START = "epoch start"  # on_train_epoch_start until the epoch's first batch (the train loader's restart)
+MARKED = (FIRST_STEP, BEFORE_VALIDATION, VALIDATION, CHECKPOINT, EPOCH_END, EPOCH_START)
+# Never learned: the first step happens once, and what follows "before validation" may be no validation at all.
+UNLEARNED = frozenset({FIRST_STEP, BEFORE_VALIDATION})
+QUANTILE = 0.99  # of the step times: a rare slow step (a log flush, a GC pause) raises the limit, one outlier not
+STEPS_KEPT = 1000
+CHECK_S = 0.5  # how often the thread compares the clock with the limit (memory only; files every ``interval``)
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """The nearest-rank quantile: the smallest value at least ``q`` of ``values`` are at or below."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def allowance(phase: str | None, steps: Sequence[float], longest: Mapping[str, float], *, factor: float,
+              floor_s: float, phase_s: float, first_step_s: float | None) -> float:
+    """Seconds without progress that make a hang: between two steps (``phase`` None) from this run's step times
+    ``steps``; in a marked phase from ``longest`` (phase -> the longest pause of its earlier occurrences)."""
+    if phase == FIRST_STEP:
+        return first_step_s if first_step_s is not None else math.inf
+    if phase is not None:
+        seen = None if phase in UNLEARNED else longest.get(phase)
+        return phase_s if seen is None else min(max(factor * seen, floor_s), phase_s)
+    return max(factor * quantile(steps, QUANTILE), floor_s) if steps else floor_s
 
 
 def phase(frames: Sequence[str]) -> str:
@@ -126,25 +171,31 @@ def _frames(thread_id: int) -> list[str]:
 
 
 class Watchdog:
-    """One per rank. ``beat(step)`` from the training thread; everything else happens on the watchdog thread."""
+    """One per rank. ``beat(step)`` and the phase markers from the training thread; everything else happens on the
+    watchdog thread."""
 
     def __init__(self, rd: RunDir, rank: int, world: int, attempt: int, *, factor: float, floor_s: float,
                  interval_s: float = 2.0, report_every_s: float = 30.0, first_step_s: float | None = None,
-                 exit: Any = os._exit, on_beat: Callable[[], None] | None = None) -> None:
+                 phase_s: float = 900.0, exit: Any = os._exit, on_beat: Callable[[], None] | None = None) -> None:
         self.rd, self.rank, self.world, self.attempt = rd, rank, world, attempt
         self.factor, self.floor_s, self.interval_s = factor, floor_s, interval_s
         self.first_step_s = first_step_s  # the longest wait for the first step once armed (None: no limit)
+        self.phase_s = phase_s  # a marked phase's allowance at its first occurrence, and at most
         self._exit = exit
         self._on_beat = on_beat  # also run on the thread at every beat (a plain program's peers' non-finite stop)
         self._step = -1
-        self._advanced = time.monotonic()
-        # The last 50 of each, appended by the training thread; the watchdog thread reads them whole (sorted() and
-        # len() of a deque run under the GIL without yielding it).
-        self._durations: deque[float] = deque(maxlen=50)
+        # (the marked phase the training thread is in, None between steps; when it last progressed): one tuple, so
+        # the watchdog thread reads both at once.
+        self._at: tuple[str | None, float] = (FIRST_STEP, time.monotonic())
+        self._gap = 0.0  # the longest pause so far of the phase occurrence in progress
+        self._longest: dict[str, float] = {}  # phase -> the longest pause of its earlier occurrences
+        # Appended by the training thread; the watchdog thread reads them whole (sorted(), list() and len() of a
+        # deque run under the GIL without yielding it).
+        self._steps: deque[float] = deque(maxlen=STEPS_KEPT)  # seconds between two steps, outside marked phases
         self._compute: deque[float] = deque(maxlen=50)  # this rank's own time per step: batch start to backward
         self._data: deque[float] = deque(maxlen=50)  # its wait for data: previous batch end to this batch start
         self._batch_start = self._batch_end = 0.0
-        self._busy = 0  # >0 while a long, legitimate pause runs (a checkpoint write): no hang then
+        self._busy = 0  # >0 while a pause of its own runs (a plain program waiting for its peers' NaN stop)
         self.report_every_s = report_every_s
         self._flagged: dict[int, int] = {}  # rank -> consecutive reports that found it slow
         self._reported: set[int] = set()
@@ -163,21 +214,24 @@ class Watchdog:
         if self._thread.ident is not None:
             self._stop = threading.Event()
             self._thread = threading.Thread(target=self._run, args=(self._stop,), name="runner-watchdog", daemon=True)
-        self._advanced = time.monotonic()  # the first step's clock starts here
+        self._at, self._gap = (FIRST_STEP, time.monotonic()), 0.0  # the first step's clock starts here
         self._thread.start()
         return self
 
     def stop(self) -> None:
         self._stop.set()
 
-    def beat(self, step: int) -> None:
-        """Called by the training thread at every step: a few assignments, no I/O."""
-        now = time.monotonic()
+    def beat(self, step: int, now: float | None = None) -> None:
+        """Called by the training thread at every step: a few assignments, no I/O. A step ends any phase."""
+        now = time.monotonic() if now is None else now
         self._batch_end = now
         if step != self._step:
-            if self._step >= 0:
-                self._durations.append(now - self._advanced)
-            self._step, self._advanced = step, now
+            ph, since = self._at
+            if ph is None:
+                self._steps.append(now - since)
+            else:
+                self._close(ph, since, now)
+            self._step, self._at = step, (None, now)
 
     def stepped(self, step: int) -> float:
         """A plain program's one call per step (``runner.progress``): ``beat`` where no hook marks the batch's start
@@ -185,59 +239,106 @@ class Watchdog:
         counted). Returns the time it read."""
         now = time.monotonic()
         if step != self._step:
-            if self._step >= 0:
-                self._durations.append(now - self._advanced)
-                self._compute.append(now - self._advanced)
+            ph, since = self._at
+            if ph is None:
+                self._steps.append(now - since)
+                self._compute.append(now - since)
                 self._data.append(0.0)
-            self._step, self._advanced = step, now
+            else:
+                self._close(ph, since, now)
+            self._step, self._at = step, (None, now)
         self._batch_end = now
         return now
 
-    def batch_start(self) -> None:
-        now = time.monotonic()
+    def batch_start(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
         if self._batch_end:
             self._data.append(now - self._batch_end)
         self._batch_start = now
+        ph = self._at[0]
+        if ph is not None and ph != FIRST_STEP:  # a checkpoint, an epoch's end or start: over once a batch starts
+            self._close(ph, self._at[1], now)
+            self._at = (None, now)
 
     def before_backward(self) -> None:
         if self._batch_start:
             self._compute.append(time.monotonic() - self._batch_start)
 
+    def enter(self, ph: str, now: float | None = None) -> None:
+        """The training thread enters a phase in which a long pause is legitimate (``MARKED``); the same phase
+        again is progress within it (a validation batch). Before the first step, nothing: ``first_step_s`` holds."""
+        now = time.monotonic() if now is None else now
+        current, since = self._at
+        if current == FIRST_STEP:
+            return
+        if current == ph:
+            self._gap = max(self._gap, now - since)
+        elif current is not None:
+            self._close(current, since, now)
+        self._at = (ph, now)
+
+    def leave(self, now: float | None = None) -> None:
+        """The phase is over (a validation's end): the step clock restarts."""
+        now = time.monotonic() if now is None else now
+        current, since = self._at
+        if current is not None and current != FIRST_STEP:
+            self._close(current, since, now)
+            self._at = (None, now)
+
+    def _close(self, ph: str, since: float, now: float) -> None:
+        """End an occurrence of ``ph``: its longest pause is what the next occurrence is measured by."""
+        if ph not in UNLEARNED:
+            self._longest[ph] = max(self._longest.get(ph, 0.0), self._gap, now - since)
+        self._gap = 0.0
+
     def busy(self, on: bool) -> None:
-        """Around a long pause that is not a hang (a checkpoint write); the stall clock restarts after it."""
+        """Around a long pause that is not a hang (a plain program waiting for its peers to stop); the stall clock
+        restarts after it."""
         self._busy += 1 if on else -1
-        self._advanced = time.monotonic()
+        self._at = (self._at[0], time.monotonic())
 
     def limit(self) -> float:
-        """Seconds without a step that make a hang: factor x the median step time, at least the floor; before the
-        first step, ``first_step_s``."""
-        if self._step < 0:
-            return self.first_step_s if self.first_step_s is not None else float("inf")
-        median = statistics.median(self._durations) if self._durations else 0.0
-        return max(self.factor * median, self.floor_s)
+        """Seconds without progress that make a hang, in the phase the training thread is in now."""
+        return self._allowance(self._at[0])
+
+    def _allowance(self, ph: str | None) -> float:
+        return allowance(ph, list(self._steps), self._longest, factor=self.factor, floor_s=self.floor_s,
+                         phase_s=self.phase_s, first_step_s=self.first_step_s)
+
+    def overdue(self, now: float) -> tuple[float, float] | None:
+        """(seconds without progress, the limit) once they make a hang; None while they do not."""
+        ph, since = self._at
+        stalled, lim = now - since, self._allowance(ph)
+        return (stalled, lim) if stalled > lim and not self._busy else None
 
     def _heartbeat(self) -> None:
+        recent = list(self._steps)[-50:]
         atomic_write(self.rd.heartbeat(self.rank),
                      json.dumps({"rank": self.rank, "host": self.host, "pid": os.getpid(), "step": self._step,
                                  "time": time.time(), "attempt": self.attempt,
-                                 "step_s": _median(self._durations), "compute_s": _median(self._compute),
+                                 "step_s": _median(recent), "compute_s": _median(self._compute),
                                  "data_s": _median(self._data)}))
 
     def _run(self, stop: threading.Event) -> None:
-        next_report = time.monotonic() + self.report_every_s
-        while not stop.wait(self.interval_s):
-            try:
-                self._heartbeat()
-                if self.rank == 0 and time.monotonic() >= next_report:
-                    next_report = time.monotonic() + self.report_every_s
-                    self._report_stragglers()
-            except OSError as e:  # a full or flaky shared filesystem must not stop training
-                log.warning("heartbeat not written: %s", e)
-            if self._on_beat is not None:
-                self._on_beat()
-            # Another rank's hang report asks this one for its own, busy or not: a rank slow to notice on its
-            # own clock would otherwise be named as not responding.
-            if (not self._busy and time.monotonic() - self._advanced > self.limit()) or self.request.exists():
+        next_beat = time.monotonic()
+        next_report = next_beat + self.report_every_s
+        requested = False
+        while not stop.wait(min(self.interval_s, CHECK_S)):
+            if time.monotonic() >= next_beat:
+                next_beat = time.monotonic() + self.interval_s
+                try:
+                    self._heartbeat()
+                    if self.rank == 0 and time.monotonic() >= next_report:
+                        next_report = time.monotonic() + self.report_every_s
+                        self._report_stragglers()
+                except OSError as e:  # a full or flaky shared filesystem must not stop training
+                    log.warning("heartbeat not written: %s", e)
+                if self._on_beat is not None:
+                    self._on_beat()
+                # Another rank's hang report asks this one for its own, busy or not: a rank slow to notice on its
+                # own clock would otherwise be named as not responding.
+                requested = self.request.exists()
+            if requested or self.overdue(time.monotonic()):
                 self._fire()
                 return
 
@@ -262,11 +363,13 @@ class Watchdog:
 
     def _fire(self) -> None:
         frames = _frames(self._main)
+        during, since = self._at
         report = {"rank": self.rank, "host": self.host, "step": self._step, "phase": phase(frames),
                   "where": innermost_user_frame(frames) or (frames[-1] if frames else None),
-                  "stack": frames[-25:], "stalled_s": round(time.monotonic() - self._advanced, 1)}
-        log.error("no step for %.0f s (limit %.0f s) at step %d; this rank is in %s", report["stalled_s"],
-                  self.limit(), self._step, report["phase"])
+                  "stack": frames[-25:], "stalled_s": round(time.monotonic() - since, 1), "during": during,
+                  "limit_s": None if math.isinf(lim := self._allowance(during)) else round(lim, 1)}
+        log.error("no progress for %.0f s (limit %.0f s%s) at step %d; this rank is in %s", report["stalled_s"],
+                  lim, f", in its {during}" if during else "", self._step, report["phase"])
         try:
             atomic_write(self.rd.hang_report(self.attempt, self.rank), json.dumps(report, indent=1))
             self.request.touch()

@@ -201,9 +201,12 @@ SCHEMA: dict[str, Any] = {
     "watchdog": {
         "enabled": _f(bool, True),
         "factor": _f((int, float), 10, min=2),
-        "floor_s": _f((int, float), 30, min=1),
+        # The shortest step limit: a hang is named within it and a few seconds (the reports) of the last step.
+        "floor_s": _f((int, float), 5, min=1),
         "straggler_report_s": _f((int, float), 30, min=1),
         "first_step_s": _f((int, float), 900, min=1),  # from the start of fit to the first step (a hung loader)
+        "phase_s": _f((int, float), 900, min=1),  # a validation's, checkpoint's, epoch end's pause: first time, at most
+        "plain_floor_s": _f((int, float), 30, min=1),  # floor_s of a plain program: runner sees none of its phases
     },
     "alerts": {
         "enabled": _f(bool, True),

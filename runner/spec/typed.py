@@ -128,6 +128,8 @@ class Watchdog(TypedDict):
     floor_s: float
     straggler_report_s: float
     first_step_s: float
+    phase_s: float
+    plain_floor_s: float
 
 
 class Preflight(TypedDict):
