@@ -154,6 +154,7 @@ def test_a_stopped_rank_of_a_run_of_0_1_s_steps_is_named_within_15_s(tmp_path: P
 
 
 SLOW_PHASES = """
+import os
 import time
 
 from runner.dev.example import TinyRegressor
@@ -163,21 +164,30 @@ class SlowPhases(TinyRegressor):
     \"\"\"A validation of 20 s (its one batch) and checkpoints of 10 s (the module's own on_save_checkpoint).\"\"\"
 
     def validation_step(self, batch, batch_idx):
+        self.said("validation")
         time.sleep(20)
         return super().validation_step(batch, batch_idx)
 
     def on_save_checkpoint(self, checkpoint):
+        self.said("checkpoint")
         time.sleep(10)
+
+    def said(self, what):
+        with open(os.environ["SLOW_PHASES_LOG"], "a") as f:
+            f.write(what + "\\n")
 """
 
 
 def test_a_20_s_validation_and_a_10_s_checkpoint_are_no_hang(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The default watchdog (a 5 s floor, 0.1 s steps): two epochs of 20 steps, each ending in a validation of 20 s,
-    and runner's checkpoints every 15 steps each taking 10 s, train to the end; no hang.json, exit 0."""
+    """The default watchdog (a 5 s floor, 0.1 s steps): two epochs of 20 steps (40 batches: 2 accumulated per step),
+    each ending in a validation of 20 s, and runner's checkpoints every 15 steps (at 15 and 30), each taking 10 s
+    (the second of each measured by the first), train to the end: no hang.json, exit 0. With the phase markers taken
+    out of runner's callback, the first validation is named a hang 5 s into it (tried by hand)."""
     (tmp_path / "slowphases.py").write_text(SLOW_PHASES)
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.setenv("SLOW_PHASES_LOG", str(tmp_path / "phases.log"))
     proc, run = lifecycle.submit(tmp_path / "runs", "model._target_=slowphases.SlowPhases", "model.step_time_s=0.1",
-                                 "trainer.max_steps=40", "data.num_samples=320", "trainer.limit_val_batches=1",
+                                 "trainer.max_steps=40", "data.num_samples=1280", "trainer.limit_val_batches=1",
                                  "checkpoint.every_n_steps=15")
     out, _ = proc.communicate(timeout=400)
     rd = RunDir(run)
@@ -185,3 +195,5 @@ def test_a_20_s_validation_and_a_10_s_checkpoint_are_no_hang(tmp_path: Path, mon
     assert not rd.hang.exists() and rd.finished.exists()
     logs = rd.rank_log(0).read_text()
     assert "no progress for" not in logs and logs.count("checkpoint step-") >= 2, logs
+    seen = (tmp_path / "phases.log").read_text().split()  # what the program's own hooks did, on each rank
+    assert (seen.count("validation"), seen.count("checkpoint")) == (4, 4), seen  # 2 of each, on 2 ranks

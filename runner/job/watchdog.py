@@ -7,7 +7,7 @@ is seen by the others. It learns what is normal for this run (``allowance``):
 
 - between two steps: ``max(factor x the 99th percentile of the last 1,000 step times, floor)``; a run of 0.1 s
   steps is named within ``floor`` (5 s) and the few seconds the reports take, not after a fixed half minute;
-- in a phase the training thread marked (``PHASES``: the first step, a validation, a checkpoint, an epoch's end and
+- in a phase the training thread marked (``MARKED``: the first step, a validation, a checkpoint, an epoch's end and
   the next epoch's data loader start): ``factor x`` the longest pause of the same phase earlier in this run, at
   least ``floor``, at most ``phase_s``; a phase's first occurrence gets ``phase_s`` (the first step
   ``first_step_s``). The step clock restarts when the phase ends.
@@ -24,7 +24,8 @@ collective with their steps stopped too, and that must be named. When the limit 
 3. exits the process with ``EXIT_HANG``: srun's ``--kill-on-bad-exit`` then ends the step, stopped ranks
    included, and the batch script's exit hook records cause ``hang`` with that summary.
 
-The analysis (``phase``, ``summarize``) is pure and tested as a table; the thread is tested with real processes.
+The analysis (``phase``, ``summarize``) and the limit (``allowance``) are pure and tested as tables, the training
+thread's marks replayed with their times into a real ``Watchdog``; the thread is tested with real processes.
 """
 
 from __future__ import annotations
