@@ -171,6 +171,8 @@ def test_spare_nodes_allocate_more_and_each_step_trains_on_num_nodes() -> None:
     assert "#SBATCH --nodes=6" in spare and "#SBATCH --no-kill" in spare
     srun = next(line.strip() for line in spare if " srun --kill" in line)
     assert ' srun --kill-on-bad-exit=1 --nodes=4 --ntasks=32 --nodelist="$RUNNER_STEP_NODES" apptainer ' in srun
+    both = artifacts(["slurm.spare_nodes=1", "resume.in_job=true"])["job.sbatch"]
+    assert ' srun --kill-on-bad-exit=1 --nodes=4 --ntasks=32 --overlap --nodelist="$RUNNER_STEP_NODES" ' in both
     assert "--nodelist" not in next(line for line in plain if " srun --kill" in line)
     assert any("begin --nodes 4 " in line for line in spare)
 

@@ -140,9 +140,11 @@ def on_exit(run: RunDir, rc: int, signal_name: str, again: bool = False) -> int:
             log.warning("successor job %s starts without its %.0f s backoff: %s", heir, decision.delay_s, complaint)
     if decision.action == "stop" and crash:
         why = dataclasses.replace(why, cause=causes.crashed(crash, "crash_loop"))
-    if bad:
-        nodes.record(run.root.parent, bad, "preflight" if event == "preflight_failed" else event, run.name,
+    if why.bad:
+        nodes.record(run.root.parent, why.bad, "preflight" if event == "preflight_failed" else event, run.name,
                      why.sentence or "")
+    if down := sorted(set(bad) - set(why.bad)):  # in-job: the nodes of the job Slurm reports down
+        nodes.record(run.root.parent, down, "node_fail", run.name, f"Slurm reports it down after {event}")
     requeued, refusal = None, None
     if decision.action == "requeue" and job:
         # Slurm ends the job (SIGTERM, then SIGKILL after KillWait) once it accepts the requeue: finish the records.

@@ -279,6 +279,17 @@ def directives(cfg: Config, slurm_version: tuple[int, int] | None = None) -> lis
             f"--signal=B:{s['signal']}@{s['signal_lead_s']}", "--open-mode=append"]
 
 
+def step_flags(cfg: Config) -> list[str]:
+    """The training step's own srun options (beyond --kill-on-bad-exit and, with spares, ``--nodelist``): with
+    spares, exactly num_nodes nodes and the world's tasks; with in-job restarts ``--overlap``: the step of a lost
+    node stays "completing" until Slurm hears from that node, and holds its CPUs on the other nodes till then
+    (measured on the dev cluster: "step creation temporarily disabled ... Requested nodes are busy")."""
+    d = cfg.data
+    spares = [f"--nodes={d['num_nodes']}", f"--ntasks={d['num_nodes'] * d['num_device']}"] \
+        if d["slurm"]["spare_nodes"] else []
+    return [*spares, *(["--overlap"] if d["resume"]["in_job"] else [])]
+
+
 def sbatch(cfg: Config, run_dir: Path, image: str, program_dir: str | None = None,
            slurm_version: tuple[int, int] | None = None) -> str:
     """The batch script. ``program_dir``: where a program (``command:``) runs, bound into the container;
@@ -297,7 +308,7 @@ def sbatch(cfg: Config, run_dir: Path, image: str, program_dir: str | None = Non
                   directives=directives(cfg, slurm_version),
                   in_job=d["resume"]["in_job"], step_size=d["num_nodes"], again=world.AGAIN,
                   step_nodes=world.STEP_NODES_ENV,
-                  num_nodes=d["num_nodes"] if d["slurm"]["spare_nodes"] else None,
+                  step_flags=step_flags(cfg), spares=d["slurm"]["spare_nodes"],
                   world_size=d["num_nodes"] * d["num_device"], signal=d["slurm"]["signal"], run_dir=str(run_dir),
                   env=env, host_python=sys.executable, ifname=ifname,
                   verify_key=verify_key(cfg), exec_prefix=exec_prefix(cfg, image, binds, env_names, str(run_dir)),
