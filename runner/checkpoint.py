@@ -14,7 +14,7 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -153,24 +153,36 @@ def verify(path: Path) -> str | None:
 
 
 EPOCH_START = "epoch start"  # a manifest's ``position``: the train loader cannot be positioned mid-epoch
+REPLAYED = "replayed"  # a manifest's ``position``: replayed to its batch, on the layout (world size) that wrote it
 
 
-def passed_over(path: Path) -> bool:
-    """Whether a resume passes over the checkpoint at ``path``: taken mid-epoch, with a train loader that cannot be
-    positioned there (its manifest's ``position``): resumed there, the epoch would be trained partly twice and partly
-    never; from the epoch's start it is trained once."""
-    manifest = manifest_of(path)
-    return bool(manifest.get("mid_epoch")) and manifest.get("position") == EPOCH_START
+def passes_over(manifest: Mapping[str, Any], world: int | None = None) -> bool:
+    """Whether a resume onto ``world`` ranks (None: not known, the same) passes over a checkpoint with this manifest
+    for the newest at an epoch's end: taken mid-epoch, with a train loader that cannot be positioned there
+    (``EPOCH_START``), or one replayed to its batch (``REPLAYED``) by another world size than ``world``: each rank's
+    share of an epoch is another set of samples on another layout, so a replay per rank would train part of the epoch
+    twice and part never; from the epoch's start each batch is trained once (pure)."""
+    if not manifest.get("mid_epoch"):
+        return False
+    position, wrote = manifest.get("position"), manifest.get("world_size")
+    return position == EPOCH_START or (position == REPLAYED and world is not None and wrote is not None and
+                                       wrote != world)
+
+
+def passed_over(path: Path, world: int | None = None) -> bool:
+    """``passes_over`` for the checkpoint at ``path``."""
+    return passes_over(manifest_of(path), world)
 
 
 def latest(root: Path, config_hash: str | None = None, force: bool = False,
-           check: bool = False, positioned: bool = False) -> tuple[int, Path] | None:
+           check: bool = False, positioned: bool = False, world: int | None = None) -> tuple[int, Path] | None:
     """The newest complete checkpoint; with ``check``, damaged ones are skipped for the previous one; with
-    ``positioned``, ``passed_over`` ones too (the previous one is at an epoch's end: runner writes one at each epoch's
-    end for such a loader, and ``prune`` keeps the newest)."""
+    ``positioned``, ``passed_over`` ones too for a resume onto ``world`` ranks (the previous one is at an epoch's end:
+    runner writes one at each epoch's end for such a loader, and ``prune`` keeps the newest)."""
     for step, path in complete(root, config_hash, force):
-        if positioned and passed_over(path):
-            log.info("passing over %s: taken mid-epoch, with a train loader that cannot be positioned there", path)
+        if positioned and passed_over(path, world):
+            log.info("passing over %s: taken mid-epoch, with a train loader that cannot be positioned there on %s "
+                     "ranks", path, world if world is not None else "these")
             continue
         problem = verify(path) if check else None
         if problem is None:

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from runner import checkpoint
 from runner.rundir import EXIT_PREFLIGHT
 from tests.ci import unavailable
 from tests.conftest import fixture_tier
@@ -225,6 +226,7 @@ def test_a_resume_on_fewer_ranks_keeps_espnet3s_global_batch(recipe: Path, tmp_p
     proc.send_signal(signal.SIGUSR2)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 75, out
+    stop = checkpoint.complete(run / "checkpoints")[0][0]
     resumed = subprocess.run([str(espnet3_python()), "-m", "runner", "resume", str(run), "num_device=1"],
                              capture_output=True, text=True, env=local_env(), timeout=600)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
@@ -233,22 +235,25 @@ def test_a_resume_on_fewer_ranks_keeps_espnet3s_global_batch(recipe: Path, tmp_p
     program = yaml.safe_load((run / "program" / "training_asr_transformer.yaml").read_text())
     assert (program["num_device"], program["trainer"]["accumulate_grad_batches"]) == (1, 2)
     starts = [e for e in events(run) if e["event"] == "train_start"]
-    assert [s["attempt"] for s in starts] == [1, 2] and starts[1]["step"] >= 10, starts
+    # ESPnet3's loader is replayed to a stop's batch on the layout that wrote the checkpoint only: on 1 rank each
+    # rank's share of the epoch is other utterances, so the resume goes back to the epoch's start, the checkpoint runner
+    # wrote at its end (8 steps an epoch), and trains the interrupted epoch again, each batch once.
+    assert [s["attempt"] for s in starts] == [1, 2] and starts[1]["step"] == stop // 8 * 8, (stop, starts)
     assert starts[1]["resumed_from"].endswith(f"step-{starts[1]['step']:07d}")
     assert [e["accumulate"] for e in events(run) if e["event"] == "resized"] == [2]
     # The global batch runner measured in ESPnet3's Trainer: 2 ranks x 2 per rank, then 1 rank x 2 x accumulation 2.
     assert [(e["global_batch"], e["local_batch"]) for e in events(run) if e["event"] == "data"] == [(4, 2), (4, 2)]
     [said] = [e for e in events(run) if e["event"] == "resumed"]
     assert (said["from_world"], said["to_world"], said["from_accumulate"], said["to_accumulate"]) == (2, 1, 1, 2)
-    # ESPnet3's loader cannot resume mid-epoch: the resume says so, and the replayed batches are steps on top. The
-    # stop lands where the signal finds the ranks (8 steps an epoch): at an epoch's end the next epoch starts whole.
-    mid_epoch = starts[1]["step"] % 8 != 0
-    assert (said["mid_epoch"], said["data_exact"]) == (mid_epoch, not mid_epoch), said
-    assert ("replays the epoch" if mid_epoch else "at the epoch's end") in said["data"], said
-    # Mid-epoch, the replayed batches are steps on top; at an epoch's end every later epoch is whole, on 1 rank as on
-    # 2 (Lightning alone would carry the 8 batches a rank had taken into the next epoch and end it halfway).
+    # The record says which: "restarted" and the steps trained again when the stop was mid-epoch (where the signal
+    # found the ranks), "whole" when it was at an epoch's end.
+    mid_epoch = stop % 8 != 0
+    assert (said["mid_epoch"], said["data_exact"]) == (False, True), said
+    assert (said["partial_epoch"], said["steps_again"]) == (("restarted", stop % 8) if mid_epoch else ("whole", None))
+    # Every epoch whole, on 1 rank as on 2 (Lightning alone would carry the 8 batches a rank had taken into the next
+    # epoch and end it halfway): as many steps as the unpreempted run.
     finished = next(e for e in events(run) if e["event"] == "finished")["step"]
-    assert finished > epochs * 8 if mid_epoch else finished == epochs * 8, (finished, starts)
+    assert finished == epochs * 8, (finished, starts)
 
 
 # -- training on the dev cluster -----------------------------------------------------------------------------------

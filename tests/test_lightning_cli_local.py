@@ -48,11 +48,29 @@ data: {}
 """
 
 
+SLOW = """\
+import time
+
+import lightning as L
+
+
+class Slow(L.Callback):
+    def on_train_batch_end(self, *args):
+        time.sleep(0.05)
+"""
+
+
 def submit(where: Path, steps: int, every: int, stop_after: int | None = None) -> tuple[int, str, RunDir]:
     """Write main.py and conf.yaml in ``where`` and run `runner submit conf.yaml` there; ``stop_after``: send it
-    USR2 (a preemption notice) once the checkpoint at that step is complete."""
+    USR2 (a preemption notice) once the checkpoint at that step is complete, with steps slowed to 50 ms (a callback
+    of the config's, as LightningCLI takes one) so that the stop lands within a few steps of it."""
     shutil.copy(PROGRAMS / "lightning_cli_main.py", where / "main.py")
-    (where / "conf.yaml").write_text(CONF.replace("EVERY", str(every)).replace("STEPS", str(steps)))
+    conf = CONF.replace("EVERY", str(every)).replace("STEPS", str(steps))
+    if stop_after is not None:
+        (where / "slow.py").write_text(SLOW)
+        conf = conf.replace("  enable_progress_bar: false\n",
+                            "  enable_progress_bar: false\n  callbacks: [{class_path: slow.Slow}]\n")
+    (where / "conf.yaml").write_text(conf)
     proc = subprocess.Popen([sys.executable, "-m", "runner", "submit", "conf.yaml"], cwd=where, env=ENV, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     if stop_after is not None:
@@ -82,7 +100,9 @@ def test_the_lightning_cli_example_trains_to_the_end_with_runners_checkpoints(tm
     assert code == 0, out
     assert "Expected a <class 'int'>" not in out and "is not accepted" not in out
     assert run.finished.exists() and [e["step"] for e in events(run, "finished")] == [40]
-    assert [step for step, _ in checkpoint.complete(run.checkpoints)] == [40, 30, 20]  # keep_last 3
+    # keep_last 3, and the newest at an epoch's end (32 steps an epoch): where a resume on another layout goes back
+    # to, the loader (a DistributedSampler's) being replayed to a stop's batch on its own layout only
+    assert [step for step, _ in checkpoint.complete(run.checkpoints)] == [40, 32, 30]
     assert all(checkpoint.verify(path) is None for _, path in checkpoint.complete(run.checkpoints))
     for rank in (0, 1):
         assert "Adding 1 callbacks from entry point 'runner'" in run.rank_log(rank).read_text()
@@ -94,10 +114,19 @@ def test_the_lightning_cli_example_trains_to_the_end_with_runners_checkpoints(tm
 
 
 def test_preempted_it_resumes_on_one_rank_with_the_same_global_batch(tmp_path: Path) -> None:
-    code, out, run = submit(tmp_path, steps=400, every=50, stop_after=50)
+    """Stopped mid-epoch on 2 ranks, resumed on 1 with accumulation 2. Its BoringDataModule's DataLoader, under
+    Lightning's DistributedSampler, is replayed to a stop's batch on the layout that wrote the checkpoint only: on 1
+    rank the epoch's shares are other samples, so the resume goes back to the checkpoint runner wrote at the epoch's
+    end (step 96: 64 samples, batch 1, 32 steps an epoch on 2 ranks) and trains the interrupted epoch again, each
+    batch once, and the `resumed` record says so (was: it continued Lightning's per-rank count, part of the epoch
+    trained twice and part never)."""
+    code, out, run = submit(tmp_path, steps=400, every=50, stop_after=100)
     assert code == EXIT_REQUEUE, out
     newest, path = checkpoint.complete(run.checkpoints)[0]
-    assert 50 <= newest < 400 and not run.finished.exists()
+    assert 100 < newest < 128 and not run.finished.exists()
+    epoch_end = checkpoint.CheckpointDir(run.checkpoints).step(96)
+    assert checkpoint.manifest_of(path)["position"] == "replayed" and checkpoint.manifest_of(epoch_end)["mid_epoch"] \
+        is False
     resized = subprocess.run([sys.executable, "-m", "runner", "resume", str(run.root), "num_device=1"],
                              capture_output=True, text=True, env=ENV, timeout=240)
     assert resized.returncode == 0, resized.stdout + resized.stderr
@@ -110,6 +139,12 @@ def test_preempted_it_resumes_on_one_rank_with_the_same_global_batch(tmp_path: P
     parsed = cli_config(tmp_path, 1)  # the second attempt's: 1 rank x 2 batches per step, as 2 ranks x 1 were
     assert (parsed["trainer"]["devices"], parsed["trainer"]["accumulate_grad_batches"]) == (1, 2)
     start = [e for e in events(run, "train_start") if e["attempt"] == 2]
-    assert [(e["step"], e["resumed_from"]) for e in start] == [(newest, str(path))]
+    assert [(e["step"], e["resumed_from"]) for e in start] == [(96, str(epoch_end))]
+    [r] = events(run, "resumed")
+    assert (r["step"], r["from_world"], r["to_world"], r["mid_epoch"]) == (96, 2, 1, False), r
+    assert (r["partial_epoch"], r["steps_again"], r["data_exact"]) == ("restarted", newest - 96, True), r
+    assert f"the newer checkpoint of step {newest}, mid-epoch, was passed over: the loader is replayed to a batch " \
+        "only on the layout that wrote it (2 ranks), not on 1, so the interrupted epoch is trained again from its " \
+        f"start, each batch once ({newest - 96} steps again)" in r["data"], r
     assert run.finished.exists() and [e["step"] for e in events(run, "finished")] == [400]
     assert not run.rank_log(1, 2).exists()  # one rank in the second attempt

@@ -156,3 +156,56 @@ def test_a_resume_that_passed_over_a_mid_epoch_checkpoint_goes_back_to_the_epoch
                         loader_resumable=False, passed_over=21)
     assert r.data_exact and r.trajectory == honesty.BITWISE and r.step == 16
     assert "the newer checkpoint of step 21, mid-epoch, was passed over" in r.data and "(5 steps again)" in r.data
+
+
+# (the checkpoint's manifest, the resume's world size) -> passed over for the newest checkpoint at an epoch's end
+PASSES_OVER = [
+    pytest.param({"mid_epoch": True, "position": "replayed", "world_size": 4}, 4, False, id="replayed-same-layout"),
+    pytest.param({"mid_epoch": True, "position": "replayed", "world_size": 4}, 2, True, id="replayed-other-layout"),
+    pytest.param({"mid_epoch": True, "position": "replayed", "world_size": 4}, None, False,
+                 id="replayed-world-unknown"),
+    pytest.param({"mid_epoch": True, "position": "replayed"}, 2, False, id="replayed-writer-unknown"),
+    pytest.param({"mid_epoch": False, "position": "replayed", "world_size": 4}, 2, False, id="replayed-epoch-end"),
+    pytest.param({"mid_epoch": True, "position": "restored", "world_size": 4}, 2, False, id="restored-other-layout"),
+    pytest.param({"mid_epoch": True, "position": "epoch start", "world_size": 4}, 4, True, id="epoch-start"),
+    pytest.param({"mid_epoch": False, "position": "epoch start", "world_size": 4}, 4, False, id="epoch-start-end"),
+    pytest.param({}, 2, False, id="no-manifest"),
+]
+
+
+@pytest.mark.parametrize(("m", "world", "passed"), PASSES_OVER)
+def test_which_checkpoints_a_resume_passes_over_for_the_epochs_start(m: dict, world: int | None, passed: bool) -> None:
+    """A loader replayed to its batch is replayed on the layout that wrote the checkpoint only: on another world size
+    each rank's share of the epoch is other samples, so the resume goes back to the epoch's start (decided here, where
+    the resume's checkpoint is chosen: ``checkpoint.latest(positioned=True, world=...)``)."""
+    assert checkpoint.passes_over(m, world) is passed
+
+
+# (resumed from, world, loader resumable, replayed, passed over, layout bound) -> (partial_epoch, steps_again, says)
+PARTIAL = [
+    pytest.param(manifest(4, step=16, batches=4, acc=1, mid=False), 2, False, False, 21, True,
+                 ("restarted", 5, "the newer checkpoint of step 21, mid-epoch, was passed over: the loader is replayed "
+                  "to a batch only on the layout that wrote it (4 ranks), not on 2, so the interrupted epoch is "
+                  "trained again from its start, each batch once (5 steps again)"), id="replayed-other-layout"),
+    pytest.param(manifest(2, step=16, batches=16, mid=False), 2, False, False, 21, False,
+                 ("restarted", 5, "the loader cannot be positioned mid-epoch, so the interrupted epoch is trained "
+                  "again"), id="not-positionable"),
+    pytest.param(manifest(2, step=16, batches=16, mid=False), 1, False, False, None, False,
+                 ("whole", None, "at the epoch's end: the next epoch starts whole"), id="epoch-end"),
+    pytest.param(manifest(2), 2, True, True, None, False, ("exact", None, "the epoch's pass replayed to that batch"),
+                 id="replayed-same-layout"),
+    pytest.param(manifest(2), 1, True, False, None, False, ("counted", None, "kept as a count"), id="restored-other"),
+    pytest.param(manifest(2), 1, False, False, None, False,
+                 ("twice and never", None, "those before that batch a second time) and never as many of its last"),
+                 id="not-positionable-mid"),
+]
+
+
+@pytest.mark.parametrize(("m", "world", "resumable", "replayed", "passed_over", "bound", "expected"), PARTIAL)
+def test_what_becomes_of_the_interrupted_epoch(m: dict, world: int, resumable: bool, replayed: bool,
+                                               passed_over: int | None, bound: bool, expected: tuple) -> None:
+    r = honesty.resumed(m, world, 2, 32, sharded=False, exact_resume=True, loader_resumable=resumable,
+                        replayed=replayed, passed_over=passed_over, layout_bound=bound)
+    partial, again, says = expected
+    assert (r.partial_epoch, r.steps_again) == (partial, again) and says in r.data, r
+    assert r.fields()["partial_epoch"] == partial

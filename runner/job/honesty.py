@@ -68,6 +68,14 @@ class Resumed:
     trajectory: str  # "bitwise", or why not
     data: str  # the data position kept, in words
     data_exact: bool  # the next sample is the one the uninterrupted run would have taken on the same shape
+    # What becomes of the epoch the stop interrupted: "whole" (resumed at an epoch's end, nothing interrupted),
+    # "restarted" (a newer mid-epoch checkpoint passed over: the epoch is trained again from its start, each batch
+    # once; ``steps_again`` of its steps trained a second time), "exact" (continued at the next sample the
+    # uninterrupted run would have taken), "counted" (another world size continues Lightning's per-rank count with
+    # its own loaders: which samples follow is the new layout's), "twice and never" (the loader restarts its pass
+    # while Lightning counts on: the pass's first batches trained again, as many of its last never)
+    partial_epoch: str
+    steps_again: int | None  # "restarted": the optimizer steps between the epoch's start and the passed-over one
     first_step_samples: int | None  # the first step's samples when the new accumulation cuts it short, else None
 
     @property
@@ -81,13 +89,14 @@ class Resumed:
 def resumed(manifest: CheckpointManifest, world: int, accumulate: int, global_batch: int | None, *, sharded: bool,
             exact_resume: bool, loader_resumable: bool,
             global_position: tuple[int, int, int] | None = None, replayed: bool = False,
-            passed_over: int | None = None) -> Resumed:
+            passed_over: int | None = None, layout_bound: bool = False) -> Resumed:
     """The honesty record of a resume from a checkpoint with this ``manifest`` onto ``world`` ranks (pure).
     ``global_position``: (batches of all ranks into the epoch, per rank before, per rank now) when the loader's
     position is a global one and was moved onto this world size (``internals.move_epoch_position``). ``replayed``:
     the loader's pass of the epoch was replayed to the checkpoint's batch (``loader_resumable`` then too).
     ``passed_over``: the step of a newer checkpoint, mid-epoch, not resumed because the loader cannot be positioned
-    there (this one is at the epoch's start)."""
+    there (this one is at the epoch's start); ``layout_bound``: because the loader is replayed to a batch only on the
+    layout that wrote it (``checkpoint.passes_over``), and this resume is on another."""
     step, epoch = int(manifest.get("step", 0)), int(manifest.get("epoch", 0))
     from_world = int(manifest.get("world_size", world))
     from_acc = manifest.get("accumulate")
@@ -111,9 +120,11 @@ def resumed(manifest: CheckpointManifest, world: int, accumulate: int, global_ba
     if not mid:
         data = f"{kept}, at the epoch's end: the next epoch starts whole"
         if passed_over is not None:
-            data += (f"; the newer checkpoint of step {passed_over}, mid-epoch, was passed over: the loader cannot be "
-                     f"positioned mid-epoch, so the interrupted epoch is trained again from its start, each batch "
-                     f"once ({passed_over - step} steps again)")
+            why = (f"the loader is replayed to a batch only on the layout that wrote it ({from_world} ranks), not on "
+                   f"{world}" if layout_bound else "the loader cannot be positioned mid-epoch")
+            data += (f"; the newer checkpoint of step {passed_over}, mid-epoch, was passed over: {why}, so the "
+                     f"interrupted epoch is trained again from its start, each batch once ({passed_over - step} steps "
+                     "again)")
     elif not loader_resumable:
         data = (f"{kept}; the loader cannot resume mid-epoch: it replays the epoch from its start while Lightning "
                 f"counts on from batch {batches if batches is not None else '?'}, so this epoch trains the replayed "
@@ -136,12 +147,16 @@ def resumed(manifest: CheckpointManifest, world: int, accumulate: int, global_ba
     if reshaped and mid and loader_resumable and isinstance(count, int) and count % accumulate and global_batch:
         short = (accumulate - count % accumulate) * global_batch // accumulate
     data_exact = not mid or (loader_resumable and (not reshaped or global_position is not None))
+    partial = ("restarted" if passed_over is not None else "whole") if not mid else "exact" if data_exact else \
+        "counted" if loader_resumable else "twice and never"
     return Resumed(step=step, epoch=epoch, from_world=from_world, to_world=world,
                    from_accumulate=int(from_acc) if isinstance(from_acc, int) else None, to_accumulate=accumulate,
                    global_batch=global_batch, samples=step * global_batch if global_batch else None,
                    epoch_batches=int(batches) if isinstance(batches, int) else None,
                    epoch_batches_now=int(count) if isinstance(count, int) else None, mid_epoch=mid, state=state,
-                   trajectory=trajectory, data=data, data_exact=data_exact, first_step_samples=short)
+                   trajectory=trajectory, data=data, data_exact=data_exact, first_step_samples=short,
+                   partial_epoch=partial,
+                   steps_again=passed_over - step if passed_over is not None and not mid else None)
 
 
 def batch_len(batch: Any) -> int | None:
@@ -162,7 +177,8 @@ def resumable(loader: Any) -> bool:
 
 
 RESTORED = "restored"  # the loader saves and restores its own position: Lightning restores it
-REPLAYED = "replayed"  # each epoch's batches are a function of the epoch: runner replays the pass to the batch
+REPLAYED = checkpoint.REPLAYED  # each epoch's batches are a function of the epoch: runner replays the pass to the
+# batch, on the layout that wrote the checkpoint (on another, a resume goes back to the epoch's start)
 EPOCH_START = checkpoint.EPOCH_START  # neither: a resume mid-epoch goes back to the epoch's start
 
 
@@ -258,7 +274,8 @@ class Honesty(L.Callback):
         self.record = resumed(manifest, world, trainer.accumulate_grad_batches, configured,
                               sharded=internals.is_sharded(trainer.strategy), exact_resume=self.exact_resume,
                               loader_resumable=how == RESTORED or self.replayed(), global_position=self.moved(),
-                              replayed=self.replayed(), passed_over=self.passed_over)
+                              replayed=self.replayed(), passed_over=self.passed_over,
+                              layout_bound=how == REPLAYED and manifest.get("world_size", world) != world)
         r = self.record
         log.log(logging.WARNING if r.reshaped else logging.INFO,
                 "resumed at step %d on %d ranks (the checkpoint's: %d): weights and optimizer state %s; "

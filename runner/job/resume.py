@@ -37,7 +37,8 @@ def resume_point(rd: RunDir, cfg: RunConfig, cfg_hash: str, rank: int, attempt: 
     """
     env = jobenv.current()
     if rank == 0:
-        last = checkpoint.latest(rd.checkpoints, cfg_hash, cfg["resume"]["force"], check=True, positioned=True)
+        last = checkpoint.latest(rd.checkpoints, cfg_hash, cfg["resume"]["force"], check=True, positioned=True,
+                                 world=env.world_size)
         verdict: ResumeVerdict = {"attempt": attempt, "job": env.job_id, "restart": env.restart_count,
                                   "step": last[0] if last else None, "path": str(last[1]) if last else None,
                                   "tried": tried}
