@@ -24,8 +24,8 @@ from runner.rundir import (
 )
 
 # Events that queue a new attempt: the first submission, Slurm's requeue, a resubmission (cron, `runner resume`),
-# a successor job taking over.
-OPENERS = ("submitted", "requeued", "resubmitted", "handed_over")
+# a successor job taking over, an in-job restart (resume.in_job: a new step in the same job).
+OPENERS = ("submitted", "requeued", "resubmitted", "handed_over", "restarted")
 # A local run's exit records only its code; what the code means (README: launcher exit codes).
 _LOCAL_OUTCOME = {0: "completed", EXIT_REQUEUE: "preempted", EXIT_TERMINATED: "stopped", EXIT_PREFLIGHT:
                   "preflight_failed", EXIT_SUPERSEDED: "superseded", EXIT_HANG: "hang", EXIT_NONFINITE: "nan",

@@ -204,6 +204,9 @@ def test_a_lost_node_is_replaced_by_the_spare_in_the_same_job(cluster3: devclust
 
     for mine, ref in zip(final_weights(run), reference, strict=True):
         assert all(torch.equal(mine[k], ref[k]) for k in ref)
+    got = hook.wait_for(2, timeout=30)
+    assert [a["event"] for a in got] == ["failed", "completed"], got
+    assert got[0]["cause"] == "node failure: Slurm reports n2 down", got[0]  # not its peers' connection errors
 
 
 def test_a_crash_loop_in_one_job_stops_at_max_restarts(cluster3: devcluster.Cluster, hook: Any,

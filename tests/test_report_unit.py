@@ -73,3 +73,20 @@ def test_local_exit_codes_read_as_outcomes() -> None:
                              _ev(12, "nonfinite", step=11, what="loss"), _ev(12.5, "exit", exit_code=80)])
     assert [a.outcome for a in runs] == ["preempted", "stopped", "nan"]
     assert runs[2].nonfinite[0]["step"] == 11
+
+
+def test_an_in_job_restart_is_an_attempt_of_the_same_job() -> None:
+    """resume.in_job: a crash at 50 restarted in job 1 at 51 (its step on the spare from 52) is attempt 2, opened by
+    ``restarted``, with its own outcome and cause, and the same job; the gap counts as a wait, never as training."""
+    events = [_ev(0, "submitted", job_id="1"), _ev(1, "start", job_id="1", nodes="n1,n2"),
+              _ev(5, "train_start", step=0, lost_steps=0, attempt=1),
+              _ev(50, "exit", outcome="hang", cause="hang: rank 3 on n2", job_id="1", nodes=["n2"]),
+              _ev(51, "restarted", job_id="1", reason="hang", attempt=2, nodes=["n1", "n3"], bad=["n2"]),
+              _ev(52, "start", job_id="1", nodes="n1,n3"), _ev(60, "train_start", step=40, lost_steps=0, attempt=2),
+              _ev(100, "finished", step=80), _ev(100, "exit", outcome="completed", job_id="1")]
+    runs = goodput.attempts(events)
+    assert [(a.number, a.opener, a.job_id, a.nodes, a.outcome, a.then) for a in runs] == [
+        (1, "submitted", "1", "n1,n2", "hang", "restarted"), (2, "restarted", "1", "n1,n3", "completed", None)]
+    assert runs[0].cause == "hang: rank 3 on n2" and runs[0].bad_nodes == ["n2"]
+    g = goodput.account(runs, created=0.0, end=100.0, productive_s=85.0, kept_step=80)
+    assert g.losses["waiting for Slurm"] == 1 + 1 + 1 and g.losses["startup"] == 4 + 8  # queue, exit hook, begin

@@ -131,6 +131,11 @@ def on_exit(run: RunDir, rc: int, signal_name: str, again: bool = False) -> int:
     in_job = None
     if again and limits.in_job and event in policy.IN_JOB and not probe_only:
         bad, in_job = step_nodes(run, cfg, [*rec.events], job, bad)
+    ran_on = [n for n in os.environ.get(world.STEP_NODES_ENV, "").split(",") if n]
+    down = sorted(set(bad) - set(why.bad))
+    if event == "failed" and (lost := [n for n in down if n in ran_on]):  # a lost node, not its peers' echo, ended it
+        why = dataclasses.replace(why, cause=causes.Cause("node_failure", f"Slurm reports {', '.join(lost)} down",
+                                                          node=", ".join(lost)))
     decision = policy.after_exit(event, attempt, job, limits, [*rec.events, this_exit], () if probe_only else bad,
                                  heir, in_job)
     if heir and decision.action not in ("hand_over", "restart"):  # before this job ends: else Slurm would start it
@@ -143,7 +148,7 @@ def on_exit(run: RunDir, rc: int, signal_name: str, again: bool = False) -> int:
     if why.bad:
         nodes.record(run.root.parent, why.bad, "preflight" if event == "preflight_failed" else event, run.name,
                      why.sentence or "")
-    if down := sorted(set(bad) - set(why.bad)):  # in-job: the nodes of the job Slurm reports down
+    if down:  # in-job: the nodes of the job Slurm reports down
         nodes.record(run.root.parent, down, "node_fail", run.name, f"Slurm reports it down after {event}")
     requeued, refusal = None, None
     if decision.action == "requeue" and job:
