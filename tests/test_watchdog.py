@@ -15,6 +15,7 @@ from runner.errors import ConfigError
 from runner.job.watchdog import (
     BEFORE_VALIDATION,
     CHECKPOINT,
+    CHECKPOINT_WRITE,
     EPOCH_END,
     EPOCH_START,
     FIRST_STEP,
@@ -218,6 +219,8 @@ LIMITS = [
     pytest.param(EPOCH_END, STEADY, {VALIDATION: 20.0}, 900, id="phases are learned apart"),
     pytest.param(CHECKPOINT, STEADY, {CHECKPOINT: 0.02}, 5, id="a fast phase: the floor"),
     pytest.param(VALIDATION, STEADY, {VALIDATION: 300.0}, 900, id="never above phase_s"),
+    pytest.param(CHECKPOINT_WRITE, STEADY, {CHECKPOINT_WRITE: 12.0}, 120,
+                 id="a save waiting for the previous write: 10x the longest write"),
     pytest.param(BEFORE_VALIDATION, STEADY, {BEFORE_VALIDATION: 0.01}, 900,
                  id="before a validation that may not come: never learned"),
 ]
@@ -266,6 +269,11 @@ def validation(t0: float, batches: list[float]) -> list[tuple[float, str, object
     return [*out, (t + 0.1, "leave", None)]
 
 
+def save(t0: float, waited: float) -> list[tuple[float, str, object]]:
+    """runner's save after the step at t0: it waits ``waited`` seconds for the previous write, snapshots in 0.1 s."""
+    return [(t0, "enter", CHECKPOINT_WRITE), (t0 + waited, "enter", CHECKPOINT), (t0 + waited + 0.1, "batch", None)]
+
+
 def first_hang(tmp_path: Path, events: list[tuple[float, str, object]], until_s: float) -> float | None:
     """Replays ``events`` (seconds after the watchdog's start) into a real Watchdog (its thread not started) and
     asks it every 0.1 s, as its thread does, whether this is a hang: the first time it is, or None until
@@ -273,7 +281,8 @@ def first_hang(tmp_path: Path, events: list[tuple[float, str, object]], until_s:
     wd = Watchdog(RunDir(tmp_path), 0, 1, 1, factor=10, floor_s=5, first_step_s=900, phase_s=900)
     t0 = time.monotonic()  # the first step's clock started at the construction, microseconds before
     calls = {"batch": lambda t, _: wd.batch_start(t), "step": lambda t, step: wd.beat(step, t),
-             "enter": lambda t, ph: wd.enter(ph, t), "leave": lambda t, _: wd.leave(t)}
+             "enter": lambda t, ph: wd.enter(ph, t), "leave": lambda t, _: wd.leave(t),
+             "wrote": lambda t, s: wd.learn(CHECKPOINT_WRITE, s)}  # a background write ended, after s seconds
     pending = sorted(events, key=lambda e: e[0])
     for tick in range(int(until_s * 10) + 1):
         now = tick / 10
@@ -306,6 +315,14 @@ TIMELINES = [
     pytest.param([*RUN, (END, "enter", EPOCH_END), (END + 12, "enter", EPOCH_START),
                   *steps(END + 40, 10, first=201)], END + 45.0, None,
                  id="an epoch's end and the next loader's start, first seen: phase_s"),
+    pytest.param([*RUN, *save(END, 0.0), *(s1 := steps(END + 0.1, 100, first=201)), (END + 18.1, "wrote", 18.0),
+                  *save(s1[-1][0], 8.0), *(s2 := steps(s1[-1][0] + 8.1, 100, first=301)),
+                  (s1[-1][0] + 8.1 + 18, "wrote", 18.0), *save(s2[-1][0], 8.0),
+                  *steps(s2[-1][0] + 8.1, 10, first=401)], s2[-1][0] + 9.2, None,
+                 id="saves waiting 8 s for writes of 18 s: the first wait phase_s, then 10x the writes"),
+    pytest.param([*RUN, *save(END, 0.0), *(s3 := steps(END + 0.1, 100, first=201)), (END + 5.1, "wrote", 0.05),
+                  *save(s3[-1][0], 0.0)], END + 30, s3[-1][0] + 0.1 + 5.1,
+                 id="a fast write: a save stalled after it is held to the step limit"),
     pytest.param([(10.0, "enter", VALIDATION), (60.0, "leave", None)], 1000, 900.1,
                  id="no first step: first_step_s, whatever is marked before it"),
     pytest.param(steps(0.0, 1, 800.0) + steps(800.0, 10, first=1), 820, 801.0 + 5.1,

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import lightning as L
@@ -172,8 +171,7 @@ class Guarantees:
         self.watchdog = watchdog.Watchdog(rd, rank, world, attempt, factor=w["factor"], floor_s=w["floor_s"],
                                           report_every_s=w["straggler_report_s"], first_step_s=w["first_step_s"],
                                           phase_s=w["phase_s"]) if w["enabled"] else None
-        if self.watchdog:  # runner's own save waits for the previous write before Lightning's hooks run
-            self.checkpoint.saving = partial(self.watchdog.enter, watchdog.CHECKPOINT)
+        self.checkpoint.wd = self.watchdog  # runner's own save: its wait for the previous write, its snapshot
         pulse = [Pulse(self.watchdog)] if self.watchdog else []
         self.honesty = Honesty(rd, configured_batch, rank, world, cfg["checkpoint"]["exact_resume"],
                                moved=lambda: self.checkpoint.moved, replayed=lambda: self.checkpoint.replayed)

@@ -12,7 +12,6 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from lightning.pytorch.strategies import DDPStrategy
 
 from runner import __version__, checkpoint
 from runner.checkpoint import CheckpointDir
-from runner.job import honesty, internals, owner, rng
+from runner.job import honesty, internals, owner, rng, watchdog
 from runner.job.agreement import STOP, SUPERSEDED, Agreement
 from runner.job.guards import NonFiniteGuard
 from runner.job.stopflag import StopFlag
@@ -107,7 +106,7 @@ class RunnerCheckpoint(L.Callback):
         # reaches its end without Lightning starting to train, and the `finished` marker still needs them.
         self.t_start = time.time()
         self.base_productive = 0.0
-        self.saving: Callable[[], None] | None = None  # told at each save's start (the watchdog's checkpoint phase)
+        self.wd: watchdog.Watchdog | None = None  # told of each save's phases and of each write's duration
 
     def resuming(self, path: Path) -> None:
         """Before ``fit``: training continues from this checkpoint."""
@@ -249,11 +248,14 @@ class RunnerCheckpoint(L.Callback):
         """Checkpoint ``step``, taken after ``batches`` batches of this epoch (per rank); ``mid_epoch``: whether the
         epoch goes on after it (None: unless ``batches`` is the epoch's length)."""
         root, rank, world = self.rd.checkpoints, trainer.global_rank, trainer.world_size
-        if self.saving is not None:
-            self.saving()
+        wd = self.wd
         if mid_epoch is None:
             mid_epoch = batches != trainer.num_training_batches
+        if wd is not None:  # a wait as long as the previous write's rest: measured by the writes (below)
+            wd.enter(watchdog.CHECKPOINT_WRITE)
         self.writer.wait()  # never two writes in flight
+        if wd is not None:
+            wd.enter(watchdog.CHECKPOINT)
         staging, published = CheckpointDir(root).staging(step), CheckpointDir(root).step(step)
         if rank == 0:
             self.progress(step)
@@ -306,7 +308,13 @@ class RunnerCheckpoint(L.Callback):
             checkpoint.prune(root, keep)
             log.info("checkpoint %s complete", published.name)
 
-        self.writer.submit(write)
+        def timed() -> None:
+            t0 = time.monotonic()
+            write()
+            if wd is not None:
+                wd.learn(watchdog.CHECKPOINT_WRITE, time.monotonic() - t0)
+
+        self.writer.submit(timed)
         self.last_saved = step
 
     def productive(self) -> float:

@@ -83,9 +83,12 @@ FIRST_STEP = "first step"  # from the watchdog's start (a fit's) to the first st
 BEFORE_VALIDATION = "before validation"  # after a batch Lightning validates or ends the epoch after (loader start)
 VALIDATION = "validation"  # on_validation_start to on_validation_end; each validation batch restarts its clock
 CHECKPOINT = "checkpoint"  # runner's or the program's save, until the next batch starts
+# runner's save waiting for its previous checkpoint's background write: learned from the writes' own durations
+# (``learn``), never from earlier waits (the first save waits for nothing)
+CHECKPOINT_WRITE = "checkpoint write"
 EPOCH_END = "epoch end"  # on_train_epoch_end (the program's epoch-end work) until the next epoch starts
 EPOCH_START = "epoch start"  # on_train_epoch_start until the epoch's first batch (the train loader's restart)
-MARKED = (FIRST_STEP, BEFORE_VALIDATION, VALIDATION, CHECKPOINT, EPOCH_END, EPOCH_START)
+MARKED = (FIRST_STEP, BEFORE_VALIDATION, VALIDATION, CHECKPOINT, CHECKPOINT_WRITE, EPOCH_END, EPOCH_START)
 # Never learned: the first step happens once, and what follows "before validation" may be no validation at all.
 UNLEARNED = frozenset({FIRST_STEP, BEFORE_VALIDATION})
 QUANTILE = 0.99  # of the step times: a rare slow step (a log flush, a GC pause) raises the limit, one outlier not
@@ -288,9 +291,14 @@ class Watchdog:
 
     def _close(self, ph: str, since: float, now: float) -> None:
         """End an occurrence of ``ph``: its longest pause is what the next occurrence is measured by."""
-        if ph not in UNLEARNED:
+        if ph not in UNLEARNED and ph != CHECKPOINT_WRITE:  # a wait says nothing of how long the next one may be
             self._longest[ph] = max(self._longest.get(ph, 0.0), self._gap, now - since)
         self._gap = 0.0
+
+    def learn(self, ph: str, seconds: float) -> None:
+        """A pause of ``ph`` measured elsewhere (a checkpoint's background write, which the next save may wait for):
+        the next occurrence is measured by it too. From any thread: one dict item, replaced whole."""
+        self._longest[ph] = max(self._longest.get(ph, 0.0), seconds)
 
     def busy(self, on: bool) -> None:
         """Around a long pause that is not a hang (a plain program waiting for its peers to stop); the stall clock
