@@ -74,8 +74,8 @@ def image_overrides(podman_base_image: str) -> list[str]:
                     "scripts/install-apptainer.sh")
     CACHE.mkdir(parents=True, exist_ok=True)
     wheelhouse = CACHE / f"wheelhouse-{_source_key()}"
-    for old in CACHE.glob("wheelhouse-*"):
-        if old != wheelhouse and not old.name.endswith(".tmp"):
+    for old in CACHE.glob("wheelhouse-*"):  # not the ESPnet3 image's (tests/test_espnet3_podman.py keeps its own)
+        if old != wheelhouse and not old.name.endswith(".tmp") and not old.name.startswith("wheelhouse-espnet3-"):
             shutil.rmtree(old, ignore_errors=True)
     _run([str(REPO / "containers" / "wheelhouse.sh"), str(wheelhouse)], "containers/wheelhouse.sh",
          env={**os.environ, "PYTHON": sys.executable})

@@ -143,3 +143,38 @@ def test_collect_stats_workers_run_in_the_image_and_survive_a_cancel(slurm_clust
     cancel_a_worker_mid_way(env, run, stats, in_the_image)
     assert json.loads((run / "ranks" / "rank-00000.json").read_text())["in_container"] is True  # the stage's one
     assert_same_stats(stats, recipe / "exp" / "stats")
+
+
+def test_the_apptainer_variant_is_the_sif_of_that_image_and_runs_every_rank_in_it(espnet3_image: Path,
+                                                                                  tmp_path: Path) -> None:
+    """The README's Apptainer variant, as planned (no SIF is built here: making the SIF of this 6.3 GB image took 10.7
+    and 11 min on this 2-core machine, past what the podman tier can pay on each spec; the README gives the numbers of
+    a train stage run by hand inside it): with ``runner.container.runtime=apptainer`` on the podman variant's config,
+    `runner build` makes the SIF of the very podman image the podman test trains in (same spec hash and tag: podman
+    build, its docker-archive, ``apptainer build``, then the SIF's %test), and `runner submit` of the train stage on
+    2 nodes x 2 ranks runs each rank as ``apptainer exec`` of that SIF with the image's Python, the recipe directory
+    bound at its own path."""
+    python, work = espnet3_python(), espnet3_image.parents[1]
+    conf = espnet3_image.relative_to(work)
+    images = test_containers.CACHE / "images"
+    common = [f"runner.container.image_dir={images}", "runner.container.runtime=apptainer"]
+    plan = _image_step([str(python), "-m", "runner", "build", str(conf), *common, "--dry-run"],
+                       "runner build --dry-run (Apptainer)", cwd=work)
+    podman = _image_step([str(python), "-m", "runner", "build", str(conf), common[0], "--dry-run"],
+                         "runner build --dry-run (podman)", cwd=work)
+    spec_hash = re.search(r"spec hash: +([0-9a-f]{12})", podman)
+    assert spec_hash and f"spec hash:   {spec_hash[1]}" in plan, plan
+    sif = images / f"mini-an4-{spec_hash[1]}.sif"
+    tag = f"localhost/runner-mini-an4:{spec_hash[1]}"
+    steps = [line.split(":")[0] for line in plan.splitlines() if re.match(r"\[\d/\d\] ", line)]
+    assert steps == ["[1/7] image", "[2/7] freeze", "[3/7] base", "[4/7] label", "[5/7] save", "[6/7] sif",
+                     "[7/7] test"], plan
+    assert f"--format docker-archive --output {sif.with_suffix('.tar')} {tag}" in plan
+    assert f"apptainer build --force --notest --disable-cache {sif} " in plan and f"apptainer test {sif}" in plan
+    assert f"From: {sif.with_suffix('.tar')}" in plan and "Bootstrap: docker-archive" in plan
+    out = subprocess.run([str(python), "-m", "runner", "submit", str(conf), *common, *TRAIN[:4], "--dry-run",
+                          "--allow-missing-image", f"runner.run_root={tmp_path / 'runs'}"], capture_output=True,
+                         text=True, cwd=work, timeout=120, env=test_espnet3.local_env())
+    assert out.returncode == 0, out.stdout + out.stderr
+    [srun] = [line.strip() for line in out.stdout.splitlines() if " srun " in line and "apptainer exec" in line]
+    assert f"--bind {work}:{work}," in srun and f" {sif} python3.12 -m runner.job.launch " in srun, srun
