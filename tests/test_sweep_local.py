@@ -159,11 +159,13 @@ def test_a_slurm_sweeps_dry_run_is_one_job_array_whose_task_i_runs_point_i(tmp_p
 
 
 def stub_sbatch(tmp_path: Path, answer: str) -> dict[str, str]:
-    """An sbatch on PATH that logs its arguments and says ``answer`` (a job id, or an error and exit 1)."""
+    """An sbatch on PATH that logs its submissions and says ``answer`` (a job id, or an error and exit 1); asked its
+    version (``runner submit`` does, for --requeue=expedite), it is Slurm 22.05's."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     said = f'echo "{answer}"' if answer.isdigit() else f'echo "sbatch: error: {answer}" >&2; exit 1'
-    (bin_dir / "sbatch").write_text(f'#!/bin/sh\necho "$@" >>{tmp_path}/sbatch.log\n{said}\n')
+    version = 'if [ "$1" = --version ]; then echo "slurm 22.05.8"; exit 0; fi'
+    (bin_dir / "sbatch").write_text(f'#!/bin/sh\n{version}\necho "$@" >>{tmp_path}/sbatch.log\n{said}\n')
     (bin_dir / "sbatch").chmod(0o755)
     return {**ENV, "PATH": f"{bin_dir}:{ENV['PATH']}"}
 

@@ -315,7 +315,8 @@ def sbatch(cfg: Config, run_dir: Path, image: str, program_dir: str | None = Non
                   unset=redaction.webhook_names(cfg.data))
 
 
-def array(cfgs: list[Config], sweep_id: str, sweep_dir: Path, run_dirs: list[Path], limit: int) -> str:
+def array(cfgs: list[Config], sweep_id: str, sweep_dir: Path, run_dirs: list[Path], limit: int,
+          slurm_version: tuple[int, int] | None = None) -> str:
     """A sweep's job array on Slurm: task i runs ``run_dirs[i]``'s own batch script (``sbatch``), so each task is an
     ordinary run with its own directory. Its options are the runs' (``directives``), which must be one set: a point
     that asks Slurm for something else (more nodes, another partition) is refused.
@@ -323,9 +324,9 @@ def array(cfgs: list[Config], sweep_id: str, sweep_dir: Path, run_dirs: list[Pat
     Raises:
         ConfigError: the points differ in their ``#SBATCH`` options (the job name aside: the array takes the first's).
     """
-    first = directives(cfgs[0])
+    first = directives(cfgs[0], slurm_version)
     for i, cfg in enumerate(cfgs[1:], start=1):
-        mine = directives(cfg)
+        mine = directives(cfg, slurm_version)
         if mine[1:] != first[1:]:
             theirs = sorted(set(mine[1:]) - set(first[1:]))
             ours = sorted(set(first[1:]) - set(mine[1:]))

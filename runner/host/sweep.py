@@ -417,7 +417,8 @@ def plan(config: Path, axes: Sequence[str], points_file: Path | None = None, par
                                  [p.run.root for p in plans], cfg))
     queued = scheduler.of(sched).queue  # a queue takes the sweep as one job array
     limit = parallel or (len(points) if queued else 1)
-    array = render.array(cfgs, sweep.id, sweep.root, [p.run.root for p in plans], limit) if queued else None
+    array = render.array(cfgs, sweep.id, sweep.root, [p.run.root for p in plans], limit,
+                         scheduler.of(sched).slurm_version()) if queued else None
     return SweepPlan(sweep, config, points, plans, sched, limit, array,
                      (config, list(axes), points_file, parallel, allow_missing_image))
 
