@@ -147,13 +147,12 @@ def test_collect_stats_workers_run_in_the_image_and_survive_a_cancel(slurm_clust
 
 def test_the_apptainer_variant_is_the_sif_of_that_image_and_runs_every_rank_in_it(espnet3_image: Path,
                                                                                   tmp_path: Path) -> None:
-    """The README's Apptainer variant, as planned (no SIF is built here: making the SIF of this 6.3 GB image took 10.7
-    and 11 min on this 2-core machine, past what the podman tier can pay on each spec; the README gives the numbers of
-    a train stage run by hand inside it): with ``runner.container.runtime=apptainer`` on the podman variant's config,
-    `runner build` makes the SIF of the very podman image the podman test trains in (same spec hash and tag: podman
-    build, its docker-archive, ``apptainer build``, then the SIF's %test), and `runner submit` of the train stage on
-    2 nodes x 2 ranks runs each rank as ``apptainer exec`` of that SIF with the image's Python, the recipe directory
-    bound at its own path."""
+    """The README's Apptainer variant, as planned (no SIF is built here: making the SIF of this 6.3 GB image took 632 s
+    on this 2-core machine, `runner build` 697 s in all, past what the podman tier can pay on each spec): with
+    ``runner.container.runtime=apptainer`` on the podman variant's config, `runner build` makes the SIF of the very
+    podman image the podman test trains in (same spec hash and tag: podman build, its docker-archive, ``apptainer
+    build``, then the SIF's %test), and `runner submit` of the train stage on 2 nodes x 2 ranks runs each rank as
+    ``apptainer exec`` of that SIF with the image's Python, the recipe directory bound at its own path."""
     python, work = espnet3_python(), espnet3_image.parents[1]
     conf = espnet3_image.relative_to(work)
     images = test_containers.CACHE / "images"
