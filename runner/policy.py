@@ -362,7 +362,7 @@ def local_state(rec: Records) -> str:
     events, status = rec.events, rec.exit_status
     if cancelled_by_user(events):
         return "cancelled"
-    if status is None or (events and events[-1]["event"] in ("submitted", "resubmitted", "start")):
+    if status is None or (events and events[-1]["event"] in ("submitted", "resubmitted", "start", "restarted")):
         return "running" if any(e["event"] in ("start", "train_start") for e in events[-3:]) else "pending"
     if status.get("event") == "interrupted":  # a local run a person stopped (Ctrl-C)
         return "interrupted"
@@ -396,12 +396,13 @@ def job_alive(events: Sequence[Mapping[str, Any]]) -> bool:
     """The run's job was submitted, started or requeued and has not recorded its exit since.
 
     Training may be done, the job is not. A requeued job waits in the queue to start again, and so does the
-    successor a job handed over to: alive too.
+    successor a job handed over to: alive too. A job that restarted its training in itself (resume.in_job) is
+    between two steps.
     """
     for e in reversed(events):
         if e["event"] == "exit":
             return False
-        if e["event"] in ("start", "submitted", "resubmitted", "requeued", "handed_over", "took_over"):
+        if e["event"] in ("start", "submitted", "resubmitted", "requeued", "handed_over", "took_over", "restarted"):
             return True
     return False
 

@@ -484,7 +484,16 @@ UNASKED = [
                  id="exit recorded by the hook: the job ended -> resubmit"),
     pytest.param(rec(FINISHED, finished=True), "skip", "finished", id="finished: Slurm not needed"),
     pytest.param(rec(CANCELLED), "skip", "cancelled by the user", id="cancelled: Slurm not needed"),
+    pytest.param(rec([*FAILED, at(101, "restarted", job_id="4", reason="failed", attempt=2, nodes=["n1"], bad=[])]),
+                 "wait", "job 4 alive", id="restarted in the job, its next step not started yet -> wait"),
 ]
+
+
+def test_a_job_between_two_in_job_steps_is_running() -> None:
+    """The exit hook recorded the exit and the restart; the next step's start is a second away: still running."""
+    between = rec([*FAILED, at(101, "restarted", job_id="4", reason="failed", attempt=2, nodes=["n1"], bad=[])])
+    assert policy.local_state(between) == "running" and policy.job_alive(between.events)
+    assert policy.run_state(between, JobInfo("4", "RUNNING", "squeue")) == "running"
 
 
 @pytest.mark.parametrize("records, action, reason", UNASKED)
