@@ -104,6 +104,11 @@ def test_train_stage_inside_the_podman_image_on_two_nodes_of_two_ranks(slurm_clu
     assert sorted(r["hostname"] for r in info) == ["n1", "n1", "n2", "n2"]
     for r in info:
         assert (r["runtime"], r["image"], r["in_container"]) == ("podman", manifest["image"], True), r
+    # The preflight names the Python the ranks run, the image's, and found what run.py imports in it.
+    python = [c for c in json.loads((run / "preflight.json").read_text())["checks"] if c["name"] == "python"]
+    assert sorted(c["node"] for c in python) == ["n1", "n2"], python  # each node's first rank checks its own
+    assert {(c["status"], c["value"], c["threshold"]) for c in python} == \
+        {("pass", f"/usr/local/bin/python3.12 in podman {manifest['image']}", "finds espnet3")}, python
     assert next(e for e in events(run) if e["event"] == "finished")["step"] == 3 * 4  # ESPnet3's global step
     exp = recipe / "exp" / "podman_train"
     assert (exp / "last.ckpt").exists() and list(exp.glob("epoch*valid.loss.ckpt"))
