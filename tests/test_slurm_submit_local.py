@@ -22,8 +22,8 @@ def render_for(*overrides: str) -> str:
 
 
 def test_apptainer_and_none_differ_only_in_the_exec_prefix() -> None:
-    none = render_for("container.runtime=none").splitlines()
-    app = render_for("container.runtime=apptainer", "container.image=/shared/img.sif").splitlines()
+    none = [x.strip() for x in render_for("container.runtime=none").splitlines()]
+    app = [x.strip() for x in render_for("container.runtime=apptainer", "container.image=/shared/img.sif").splitlines()]
     changed = [(a, b) for a, b in zip(none, app, strict=True) if a != b]
     assert len(changed) == 1, changed
     a, b = changed[0]
@@ -40,7 +40,7 @@ def test_apptainer_and_none_differ_only_in_the_exec_prefix() -> None:
 
 def test_rendezvous_lines() -> None:
     text = render_for()
-    lines = text.splitlines()
+    lines = [x.strip() for x in text.splitlines()]  # the attempt's lines are indented in resume.in_job's loop
     assert any(x.startswith('begun=$("$RUNNER_PY" -m runner.host.jobhook begin') for x in lines)  # the rendezvous
     assert 'export OMP_NUM_THREADS="${SLURM_CPUS_PER_TASK:-1}"' in lines
     assert "#SBATCH --cpus-per-task=1" in lines and "#SBATCH --nodes=2" in lines
