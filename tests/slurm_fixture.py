@@ -66,12 +66,13 @@ def _session_lock(root: Path, timeout: float = 1800) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster() -> Iterator[Any]:
-    """A running `runner.dev.devcluster.Cluster`; SLURM_CONF points at it for the session.
+@contextlib.contextmanager
+def dev_cluster(nodes: int, restore: bool = False) -> Iterator[Any]:
+    """Under the session lock: the dev cluster with ``nodes`` nodes (2 fake GPUs each), SLURM_CONF pointing at it.
 
-    A healthy cluster that was already up before the session (same shape) is reused and left
-    running; one started here is always torn down, even when tests fail.
+    A healthy cluster of that shape that was already up is reused and left running. Otherwise the one started here
+    is torn down afterwards, even when tests fail; with ``restore``, a cluster of another shape that was up before is
+    brought back instead (a module that needs more nodes than the session's cluster).
     """
     _install()
     from runner.dev import devcluster
@@ -80,7 +81,7 @@ def slurm_cluster() -> Iterator[Any]:
     with _session_lock(devcluster.resolve_root()):
         before = devcluster.running()
         try:
-            cluster = devcluster.up(nodes=2, gpus_per_node=2)
+            cluster = devcluster.up(nodes=nodes, gpus_per_node=2)
         except ClusterError as exc:
             unavailable(str(exc))
             raise  # not reached: unavailable() skips or fails
@@ -93,5 +94,15 @@ def slurm_cluster() -> Iterator[Any]:
                 os.environ.pop("SLURM_CONF", None)
             else:
                 os.environ["SLURM_CONF"] = old_conf
-            if before != cluster:
+            if before != cluster and restore and before is not None:
+                devcluster.up(nodes=len(before.nodes), gpus_per_node=before.gpus_per_node,
+                              cpus_per_node=before.cpus_per_node)
+            elif before != cluster:
                 devcluster.down(cluster.root)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[Any]:
+    """A running `runner.dev.devcluster.Cluster` of 2 nodes; SLURM_CONF points at it for the session."""
+    with dev_cluster(2) as cluster:
+        yield cluster

@@ -25,6 +25,7 @@ from tests.conftest import fixture_tier
 from tests.test_failures import (
     assert_recovered,
     checkpoint_done,
+    env_for,
     events,
     final_weights,
     reference,
@@ -45,31 +46,10 @@ IN_JOB = ["resume.in_job=true", "slurm.spare_nodes=1", "watchdog.floor_s=5"]
 @fixture_tier("slurm")
 def cluster3() -> Iterator[devcluster.Cluster]:
     """The machine's dev cluster with 3 nodes for this module (a spare beside the run's 2), then as it was."""
-    from runner.errors import ClusterError
-    from tests.slurm_fixture import _install, _session_lock, unavailable
+    from tests.slurm_fixture import dev_cluster
 
-    _install()
-    with _session_lock(devcluster.resolve_root()):
-        before = devcluster.running()
-        try:
-            cluster = devcluster.up(nodes=3, gpus_per_node=2)
-        except ClusterError as exc:
-            unavailable(str(exc))
-            raise
-        old_conf = os.environ.get("SLURM_CONF")
-        os.environ["SLURM_CONF"] = str(cluster.conf)
-        try:
-            yield cluster
-        finally:
-            if old_conf is None:
-                os.environ.pop("SLURM_CONF", None)
-            else:
-                os.environ["SLURM_CONF"] = old_conf
-            if before is None:
-                devcluster.down(cluster.root)
-            elif before != cluster:
-                devcluster.up(nodes=len(before.nodes), gpus_per_node=before.gpus_per_node,
-                              cpus_per_node=before.cpus_per_node)
+    with dev_cluster(3, restore=True) as cluster:
+        yield cluster
 
 
 @pytest.fixture
@@ -81,10 +61,6 @@ def hook(cluster3: devcluster.Cluster) -> Iterator[Any]:
         yield server
     finally:
         server.stop()
-
-
-def env_for(cluster: devcluster.Cluster, hook: Any) -> dict[str, str]:
-    return {**os.environ, **cluster.env(), "OMP_NUM_THREADS": "1", "RUNNER_WEBHOOK_URL": hook.url}
 
 
 def rank_of(run: Path, rank: int, attempt: int) -> dict[str, Any]:
