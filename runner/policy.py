@@ -366,8 +366,8 @@ def local_state(rec: Records) -> str:
         return "running" if any(e["event"] in ("start", "train_start") for e in events[-3:]) else "pending"
     if status.get("event") == "interrupted":  # a local run a person stopped (Ctrl-C)
         return "interrupted"
-    if status.get("exit_code") == EXIT_REQUEUE:
-        return "preempted"
+    if status.get("exit_code") == EXIT_REQUEUE and status.get("event") in (None, "preempted", "timeout"):
+        return "preempted"  # a 75 the exit hook read as a failure (srun's SIGTERM after a rank died) is not one
     return "cancelled" if status.get("cancelled") else "failed"
 
 
@@ -427,8 +427,8 @@ def combine(local: str, job: JobInfo | None) -> str:
         return local
     if not job.terminal:
         return state
-    if exit_code(job.exit_code) == EXIT_REQUEUE or local == "preempted":
-        return "preempted"
+    if local == "preempted" or (exit_code(job.exit_code) == EXIT_REQUEUE and local != "failed"):
+        return "preempted"  # "failed": the exit hook recorded the 75 as the ranks' answer to a failed one
     if state == "completed":  # the batch script exited 0 but the launcher never wrote `finished`
         return "failed"
     return state

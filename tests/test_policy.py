@@ -89,6 +89,9 @@ TIMEOUT_REQUEUED = [*TRAINING, exited(100, "timeout", 75), at(100.5, "requeued",
 REQUEUED_RUNNING = [*TIMEOUT_REQUEUED, at(130, "start", job_id="4", restart_count=1),
                     at(135, "train_start", step=60, lost_steps=3, attempt=2, resumed_from="step-0000060")]
 PREEMPTED = [*TRAINING, exited(100, "preempted", 75)]
+# A rank was killed; srun's --kill-on-bad-exit SIGTERM made the others exit 75 before they saw the lost peer: the exit
+# hook (no signal to the batch script) records a failure, and the batch script still exits 75.
+KILLED_RANK_75 = [*TRAINING, {**exited(100, "failed", 75), "signal": "none"}]
 NODE_FAIL = [*TRAINING, exited(100, "failed", 1)]  # srun lost a rank on the dead node; the hook ran on n1
 NODE_FAIL_NO_HOOK = TRAINING  # the batch host itself died: no exit recorded
 RESUBMITTED_ONCE = [*FAILED, at(200, "resubmitted", job_id="9", reason="job 4 ended FAILED (exit 1)", attempt=2),
@@ -534,6 +537,8 @@ RUN_STATE = [
     pytest.param(rec(TIMEOUT_REQUEUED), None, "preempted", id="exit 75, requeue recorded"),
     pytest.param(rec(PREEMPTED), None, "preempted", id="exit 75"),
     pytest.param(rec(FAILED), None, "failed", id="exit 1"),
+    pytest.param(rec(KILLED_RANK_75), None, "failed",
+                 id="exit 75 the hook recorded as a failure (the ranks' answer to srun's SIGTERM)"),
     pytest.param(rec(PREFLIGHT_FAILED), None, "failed", id="preflight failed"),
     pytest.param(rec(LOCAL_CANCELLED, job=None, status={"exit_code": 76, "cancelled": True}), None, "cancelled",
                  id="local run cancelled (exit status marked)"),
@@ -561,6 +566,8 @@ RUN_STATE = [
     pytest.param(rec(TRAINING), JobInfo("9", "FAILED", "sacct", exit_code="75:0"), "preempted",
                  id="Slurm's exit code 75"),
     pytest.param(rec(FAILED), JobInfo("9", "WEIRD", "squeue"), "failed", id="unknown Slurm word: records decide"),
+    pytest.param(rec(KILLED_RANK_75), JobInfo("4", "FAILED", "sacct", exit_code="75:0"), "failed",
+                 id="Slurm's exit code 75, but the hook recorded a failure (a killed rank; CI stop 46)"),
 ]
 
 
@@ -581,6 +588,7 @@ COMBINE = [  # (the run directory's state, Slurm's answer) -> the state shown
     ("failed", "sacct_COMPLETED.txt", "failed"),  # exit 0 without `finished`
     ("preempted", "sacct_FAILED.txt", "preempted"),  # exit 75: requeue me
     ("running", JobInfo("9", "FAILED", "sacct", exit_code="75:0"), "preempted"),
+    ("failed", JobInfo("9", "FAILED", "sacct", exit_code="75:0"), "failed"),  # the hook read the 75 as a failure
     # Slurm forgot the job: the run directory is all there is
     ("failed", None, "failed"),
     ("failed", JobInfo("9", "WEIRD", "squeue"), "failed"),
