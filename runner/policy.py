@@ -209,17 +209,33 @@ def backoff(failed: int, limits: Limits) -> float:
 IN_JOB = ("failed", "hang", "preflight_failed")  # the ends an in-job restart may follow (preflight: with bad nodes)
 
 
-def step_nodes(allocation: Sequence[str], previous: Sequence[str], bad: Collection[str], needed: int) \
-        -> tuple[str, ...] | None:
+def step_nodes(allocation: Sequence[str], previous: Sequence[str], bad: Collection[str], needed: int,
+               doubtful: Collection[str] = ()) -> tuple[str, ...] | None:
     """The nodes the next training step of this job runs on: ``needed`` of the ``allocation`` (the job's nodes, in
     Slurm's order) that are not ``bad`` (named in this job: a hang's suspects, a failed preflight's nodes, a crash's
     node cause, nodes Slurm reports down), the ``previous`` step's first (the same placement where nothing changed),
     then spares in the allocation's order; None when too few are left (the job ends, the run goes on elsewhere).
+    When too few are left, the ``doubtful`` among the bad (``doubtful_nodes``: a hang's node, once) come back last:
+    the new attempt's preflight checks them before any rank trains, and a second hang there names them for good.
     In the allocation's order: srun places rank 0 on the first, which is the rendezvous (MASTER_ADDR)."""
     keep = [n for n in allocation if n in previous and n not in bad]
     spares = [n for n in allocation if n not in previous and n not in bad]
-    chosen = set((keep + spares)[:needed])
+    back = [n for n in allocation if n in bad and n in doubtful]
+    chosen = set((keep + spares + back)[:needed])
     return tuple(n for n in allocation if n in chosen) if len(chosen) >= needed else None
+
+
+def doubtful_nodes(ends: Sequence[tuple[str, Collection[str]]], down: Collection[str]) -> set[str]:
+    """The nodes named bad in this job that may train again when no spare is left: named once, by a hang, and by
+    nothing else (a hang's suspect is often healthy once its step is killed; a failed preflight, a crash's node
+    cause or a second hang is not doubt), and not ``down`` (Slurm's word now). ``ends``: each in-job end of this
+    job, oldest first, with the nodes it named (its outcome, its nodes)."""
+    named: dict[str, int] = {}
+    for _, nodes in ends:
+        for n in set(nodes):
+            named[n] = named.get(n, 0) + 1
+    sure = {n for outcome, nodes in ends if outcome != "hang" for n in nodes}
+    return {n for n, times in named.items() if times == 1 and n not in sure and n not in down}
 
 
 def after_exit(outcome: str, attempt: int, job_id: str | None, limits: Limits,
@@ -251,9 +267,14 @@ def after_exit(outcome: str, attempt: int, job_id: str | None, limits: Limits,
             return Decision("stop", f"{outcome}: {used} failed attempts, {used - 1} restarts of "
                                     f"resume.max_restarts={limits.max_restarts} used")
         if in_job is not None:
-            without = f" without {', '.join(bad_nodes)}" if bad_nodes else ""
-            return Decision("restart", f"{outcome}; restarted in job {job_id}{without} as attempt {attempt + 1}",
-                            nodes=tuple(in_job))
+            named = {n for e in events if e["event"] == "restarted" and e.get("job_id") == job_id
+                     for n in e.get("bad") or ()} | set(bad_nodes)
+            left = [n for n in bad_nodes if n not in in_job]
+            back = sorted(n for n in named if n in in_job)
+            without = f" without {', '.join(left)}" if left else ""
+            again = f" on {', '.join(back)} again (no spare left; its preflight decides)" if back else ""
+            return Decision("restart", f"{outcome}; restarted in job {job_id}{without}{again} as attempt "
+                                       f"{attempt + 1}", nodes=tuple(in_job))
     if outcome in ("hang", "preflight_failed") and bad_nodes:
         if used > limits.max_restarts:
             return Decision("give_up", f"{outcome} after {used - 1} failed attempts")

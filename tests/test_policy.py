@@ -326,6 +326,12 @@ IN_JOB_EXITS = [
                  id="a crash loop in one job stops at max_restarts"),
     pytest.param("hang", 3, IN_JOB, failed_attempts(3, "hang"), ["n2"], ("n1", "n3"), "stop", "resume.max_restarts=2",
                  id="hangs count too"),
+    pytest.param("failed", 2, IN_JOB, [*failed_attempts(1, "hang"), {"event": "restarted", "job_id": "4",
+                                                                      "bad": ["n1"]},
+                                       {"event": "start", "job_id": "4"}, {"event": "exit", "outcome": "failed"}],
+                 ["n2"], ("n1",), "restart",
+                 "failed; restarted in job 4 without n2 on n1 again (no spare left; its preflight decides) as "
+                 "attempt 3", id="a lost node, the spare hung before: the hang's node again, said so"),
     pytest.param("hang", 1, IN_JOB, failed_attempts(1, "hang"), ["n2"], None, "resubmit",
                  "hang; resubmitted without n2", id="no spare left: resubmitted without the node, as before"),
     pytest.param("failed", 1, IN_JOB, failed_attempts(1), (), None, "skip", "runner cron decides",
@@ -377,13 +383,39 @@ STEP_NODES = [
     pytest.param(["n1", "n2"], ["n1", "n2"], [], 2, ("n1", "n2"), id="no spares, nothing named"),
     pytest.param(["n1", "n2"], ["n1", "n2"], ["n9"], 2, ("n1", "n2"), id="a node outside the job named"),
     pytest.param(["n1"], [], [], 2, None, id="fewer nodes than needed"),
+    # doubtful: a hang's node, once; it comes back only when no spare is left
+    pytest.param(["n1", "n2", "n3"], ["n1", "n2"], ["n2"], 2, ("n1", "n3"), ["n2"],
+                 id="a spare is left: the hang's node waits"),
+    pytest.param(["n1", "n2"], ["n2"], ["n1", "n2"], 1, ("n1",), ["n1"],
+                 id="the step's node lost, the spare hung before: the hang's node trains again"),
+    pytest.param(["n1", "n2", "n3"], ["n1", "n3"], ["n2", "n3"], 2, ("n1", "n2"), ["n2"],
+                 id="the last spare lost: the hang's node joins"),
+    pytest.param(["n1", "n2"], ["n2"], ["n1", "n2"], 1, None, [], id="nothing doubtful: none left"),
 ]
 
 
-@pytest.mark.parametrize("allocation, previous, bad, needed, chosen", STEP_NODES)
+@pytest.mark.parametrize("allocation, previous, bad, needed, chosen, doubtful",
+                         [p if len(p.values) == 6 else pytest.param(*p.values, [], id=p.id) for p in STEP_NODES])
 def test_step_nodes(allocation: list[str], previous: list[str], bad: list[str], needed: int,
-                    chosen: tuple[str, ...] | None) -> None:
-    assert policy.step_nodes(allocation, previous, bad, needed) == chosen
+                    chosen: tuple[str, ...] | None, doubtful: list[str]) -> None:
+    assert policy.step_nodes(allocation, previous, bad, needed, doubtful) == chosen
+
+
+DOUBTFUL = [  # (each in-job end of the job: its outcome and the nodes it named, Slurm's down nodes now) -> doubtful
+    pytest.param([("hang", ["n2"])], [], {"n2"}, id="a hang's node, once"),
+    pytest.param([("hang", ["n2"]), ("hang", ["n2"])], [], set(), id="named by two hangs: bad for good"),
+    pytest.param([("hang", ["n2"]), ("preflight_failed", ["n2"])], [], set(),
+                 id="its preflight failed when it came back"),
+    pytest.param([("failed", ["n2"])], [], set(), id="a crash's node cause or a lost node: not doubt"),
+    pytest.param([("hang", ["n2"])], ["n2"], set(), id="Slurm reports it down now"),
+    pytest.param([("hang", ["n1"]), ("failed", ["n2"])], ["n2"], {"n1"},
+                 id="the goodput scenario: the hang's n1 may take the lost n2's place"),
+]
+
+
+@pytest.mark.parametrize("ends, down, doubtful", DOUBTFUL)
+def test_doubtful_nodes(ends: list[tuple[str, list[str]]], down: list[str], doubtful: set[str]) -> None:
+    assert policy.doubtful_nodes(ends, down) == doubtful
 
 
 # ---------------------------------------------------------------------------------------------------------------

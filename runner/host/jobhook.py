@@ -86,17 +86,21 @@ def _batch_output(run: RunDir, job: str | None, rec: policy.Records) -> list[str
         return []
 
 
-def step_nodes(run: RunDir, cfg: Any, events: list[Any], job: str | None, named: list[str]) \
+def step_nodes(cfg: Any, events: list[Any], job: str | None, outcome: str, named: list[str]) \
         -> tuple[list[str], tuple[str, ...] | None]:
     """resume.in_job: the nodes this end names bad (``named``, and the job's nodes Slurm reports down), and those the
-    next step of this job would train on (``policy.step_nodes``: without every node named bad in this job so far;
-    None when too few are left)."""
+    next step of this job would train on (``policy.step_nodes``: without every node named bad in this job so far,
+    unless none is left but a hang's node, ``policy.doubtful_nodes``; None when too few are left)."""
     nodelist = os.environ.get("SLURM_JOB_NODELIST", "")
     allocation = slurm.hostnames(nodelist)
     previous = [n for n in os.environ.get(world.STEP_NODES_ENV, "").split(",") if n] or allocation
-    bad = sorted(set(named) | set(slurm.unhealthy(nodelist)))
-    earlier = {n for e in events if e["event"] == "restarted" and e.get("job_id") == job for n in e.get("bad") or ()}
-    return bad, policy.step_nodes(allocation, previous, earlier | set(bad), cfg["num_nodes"])
+    down = set(slurm.unhealthy(nodelist))
+    bad = sorted(set(named) | down)
+    ends = [(str(e.get("reason")), list(e.get("bad") or ())) for e in events
+            if e["event"] == "restarted" and e.get("job_id") == job]
+    ends.append((outcome, bad))
+    earlier = {n for _, nodes in ends for n in nodes}
+    return bad, policy.step_nodes(allocation, previous, earlier, cfg["num_nodes"], policy.doubtful_nodes(ends, down))
 
 
 def on_exit(run: RunDir, rc: int, signal_name: str, again: bool = False) -> int:
@@ -130,7 +134,7 @@ def on_exit(run: RunDir, rc: int, signal_name: str, again: bool = False) -> int:
     heir = _successor(observe.answer(seen, using=slurm.squeue_many))
     in_job = None
     if again and limits.in_job and event in policy.IN_JOB and not probe_only:
-        bad, in_job = step_nodes(run, cfg, [*rec.events], job, bad)
+        bad, in_job = step_nodes(cfg, [*rec.events], job, event, bad)
     ran_on = [n for n in os.environ.get(world.STEP_NODES_ENV, "").split(",") if n]
     down = sorted(set(bad) - set(why.bad))
     if event == "failed" and (lost := [n for n in down if n in ran_on]):  # a lost node, not its peers' echo, ended it
