@@ -175,6 +175,8 @@ def test_spare_nodes_allocate_more_and_each_step_trains_on_num_nodes() -> None:
     assert ' srun --kill-on-bad-exit=1 --nodes=4 --ntasks=32 --overlap --nodelist="$RUNNER_STEP_NODES" ' in both
     assert "--nodelist" not in next(line for line in plain if " srun --kill" in line)
     assert any("begin --nodes 4 " in line for line in spare)
+    unfinished = '[ "$rc" -ne 0 ] || [ -e "$RUN_DIR/finished" ] || rc=1'  # srun's 0 after a lost node under --no-kill
+    assert unfinished in spare and unfinished not in plain
 
 
 def test_in_job_restart_loops_only_when_configured() -> None:
