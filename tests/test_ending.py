@@ -52,6 +52,9 @@ CASES = [
     ("failed", {"crashes": {1: RAISED}}, [],  # no scheduler saw a rank end: the earliest crash record
      ("Python exception: RuntimeError: injected fault at train.py:9 in step, step 12", "exception", None, [])),
     ("failed", {}, [], (None, None, None, [])),  # nothing seen: the alert guesses from the logs
+    # resume.in_job: a step node Slurm reports down ended it, not its peers' connection errors (nor rank 1's kill)
+    ("failed", {"crashes": {0: ECHO}, "lost": ["n2"]}, SRUN_KILLED,
+     ("node failure: Slurm reports n2 down", "node_failure", 1, [])),
     ("hang", {"hang": HANG}, [RankExit(0, 79, 1.0, "n1")],
      ("rank 1 on n2 is not responding (in backward)", "hang", 0, ["n2"])),
     ("hang", {"hang": {**HANG, "attempt": 3}}, [RankExit(0, 79, 1.0, "n1")],  # an older attempt's report: not this
@@ -76,9 +79,11 @@ CASES = [
 @pytest.mark.parametrize(("event", "left", "exits", "want"), CASES)
 def test_the_cause_is_the_same_whichever_scheduler_saw_the_end(tmp_path: Path, event: str, left: dict[str, Any],
                                                               exits: list[RankExit], want: tuple[Any, ...]) -> None:
+    left = dict(left)
+    lost = left.pop("lost", [])  # the step's nodes Slurm reports down, where the exit hook asked
     run = run_dir(tmp_path, **left)
     event, _, notice = event.partition(":")  # the signal the batch shell got, where the exit hook knows it
-    w = ending.why(run, event, 1, NAN if event == "nan" else [], exits, notice=notice or None)
+    w = ending.why(run, event, 1, NAN if event == "nan" else [], exits, notice=notice or None, lost=lost)
     assert (w.sentence, w.cause.kind if w.cause else None, w.rank, w.bad) == want
     fields = ending.alert_fields(run, w, 1)
     assert fields.get("cause") == want[0] and fields.get("cause_kind") == want[1]

@@ -86,16 +86,14 @@ def _batch_output(run: RunDir, job: str | None, rec: policy.Records) -> list[str
         return []
 
 
-def step_nodes(cfg: Any, events: list[Any], job: str | None, outcome: str, named: list[str]) \
+def step_nodes(cfg: Any, events: list[Any], job: str | None, outcome: str, named: list[str], down: list[str]) \
         -> tuple[list[str], tuple[str, ...] | None]:
-    """resume.in_job: the nodes this end names bad (``named``, and the job's nodes Slurm reports down), and those the
-    next step of this job would train on (``policy.step_nodes``: without every node named bad in this job so far,
-    unless none is left but a hang's node, ``policy.doubtful_nodes``; None when too few are left)."""
-    nodelist = os.environ.get("SLURM_JOB_NODELIST", "")
-    allocation = slurm.hostnames(nodelist)
+    """resume.in_job: the nodes this end names bad (``named``, and ``down``, the job's nodes Slurm reports down), and
+    those the next step of this job would train on (``policy.step_nodes``: without every node named bad in this job
+    so far, unless none is left but a hang's node, ``policy.doubtful_nodes``; None when too few are left)."""
+    allocation = slurm.hostnames(os.environ.get("SLURM_JOB_NODELIST", ""))
     previous = [n for n in os.environ.get(world.STEP_NODES_ENV, "").split(",") if n] or allocation
-    down = set(slurm.unhealthy(nodelist))
-    bad = sorted(set(named) | down)
+    bad = sorted(set(named) | set(down))
     ends = [(str(e.get("reason")), list(e.get("bad") or ())) for e in events
             if e["event"] == "restarted" and e.get("job_id") == job]
     ends.append((outcome, bad))
@@ -127,19 +125,19 @@ def on_exit(run: RunDir, rc: int, signal_name: str, again: bool = False) -> int:
         return 0
     number = os.environ.get(ATTEMPT_ENV, "")
     logs = int(number) if number.isdigit() else (run.attempts() or [0])[-1]  # the attempt's log folder
-    why = ending.why(run, event, logs, rec.events, causes.srun_exits(_batch_output(run, job, rec)), notice=signal_name)
+    probe_only = cfg["preflight"].get("only") is True  # `runner preflight`: a report, never a resubmission
+    restartable = again and limits.in_job and event in policy.IN_JOB and not probe_only
+    down = sorted(slurm.unhealthy(os.environ.get("SLURM_JOB_NODELIST", ""))) if restartable else []
+    ran_on = [n for n in os.environ.get(world.STEP_NODES_ENV, "").split(",") if n]
+    why = ending.why(run, event, logs, rec.events, causes.srun_exits(_batch_output(run, job, rec)), notice=signal_name,
+                     lost=[n for n in down if n in ran_on])
     crash, bad = why.crash, why.bad
     this_exit = {"event": "exit", "outcome": event, "crash": crash, "time": time.time()}
-    probe_only = cfg["preflight"].get("only") is True  # `runner preflight`: a report, never a resubmission
     heir = _successor(observe.answer(seen, using=slurm.squeue_many))
     in_job = None
-    if again and limits.in_job and event in policy.IN_JOB and not probe_only:
-        bad, in_job = step_nodes(cfg, [*rec.events], job, event, bad)
-    ran_on = [n for n in os.environ.get(world.STEP_NODES_ENV, "").split(",") if n]
-    down = sorted(set(bad) - set(why.bad))
-    if event == "failed" and (lost := [n for n in down if n in ran_on]):  # a lost node, not its peers' echo, ended it
-        why = dataclasses.replace(why, cause=causes.Cause("node_failure", f"Slurm reports {', '.join(lost)} down",
-                                                          node=", ".join(lost)))
+    if restartable:
+        bad, in_job = step_nodes(cfg, [*rec.events], job, event, bad, down)
+    down = [n for n in down if n not in why.bad]
     decision = policy.after_exit(event, attempt, job, limits, [*rec.events, this_exit], () if probe_only else bad,
                                  heir, in_job)
     if heir and decision.action not in ("hand_over", "restart"):  # before this job ends: else Slurm would start it
