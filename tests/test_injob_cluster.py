@@ -3,8 +3,10 @@
 SIGSTOPped rank (the hang is named, rank and node, and the spare takes the node's place) and a lost node (its slurmd
 and tasks killed: the spare again), each from the newest complete checkpoint and bitwise equal to an undisturbed run
 (the exact-resume config of tests/test_failures.py); a crash loop inside one job stops at resume.max_restarts with
-one ``stopped`` and its alerts on a real HTTP server. Each test prints the seconds from the fault to the new
-attempt's first training (its ``train_start`` in the ledger).
+one ``stopped`` and its alerts on a real HTTP server. Programs nobody here wrote get the same: PyTorch's torchrun
+tutorial script (its own snapshot) and a plain Lightning script (runner's checkpoints) train again in the same job
+after a SIGKILLed rank. Each test prints the seconds from the fault to the new attempt's first training (its
+``train_start`` in the ledger).
 """
 
 from __future__ import annotations
@@ -206,3 +208,56 @@ def test_a_crash_loop_in_one_job_stops_at_max_restarts(cluster3: devcluster.Clus
     runner(env, "cron", "--root", str(tmp_path))  # stopped for a person: cron leaves it
     one_job(run)
     assert status(env, run)["job_id"] == job
+
+
+# Program mode: the program's own keys at the top of program.yaml, runner's in its `runner:` block.
+PROGRAM_IN_JOB = ["runner.resume.in_job=true", "runner.slurm.spare_nodes=1"]
+
+
+def test_a_lightning_script_trains_again_in_the_same_job_from_runners_checkpoint(cluster3: devcluster.Cluster,
+                                                                                 tmp_path: Path) -> None:
+    """A plain Lightning script (tests/programs/lightning_train.py: its own argparse, Trainer and loaders; runner
+    checkpoints it), 2 nodes x 2 ranks and a spare: a SIGKILLed rank, and the script trains again in the same job
+    from runner's newest complete checkpoint to its last step."""
+    from tests.test_program_cluster import FLAGS, STEPS, cluster_env, complete_steps, exits, program, ranks
+    from tests.test_program_cluster import submit as submit_program
+
+    env = cluster_env(cluster3)
+    program(tmp_path / "work", FLAGS)
+    run = submit_program(env, tmp_path / "work", tmp_path / "runs", *PROGRAM_IN_JOB)
+    wait_for("checkpoint 20", lambda: checkpoint_done(run, 20), 120, run)
+    victim = ranks(run)[3]
+    killed_at = time.time()
+    os.kill(victim["pid"], signal.SIGKILL)
+    wait_for("the job's end", lambda: (run / "finished").exists() and len(exits(run)) == 2, 240, run)
+    one_job(run)
+    [restarted] = [e for e in events(run) if e["event"] == "restarted"]
+    assert restarted["nodes"] == ["n1", "n2"] and restarted["bad"] == [], restarted
+    starts = [e for e in events(run) if e["event"] == "train_start"]
+    assert starts[0]["step"] == 0 and starts[1]["step"] >= 20 and starts[1]["step"] in complete_steps(run), starts
+    assert [e["step"] for e in events(run) if e["event"] == "finished"] == [STEPS]
+    assert [e["outcome"] for e in exits(run)] == ["failed", "completed"], exits(run)
+    recovery_s(run, killed_at)
+
+
+def test_the_torchrun_tutorial_script_trains_again_in_the_same_job_from_its_own_snapshot(
+        cluster3: devcluster.Cluster, tmp_path: Path) -> None:
+    """PyTorch's multinode torchrun tutorial script (its own epoch snapshot; runner has no checkpoint of it), 2 nodes
+    x 1 rank and a spare: a SIGKILLed rank, and the script trains again in the same job, from its snapshot."""
+    from tests.test_program_cluster import exits, rank_log
+    from tests.test_user_programs_cluster import start
+    from tests.test_user_programs_cluster import training as stepping
+
+    run, _ = start(cluster3, tmp_path, "torchrun", 6, 0.05, *PROGRAM_IN_JOB)
+    snapshot = tmp_path / "work" / "snapshot.pt"
+    wait_for("its first snapshot", lambda: snapshot.exists() and stepping(run, "torchrun"), 120, run)
+    victim = json.loads((run / "ranks" / "rank-00001.json").read_text())
+    killed_at = time.time()
+    os.kill(victim["pid"], signal.SIGKILL)
+    wait_for("the job's end", lambda: (run / "finished").exists() and len(exits(run)) == 2, 240, run)
+    one_job(run)
+    assert [e["outcome"] for e in exits(run)] == ["failed", "completed"], exits(run)
+    second = rank_log(run, 0, 2)
+    assert "Resuming training from snapshot at Epoch" in second and "[RANK0] done" in second, second[-2000:]
+    [again] = [e for e in events(run) if e["event"] == "start" and e["time"] > killed_at]  # it reports no steps
+    print(f"\n{run.name}: SIGKILL -> attempt 2's start hook: {again['time'] - killed_at:.1f} s")

@@ -50,9 +50,10 @@ LINES = {
 }
 
 
-def start(cluster: devcluster.Cluster, tmp: Path, kind: str, epochs: int, sleep: float) -> tuple[Path, dict[str, str]]:
+def start(cluster: devcluster.Cluster, tmp: Path, kind: str, epochs: int, sleep: float,
+          *overrides: str) -> tuple[Path, dict[str, str]]:
     """The programs copied into ``tmp/work`` and ``program.yaml`` running ``kind`` on 2 nodes x 1 rank, submitted
-    from there: its run directory and the environment."""
+    from there (with ``overrides``: ``runner.resume.in_job=true``, say): its run directory and the environment."""
     work = tmp / "work"
     work.mkdir(parents=True)
     for program in PROGRAMS.glob("*.py"):
@@ -64,7 +65,7 @@ def start(cluster: devcluster.Cluster, tmp: Path, kind: str, epochs: int, sleep:
         doc.update(CLI, trainer={**CLI["trainer"], "max_steps": epochs})
     (work / "program.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     env = cluster_env(cluster)
-    return submit(env, work, tmp / "runs"), env
+    return submit(env, work, tmp / "runs", *overrides), env
 
 
 def steps(kind: str, run: Path, attempt: int = 1) -> dict[tuple[str, str], dict[int, tuple[str, str]]]:
