@@ -225,6 +225,13 @@ def step_nodes(allocation: Sequence[str], previous: Sequence[str], bad: Collecti
     return tuple(n for n in allocation if n in chosen) if len(chosen) >= needed else None
 
 
+def in_job_ends(events: Sequence[Mapping[str, Any]], job_id: str | None) -> list[tuple[str, list[str]]]:
+    """Each in-job restart of job ``job_id`` so far, oldest first: the end it followed and the nodes that end named
+    (the ``restarted`` records' ``reason`` and ``bad``)."""
+    return [(str(e.get("reason")), list(e.get("bad") or ())) for e in events
+            if e["event"] == "restarted" and e.get("job_id") == job_id]
+
+
 def doubtful_nodes(ends: Sequence[tuple[str, Collection[str]]], down: Collection[str]) -> set[str]:
     """The nodes named bad in this job that may train again when no spare is left: named once, by a hang, and by
     nothing else (a hang's suspect is often healthy once its step is killed; a failed preflight, a crash's node
@@ -267,8 +274,7 @@ def after_exit(outcome: str, attempt: int, job_id: str | None, limits: Limits,
             return Decision("stop", f"{outcome}: {used} failed attempts, {used - 1} restarts of "
                                     f"resume.max_restarts={limits.max_restarts} used")
         if in_job is not None:
-            named = {n for e in events if e["event"] == "restarted" and e.get("job_id") == job_id
-                     for n in e.get("bad") or ()} | set(bad_nodes)
+            named = {n for _, nodes in in_job_ends(events, job_id) for n in nodes} | set(bad_nodes)
             left = [n for n in bad_nodes if n not in in_job]
             back = sorted(n for n in named if n in in_job)
             without = f" without {', '.join(left)}" if left else ""

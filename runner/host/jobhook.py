@@ -86,17 +86,20 @@ def _batch_output(run: RunDir, job: str | None, rec: policy.Records) -> list[str
         return []
 
 
+def _ran_on() -> list[str]:
+    """The nodes this step trained on (``world.STEP_NODES_ENV``, set with slurm.spare_nodes); [] when not set."""
+    return [n for n in os.environ.get(world.STEP_NODES_ENV, "").split(",") if n]
+
+
 def step_nodes(cfg: Any, events: list[Any], job: str | None, outcome: str, named: list[str], down: list[str]) \
         -> tuple[list[str], tuple[str, ...] | None]:
     """resume.in_job: the nodes this end names bad (``named``, and ``down``, the job's nodes Slurm reports down), and
     those the next step of this job would train on (``policy.step_nodes``: without every node named bad in this job
     so far, unless none is left but a hang's node, ``policy.doubtful_nodes``; None when too few are left)."""
     allocation = slurm.hostnames(os.environ.get("SLURM_JOB_NODELIST", ""))
-    previous = [n for n in os.environ.get(world.STEP_NODES_ENV, "").split(",") if n] or allocation
+    previous = _ran_on() or allocation
     bad = sorted(set(named) | set(down))
-    ends = [(str(e.get("reason")), list(e.get("bad") or ())) for e in events
-            if e["event"] == "restarted" and e.get("job_id") == job]
-    ends.append((outcome, bad))
+    ends = [*policy.in_job_ends(events, job), (outcome, bad)]
     earlier = {n for _, nodes in ends for n in nodes}
     return bad, policy.step_nodes(allocation, previous, earlier, cfg["num_nodes"], policy.doubtful_nodes(ends, down))
 
@@ -128,7 +131,7 @@ def on_exit(run: RunDir, rc: int, signal_name: str, again: bool = False) -> int:
     probe_only = cfg["preflight"].get("only") is True  # `runner preflight`: a report, never a resubmission
     restartable = again and limits.in_job and event in policy.IN_JOB and not probe_only
     down = sorted(slurm.unhealthy(os.environ.get("SLURM_JOB_NODELIST", ""))) if restartable else []
-    ran_on = [n for n in os.environ.get(world.STEP_NODES_ENV, "").split(",") if n]
+    ran_on = _ran_on()
     why = ending.why(run, event, logs, rec.events, causes.srun_exits(_batch_output(run, job, rec)), notice=signal_name,
                      lost=[n for n in down if n in ran_on])
     crash, bad = why.crash, why.bad
