@@ -123,6 +123,34 @@ def test_status_asks_the_scheduler_the_manifest_names(tmp_path: Path) -> None:
     assert status.ended(run) is False
 
 
+@pytest.mark.parametrize(("records", "finished", "held", "manifest", "want"), [
+    # the ranks still run after rank 0's `finished` marker and its last log lines: `logs --follow` keeps reading
+    (("start", "finished"), True, True, "local", False),
+    (("start", "finished"), True, False, "local", True),
+    (("start", "cancelled"), False, True, "local", False),  # the ranks checkpoint and exit after the record
+    (("start", "finished", "exit"), True, True, "local", True),  # the job's exit is recorded after its ranks'
+    (("start", "gave_up"), False, True, "local", True),
+    (("start",), False, True, "local", False),
+    (("start", "finished"), True, True, "neither", True),  # no scheduler to ask: the run's own word
+    (("start",), False, True, "neither", False),
+])
+def test_a_run_ended_once_its_processes_have(tmp_path: Path, records: tuple[str, ...], finished: bool, held: bool,
+                                              manifest: str, want: bool) -> None:
+    import fcntl
+
+    run = RunDir(tmp_path / "r")
+    run.root.mkdir()
+    run.manifest.write_text(f'{{"scheduler": "{manifest}"}}')
+    for event in records:
+        run.record(event)  # type: ignore[call-overload]
+    if finished:
+        run.finished.write_text("{}")
+    with open(run.owner_lock, "a") as lock:
+        if held:  # a live local run holds its owner lock
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        assert status.ended(run) is want
+
+
 _COMPARISON = re.compile(r"""scheduler["'\]\)]*\s*[!=]=|[!=]=\s*["'](?:local|slurm)["']\s*(?:#|$|\)|:| and| or)""")
 
 

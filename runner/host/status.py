@@ -419,18 +419,26 @@ def ranks(run: RunDir) -> str:
 
 
 def ended(run: RunDir) -> bool | None:
-    """Nothing more will be written to the logs (until a resubmission): finished, exited or cancelled.
+    """Nothing more will be written to the logs (until a resubmission): the job's exit was recorded, or it gave up.
 
-    None when Slurm does not know the job (any more, or its commands failed): the caller decides how long
-    to believe that, since a controller restart or a network blip looks the same.
+    A ``finished`` marker or a ``cancelled`` record is written while the ranks still run (rank 0 logs its last
+    line after it): the run has ended once the scheduler says its processes have, or no longer knows them. None
+    when Slurm does not know a job that wrote no end (any more, or its commands failed): the caller decides how
+    long to believe that, since a controller restart or a network blip looks the same.
     """
-    if run.finished.exists():
-        return True
     events = run.events()
-    if events and events[-1]["event"] in ("exit", "cancelled", "finished", "gave_up"):
+    last = events[-1]["event"] if events else None
+    if last in ("exit", "gave_up"):
         return True
     manifest = run.manifest_record() or {}
-    return False if _is_parallel(manifest) else scheduler.of_manifest(manifest).ended(run, run.job_id(), events)
+    ending = run.finished.exists() or last in ("cancelled", "finished")
+    if _is_parallel(manifest):
+        return ending
+    sched = scheduler.of_manifest(manifest)
+    if ending and sched is scheduler.RECORDS:  # no scheduler to ask: the run's own word
+        return True
+    live = sched.ended(run, run.job_id(), events)
+    return live is not False if ending else live
 
 
 @dataclass(frozen=True)
