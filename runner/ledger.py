@@ -19,7 +19,7 @@ from typing import Any, Literal, NotRequired, TypedDict, TypeGuard, Unpack, get_
 EventName = Literal[
     # a submission and its jobs (the login node, the batch script's hooks)
     "submitted", "resubmitted", "resized", "cancelled", "start", "exit", "superseded", "requeued",
-    "restarted", "requeue_failed", "handed_over", "took_over", "stopped", "gave_up", "hook_failed",
+    "restarted", "nodes_lost", "requeue_failed", "handed_over", "took_over", "stopped", "gave_up", "hook_failed",
     "hook_failure_alerted",
     # resume.successor: the job queued behind the run's job
     "successor_queued", "successor_failed", "successor_cancelled",
@@ -114,6 +114,16 @@ class Requeued(TypedDict):
     job_id: str | None
     reason: str
     attempt: int
+
+
+class NodesLost(TypedDict):
+    """The step reaper (resume.in_job with spares) ended a step on nodes it found lost before Slurm marked them down:
+    their ranks silent, their peers failed (``runner.policy.lost_nodes``)."""
+
+    job_id: str | None
+    attempt: int
+    nodes: list[str]
+    silent_s: float  # how long their ranks had not beaten when the step was ended
 
 
 class Restarted(TypedDict):
@@ -282,7 +292,7 @@ class Finished(TypedDict, total=False):
 
 EVENT_FIELDS: dict[EventName, type[Mapping[str, Any]]] = {
     "submitted": Submitted, "resubmitted": Resubmitted, "resized": Resized, "cancelled": Cancelled, "start": Start,
-    "exit": Exit, "superseded": Superseded, "requeued": Requeued, "restarted": Restarted,
+    "exit": Exit, "superseded": Superseded, "requeued": Requeued, "restarted": Restarted, "nodes_lost": NodesLost,
     "requeue_failed": RequeueFailed,
     "handed_over": HandedOver, "took_over": TookOver, "stopped": Stopped, "gave_up": GaveUp,
     "hook_failed": HookFailed, "hook_failure_alerted": HookFailureAlerted, "successor_queued": SuccessorQueued,
@@ -322,6 +332,8 @@ class Ledger:
     def record(self, event: Literal["requeued"], **fields: Unpack[Requeued]) -> None: ...
     @overload
     def record(self, event: Literal["restarted"], **fields: Unpack[Restarted]) -> None: ...
+    @overload
+    def record(self, event: Literal["nodes_lost"], **fields: Unpack[NodesLost]) -> None: ...
     @overload
     def record(self, event: Literal["requeue_failed"], **fields: Unpack[RequeueFailed]) -> None: ...
     @overload

@@ -245,6 +245,23 @@ def doubtful_nodes(ends: Sequence[tuple[str, Collection[str]]], down: Collection
     return {n for n, times in named.items() if times == 1 and n not in sure and n not in down}
 
 
+def lost_nodes(hosts: Mapping[int, str], ended: Mapping[int, Mapping[str, Any]], quiet: Mapping[int, float],
+               world: int, silent_s: float) -> tuple[str, ...]:
+    """The step's nodes runner calls lost before Slurm does (the step reaper, resume.in_job with spares): a rank
+    failed and said so (``ended``: the ranks whose processes wrote their end, with its ``code`` and ``host``), and
+    every rank of such a node neither said it ended nor beat for ``silent_s`` (``quiet``: how long each rank's
+    heartbeat has not changed, as the reaper saw it). srun would wait for Slurm to mark the node down (SlurmdTimeout
+    and its ping); a node with any rank that said it ended is reachable and never lost. () while undecided: not
+    every rank of the step known (``hosts`` from their records), a rank never seen beating, or one beat lately."""
+    if len(hosts) < world or not any(int(e.get("code", 0)) != 0 for e in ended.values()):
+        return ()
+    silent = [r for r in hosts if r not in ended]
+    if not silent or any(quiet.get(r, 0.0) < silent_s for r in silent):
+        return ()
+    reachable = {hosts[r] for r in ended if r in hosts} | {str(e.get("host")) for e in ended.values()}
+    return tuple(sorted({hosts[r] for r in silent} - reachable))
+
+
 def after_exit(outcome: str, attempt: int, job_id: str | None, limits: Limits,
                events: Sequence[Mapping[str, Any]] = (), bad_nodes: Sequence[str] = (),
                successor: str | None = None, in_job: Sequence[str] | None = None) -> Decision:

@@ -68,6 +68,18 @@ def exit_status(raw: Any) -> ExitStatus | None:
     return status
 
 
+class RankExit(TypedDict):
+    """``ranks/exit-XXXXX.json``: a rank's process is ending, written on its way out (the launcher's exit, or the
+    watchdog's after a hang). The step reaper (``runner.host.jobhook.reap``) tells a node whose ranks all ended
+    without one, and stopped beating, from nodes whose ranks ended: the first is lost."""
+
+    rank: int
+    host: str
+    attempt: int | None
+    code: int
+    time: float
+
+
 class LastExit(TypedDict):
     """``last_exit.json``: the exit code every rank agreed on, for the batch script's exit hook (srun reports 143 for
     the ranks its ``--kill-on-bad-exit`` ended). Writers: rank 0's launcher, or the watchdog of the rank that

@@ -13,6 +13,7 @@ import fcntl
 import json
 import logging
 import os
+import socket
 import stat
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -23,7 +24,7 @@ from typing import IO, Any
 from runner import records, redaction
 from runner.errors import RunnerError
 from runner.ledger import EventName, Ledger, normalize
-from runner.records import ExitStatus, LastExit, ProgramOutcome, ResumeVerdict, RunManifest
+from runner.records import ExitStatus, LastExit, ProgramOutcome, RankExit, ResumeVerdict, RunManifest
 
 log = logging.getLogger(__name__)
 
@@ -405,6 +406,38 @@ class RunDir(Ledger):
 
     def rank_record(self, rank: int) -> Path:
         return self.ranks / f"rank-{rank:05d}.json"
+
+    def rank_exit(self, rank: int) -> Path:  # written as the rank's process ends (records.RankExit)
+        return self.ranks / f"exit-{rank:05d}.json"
+
+    def write_rank_exit(self, rank: int, attempt: int | None, code: int) -> None:
+        """Say this rank's process is ending; never fails the exit (a full or gone filesystem: the reaper waits for
+        Slurm's word instead)."""
+        mark: RankExit = {"rank": rank, "host": socket.gethostname(), "attempt": attempt, "code": code,
+                          "time": time.time()}
+        with contextlib.suppress(OSError):
+            atomic_write(self.rank_exit(rank), json.dumps(mark) + "\n")
+
+    def rank_exits(self, attempt: int) -> dict[int, RankExit]:
+        """The ranks of ``attempt`` whose processes said they ended, by rank."""
+        marks: dict[int, RankExit] = {}
+        for p in self.ranks.glob("exit-*.json"):
+            mark = read_json(p)
+            if isinstance(mark, dict) and mark.get("attempt") == attempt and isinstance(mark.get("rank"), int):
+                marks[mark["rank"]] = mark  # type: ignore[assignment]
+        return marks
+
+    def rank_hosts(self, attempt: int) -> dict[int, str]:
+        """The node of each rank of ``attempt``: from its heartbeat, else from the launcher's record of the rank
+        (``ranks/rank-XXXXX.json``, written before training), so a rank stopped before its first heartbeat is named
+        with its node too. Another attempt's files never name a node (its ranks may have run elsewhere)."""
+        hosts: dict[int, str] = {}
+        for folder, key in ((self.ranks, "hostname"), (self.heartbeats, "host")):
+            for rank, p in RunDir.by_rank(folder).items():
+                b = read_json(p)
+                if isinstance(b, dict) and b.get("attempt") == attempt and b.get(key):
+                    hosts[rank] = str(b[key])
+        return hosts
 
     def rank_params(self, rank: int) -> Path:  # fsdp: the parameter elements one rank holds
         return self.ranks / f"params-rank{rank:05d}.json"

@@ -55,6 +55,9 @@ CASES = [
     # resume.in_job: a step node Slurm reports down ended it, not its peers' connection errors (nor rank 1's kill)
     ("failed", {"crashes": {0: ECHO}, "lost": ["n2"]}, SRUN_KILLED,
      ("node failure: Slurm reports n2 down", "node_failure", 1, [])),
+    # ... or the step reaper found silent after its peers failed, before Slurm's word
+    ("failed", {"crashes": {0: ECHO}, "lost": ["n2"], "reaped": ["n2"]}, SRUN_KILLED,
+     ("node failure: n2 lost: no heartbeat after the other ranks failed", "node_failure", 1, [])),
     ("hang", {"hang": HANG}, [RankExit(0, 79, 1.0, "n1")],
      ("rank 1 on n2 is not responding (in backward)", "hang", 0, ["n2"])),
     ("hang", {"hang": {**HANG, "attempt": 3}}, [RankExit(0, 79, 1.0, "n1")],  # an older attempt's report: not this
@@ -81,9 +84,11 @@ def test_the_cause_is_the_same_whichever_scheduler_saw_the_end(tmp_path: Path, e
                                                               exits: list[RankExit], want: tuple[Any, ...]) -> None:
     left = dict(left)
     lost = left.pop("lost", [])  # the step's nodes Slurm reports down, where the exit hook asked
+    reaped = left.pop("reaped", [])  # ... those of them the step reaper found lost
     run = run_dir(tmp_path, **left)
     event, _, notice = event.partition(":")  # the signal the batch shell got, where the exit hook knows it
-    w = ending.why(run, event, 1, NAN if event == "nan" else [], exits, notice=notice or None, lost=lost)
+    w = ending.why(run, event, 1, NAN if event == "nan" else [], exits, notice=notice or None, lost=lost,
+                   reaped=reaped)
     assert (w.sentence, w.cause.kind if w.cause else None, w.rank, w.bad) == want
     fields = ending.alert_fields(run, w, 1)
     assert fields.get("cause") == want[0] and fields.get("cause_kind") == want[1]

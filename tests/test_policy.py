@@ -418,6 +418,36 @@ def test_doubtful_nodes(ends: list[tuple[str, list[str]]], down: list[str], doub
     assert policy.doubtful_nodes(ends, down) == doubtful
 
 
+TWO_BY_TWO = {0: "n1", 1: "n1", 2: "n2", 3: "n2"}
+
+
+def _ended(*ranks: int, code: int = 1) -> dict[int, dict[str, Any]]:
+    return {r: {"code": code, "host": TWO_BY_TWO[r]} for r in ranks}
+
+
+LOST = [  # (the step's ranks and nodes, the ranks that said they ended, each rank's silence, world) -> nodes lost
+    pytest.param(TWO_BY_TWO, _ended(0, 1), {2: 7.0, 3: 6.5}, 4, ("n2",),
+                 id="n1's ranks failed on the lost peer; n2's silent 6 s: n2 lost"),
+    pytest.param(TWO_BY_TWO, _ended(0, 1), {2: 7.0, 3: 2.0}, 4, (), id="a rank of n2 beat 2 s ago: srun's turn"),
+    pytest.param(TWO_BY_TWO, _ended(0, 1), {2: 7.0}, 4, (), id="a rank never seen beating: undecided"),
+    pytest.param(TWO_BY_TWO, _ended(0, 1, code=0), {2: 9.0, 3: 9.0}, 4, (), id="its peers finished: no failure"),
+    pytest.param(TWO_BY_TWO, _ended(0, 1, 2), {3: 9.0}, 4, (),
+                 id="a rank of n2 said it ended: n2 is reachable (its silent rank is srun's to kill)"),
+    pytest.param(TWO_BY_TWO, {}, {0: 9.0, 1: 9.0, 2: 9.0, 3: 9.0}, 4, (),
+                 id="no rank ended: a hang is the watchdog's"),
+    pytest.param({0: "n1", 1: "n1", 2: "n2"}, _ended(0, 1), {2: 9.0}, 4, (), id="a rank without its record: undecided"),
+    pytest.param(TWO_BY_TWO, _ended(0, 1, 2, 3, code=75), {}, 4, (), id="every rank ended (a stop): none silent"),
+    pytest.param({0: "n1", 1: "n2", 2: "n3"}, {0: {"code": 1, "host": "n1"}, 1: {"code": 1, "host": "n2"}}, {2: 8.0},
+                 3, ("n3",), id="three nodes, one rank each: the silent one's node"),
+]
+
+
+@pytest.mark.parametrize("hosts, ended, quiet, world, lost", LOST)
+def test_lost_nodes(hosts: dict[int, str], ended: dict[int, dict[str, Any]], quiet: dict[int, float], world: int,
+                    lost: tuple[str, ...]) -> None:
+    assert policy.lost_nodes(hosts, ended, quiet, world, silent_s=6.0) == lost
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # runner cron: skip, wait, resubmit or give up
 

@@ -24,7 +24,6 @@ from runner.job.watchdog import (
     allowance,
     phase,
     quantile,
-    rank_hosts,
     summarize,
 )
 from runner.rundir import RunDir
@@ -108,8 +107,8 @@ def test_a_rank_stopped_before_its_first_heartbeat_is_named_with_its_node(tmp_pa
                                              ("heartbeats", "host", 2, "n2", 1)):
         (tmp_path / folder).mkdir(exist_ok=True)
         (tmp_path / folder / f"rank-{rank:05d}.json").write_text(json.dumps({key: host, "attempt": attempt}))
-    assert rank_hosts(rd, 2) == {0: "n1", 1: "n3"}
-    s = summarize({0: {"phase": "collective"}}, 3, rank_hosts(rd, 2))
+    assert rd.rank_hosts(2) == {0: "n1", 1: "n3"}
+    s = summarize({0: {"phase": "collective"}}, 3, rd.rank_hosts(2))
     assert [(x["rank"], x["node"]) for x in s["suspects"]] == [(1, "n3"), (2, "?")]
 
 

@@ -41,15 +41,16 @@ class Why:
 
 
 def why(run: RunDir, event: str, attempt: int, events: Sequence[Mapping[str, Any]], exits: Iterable[causes.RankExit],
-        killed: Collection[int] = (), notice: str | None = None, lost: Collection[str] = ()) -> Why:
+        killed: Collection[int] = (), notice: str | None = None, lost: Collection[str] = (),
+        reaped: Collection[str] = ()) -> Why:
     """The cause of an attempt's end, from files the attempt wrote, never from Slurm (which may not answer).
 
     A failure's cause is the first rank that failed (``causes.first_failure``) and how, else the earliest crash
     record; a hang's is this attempt's report; a failed preflight's names its bad nodes; a non-finite value's is the
     step and what was non-finite; a preemption's or a time limit's is the notice (``notice``: the signal's name) the
     ranks stopped on, never a guess from the log (whose last lines are the program's own). ``lost``: the step's
-    nodes Slurm reports down (the exit hook asks, resume.in_job): a failure with one is that node's, not its peers'
-    connection errors."""
+    nodes Slurm reports down or the step reaper found lost (``reaped``: their ranks silent after their peers failed;
+    the exit hook asks, resume.in_job): a failure with one is that node's, not its peers' connection errors."""
     crashes = run.crashes(attempt)
     first = causes.first_failure(exits, crashes, killed) if event in ("failed", "hang") else None
     report = read_json(run.hang) if event == "hang" else read_json(run.preflight) if event == "preflight_failed" \
@@ -59,8 +60,10 @@ def why(run: RunDir, event: str, attempt: int, events: Sequence[Mapping[str, Any
     rank = first.rank if first else None
     cause: causes.Cause | None = None
     if event == "failed" and lost:
-        cause = causes.Cause("node_failure", f"Slurm reports {', '.join(sorted(lost))} down",
-                             node=", ".join(sorted(lost)))
+        down, silent = sorted(set(lost) - set(reaped)), sorted(set(lost) & set(reaped))
+        said = ([f"Slurm reports {', '.join(down)} down"] if down else []) + \
+            ([f"{', '.join(silent)} lost: no heartbeat after the other ranks failed"] if silent else [])
+        cause = causes.Cause("node_failure", "; ".join(said), node=", ".join(sorted(lost)))
     elif event == "hang" and isinstance(report, dict) and report.get("attempt") in (attempt, None):
         cause = causes.Cause("hang", str(report.get("summary", "hang")))
     elif first is not None:  # the rank's own end is the cause

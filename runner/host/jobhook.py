@@ -39,7 +39,7 @@ from runner.alerts import causes, nextstep
 from runner.errors import RunnerError
 from runner.host import ending, nodes, notices, observe, scheduler, slurm, successor
 from runner.records import RunManifest
-from runner.rundir import ATTEMPT_ENV, EXIT_PREFLIGHT, EXIT_SUPERSEDED, SUCCESSOR_ENV, RunDir, atomic_write
+from runner.rundir import ATTEMPT_ENV, EXIT_PREFLIGHT, EXIT_SUPERSEDED, SUCCESSOR_ENV, RunDir, atomic_write, read_json
 from runner.spec.typed import read_resolved
 
 ALERT_BUDGET_S = 15.0  # the background sender's time; what it cannot send stays queued for runner cron
@@ -130,10 +130,11 @@ def on_exit(run: RunDir, rc: int, signal_name: str, again: bool = False) -> int:
     logs = int(number) if number.isdigit() else (run.attempts() or [0])[-1]  # the attempt's log folder
     probe_only = cfg["preflight"].get("only") is True  # `runner preflight`: a report, never a resubmission
     restartable = again and limits.in_job and event in policy.IN_JOB and not probe_only
-    down = sorted(slurm.unhealthy(os.environ.get("SLURM_JOB_NODELIST", ""))) if restartable else []
+    reaped = _reaped([*rec.events], job, logs) if restartable else []
+    down = sorted(set(slurm.unhealthy(os.environ.get("SLURM_JOB_NODELIST", ""))) | set(reaped)) if restartable else []
     ran_on = _ran_on()
     why = ending.why(run, event, logs, rec.events, causes.srun_exits(_batch_output(run, job, rec)), notice=signal_name,
-                     lost=[n for n in down if n in ran_on])
+                     lost=[n for n in down if n in ran_on], reaped=reaped)
     crash, bad = why.crash, why.bad
     this_exit = {"event": "exit", "outcome": event, "crash": crash, "time": time.time()}
     heir = _successor(observe.answer(seen, using=slurm.squeue_many))
@@ -153,8 +154,9 @@ def on_exit(run: RunDir, rc: int, signal_name: str, again: bool = False) -> int:
     if why.bad:
         nodes.record(run.root.parent, why.bad, "preflight" if event == "preflight_failed" else event, run.name,
                      why.sentence or "")
-    if down:  # in-job: the nodes of the job Slurm reports down
-        nodes.record(run.root.parent, down, "node_fail", run.name, f"Slurm reports it down after {event}")
+    for lost, said in ((set(down) - set(reaped), "Slurm reports it down"), (set(down) & set(reaped), "silent")):
+        if lost:  # in-job: the nodes of the job Slurm reports down, or the step reaper found lost
+            nodes.record(run.root.parent, sorted(lost), "node_fail", run.name, f"{said} after {event}")
     requeued, refusal = None, None
     if decision.action == "requeue" and job:
         # Slurm ends the job (SIGTERM, then SIGKILL after KillWait) once it accepts the requeue: finish the records.
@@ -317,9 +319,58 @@ def deliver(run: RunDir, signame: str, step: int, ranks: int) -> int:
     return 0
 
 
+HEARTBEAT_S = 2.0  # each rank's watchdog rewrites its heartbeat this often (runner.job.watchdog)
+SILENT_S = 3 * HEARTBEAT_S  # a rank that beat nothing for this long after its peers failed is on a lost node
+
+
+def reap(run: RunDir, step: int, world_size: int, every: float = 1.0) -> int:
+    """resume.in_job with slurm.spare_nodes: end a step that waits on a lost node before Slurm says it is down.
+
+    A node lost with its ranks (power, kernel panic, its slurmd gone) leaves srun waiting for slurmctld to mark it
+    down (SlurmdTimeout and its ping cycle, 20 s and more) after the other ranks failed on the lost peers. Here, on
+    the batch host, once a rank said it ended with a failure (``ranks/exit-*.json``), every rank's heartbeat is
+    watched; when ``policy.lost_nodes`` names nodes whose ranks all went silent, the reaper records ``nodes_lost``
+    and ends srun (SIGKILL); the exit hook names those nodes bad and the next step trains without them (``--overlap``
+    beside the remains Slurm cleans up later). Until a rank ends it reads one folder a poll, nothing per rank."""
+    attempt = int(os.environ.get(ATTEMPT_ENV, "0") or 0)
+    seen: dict[int, tuple[Any, float]] = {}  # rank -> (its heartbeat's last time, when this reaper first saw it)
+    while True:
+        time.sleep(every)
+        try:
+            os.kill(step, 0)
+        except ProcessLookupError:  # the step ended as steps do
+            return 0
+        ended = run.rank_exits(attempt)
+        if not ended:
+            continue
+        now = time.monotonic()
+        for rank, path in RunDir.by_rank(run.heartbeats).items():
+            beat = read_json(path)
+            mark = beat.get("time") if isinstance(beat, dict) and beat.get("attempt") == attempt else None
+            if mark is not None and (rank not in seen or seen[rank][0] != mark):
+                seen[rank] = (mark, now)
+        quiet = {rank: now - since for rank, (_, since) in seen.items()}
+        lost = policy.lost_nodes(run.rank_hosts(attempt), ended, quiet, world_size, SILENT_S)
+        if lost:
+            silent = min(q for r, q in quiet.items() if r not in ended)
+            run.record("nodes_lost", job_id=slurmstates.job_id(os.environ), attempt=attempt, nodes=list(lost),
+                       silent_s=round(silent, 1))
+            log.warning("%s lost: no heartbeat for %.0f s after their peers failed; ending the step before Slurm "
+                        "marks %s down", ", ".join(lost), silent, "it" if len(lost) == 1 else "them")
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(step, signal.SIGKILL)
+            return 0
+
+
+def _reaped(events: list[Any], job: str | None, attempt: int) -> list[str]:
+    """The nodes the step reaper found lost in this attempt of this job."""
+    return sorted({n for e in events if e["event"] == "nodes_lost" and e.get("job_id") == job
+                   and e.get("attempt") == attempt for n in e.get("nodes", ())})
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m runner.host.jobhook")
-    parser.add_argument("what", choices=("begin", "start", "signal", "exit"))
+    parser.add_argument("what", choices=("begin", "start", "signal", "exit", "reap"))
     parser.add_argument("--name", default="USR2")
     parser.add_argument("--pid", type=int, default=0)
     parser.add_argument("--world", type=int, default=1)
@@ -338,6 +389,8 @@ def main(argv: list[str] | None = None) -> int:
         return code
     if args.what == "signal":
         return deliver(run, args.name, args.pid, args.world)
+    if args.what == "reap":
+        return reap(run, args.pid, args.world)
     if args.what == "start":
         job = slurmstates.job_id(os.environ)
         try:  # where this attempt's part of the batch output begins (the exit hook reads srun's words from there)

@@ -228,15 +228,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"runner {__version__}")
         return 0
     rd = RunDir(args.run_dir.resolve())
-    code = train(rd)
     env = jobenv.current()
-    if env.rank == 0:
-        # srun reports 143 when --kill-on-bad-exit ends the ranks that were still exiting; this file keeps
-        # the code all ranks agreed on, for the batch script's exit hook.
-        rd.write_last_exit(code, env.job_id, env.restart_count)
-    if code in (0, EXIT_REQUEUE):  # every rank agreed to end here, so none waits on another's group
-        _release_process_group()
-    return code
+    code = 1  # an exception's, after its traceback
+    try:
+        code = train(rd)
+        if env.rank == 0:
+            # srun reports 143 when --kill-on-bad-exit ends the ranks that were still exiting; this file keeps
+            # the code all ranks agreed on, for the batch script's exit hook.
+            rd.write_last_exit(code, env.job_id, env.restart_count)
+        if code in (0, EXIT_REQUEUE):  # every rank agreed to end here, so none waits on another's group
+            _release_process_group()
+        return code
+    finally:  # whatever ended it: the step reaper (runner.host.jobhook.reap) reads it
+        rd.write_rank_exit(env.rank, env.attempt, code)
 
 
 def exit_now(code: int) -> None:

@@ -386,6 +386,7 @@ class Watchdog:
         except OSError as e:
             log.error("hang report not written: %s", e)
         logging.shutdown()
+        self.rd.write_rank_exit(self.rank, self.attempt, EXIT_HANG)
         self._exit(EXIT_HANG)
 
     def _conclude(self) -> None:
@@ -409,7 +410,7 @@ class Watchdog:
             return
         if min(reports) != self.rank:  # the lowest reporter died before its summary (its peers' exits end it)
             reports = self._reports()
-        summary = summarize(reports, self.world, rank_hosts(self.rd, self.attempt))
+        summary = summarize(reports, self.world, self.rd.rank_hosts(self.attempt))
         summary.update(step=max(int(r.get("step", -1)) for r in reports.values()), attempt=self.attempt,
                        time=time.time(), world=self.world)
         atomic_write(self.rd.hang, json.dumps(summary, indent=1))
@@ -443,16 +444,3 @@ class Watchdog:
                     and float(b.get("time", 0)) >= since - self.interval_s:
                 return True
         return False
-
-
-def rank_hosts(rd: RunDir, attempt: int) -> dict[int, str]:
-    """The node of each rank of ``attempt``: from its heartbeat, else from the launcher's record of the rank
-    (``ranks/rank-XXXXX.json``, written before training), so a rank stopped before its first heartbeat is named
-    with its node too. Another attempt's files never name a node (its ranks may have run elsewhere)."""
-    hosts: dict[int, str] = {}
-    for folder, key in ((rd.ranks, "hostname"), (rd.heartbeats, "host")):
-        for rank, p in RunDir.by_rank(folder).items():
-            b = read_json(p)
-            if isinstance(b, dict) and b.get("attempt") == attempt and b.get(key):
-                hosts[rank] = str(b[key])
-    return hosts
