@@ -678,6 +678,8 @@ OWNER_FD_ENV = "RUNNER_OWNER_FD"
 # Set (by sbatch's environment) only in a successor job (resume.successor): the job it follows.
 SUCCESSOR_ENV = "RUNNER_SUCCESSOR_OF"
 
+HEARTBEAT_S = 2.0  # each rank's watchdog rewrites its heartbeat this often (runner.job.watchdog; the step reaper)
+
 # Exit codes of the launcher that the batch script and `runner cron` act on (Lightning exits 0 on SIGTERM,
 # so "0" alone cannot tell a finished run from a stopped one; the `finished` marker can).
 EXIT_REQUEUE = 75  # checkpointed after the requeue signal: requeue me

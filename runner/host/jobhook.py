@@ -1,6 +1,7 @@
 """Host-side hooks the batch script calls, so that the script itself only traps signals and calls: ``begin`` before
 any rank starts (this job's claim on the run, the attempt's number and variables, the image's signature), ``start``
-when the step starts, ``signal`` when the stop signal comes, ``exit`` when the step has ended.
+when the step starts, ``signal`` when the stop signal comes, ``exit`` when the step has ended; ``reap`` beside a step
+with spares (a lost node ends the step before Slurm marks it down).
 
 They run with the login node's runner on the first node of the allocation, never in the container
 (``scontrol`` is usually missing there). ``exit`` gathers the facts (the launcher's exit code, the run's
@@ -39,7 +40,16 @@ from runner.alerts import causes, nextstep
 from runner.errors import RunnerError
 from runner.host import ending, nodes, notices, observe, scheduler, slurm, successor
 from runner.records import RunManifest
-from runner.rundir import ATTEMPT_ENV, EXIT_PREFLIGHT, EXIT_SUPERSEDED, SUCCESSOR_ENV, RunDir, atomic_write, read_json
+from runner.rundir import (
+    ATTEMPT_ENV,
+    EXIT_PREFLIGHT,
+    EXIT_SUPERSEDED,
+    HEARTBEAT_S,
+    SUCCESSOR_ENV,
+    RunDir,
+    atomic_write,
+    read_json,
+)
 from runner.spec.typed import read_resolved
 
 ALERT_BUDGET_S = 15.0  # the background sender's time; what it cannot send stays queued for runner cron
@@ -319,7 +329,6 @@ def deliver(run: RunDir, signame: str, step: int, ranks: int) -> int:
     return 0
 
 
-HEARTBEAT_S = 2.0  # each rank's watchdog rewrites its heartbeat this often (runner.job.watchdog)
 SILENT_S = 3 * HEARTBEAT_S  # a rank that beat nothing for this long after its peers failed is on a lost node
 
 

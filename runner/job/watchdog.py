@@ -47,7 +47,7 @@ from typing import Any
 
 from runner import stragglers
 from runner.job import jobenv
-from runner.rundir import EXIT_HANG, RunDir, atomic_write, read_json
+from runner.rundir import EXIT_HANG, HEARTBEAT_S, RunDir, atomic_write, read_json
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +179,7 @@ class Watchdog:
     watchdog thread."""
 
     def __init__(self, rd: RunDir, rank: int, world: int, attempt: int, *, factor: float, floor_s: float,
-                 interval_s: float = 2.0, report_every_s: float = 30.0, first_step_s: float | None = None,
+                 interval_s: float = HEARTBEAT_S, report_every_s: float = 30.0, first_step_s: float | None = None,
                  phase_s: float = 900.0, exit: Any = os._exit, on_beat: Callable[[], None] | None = None) -> None:
         self.rd, self.rank, self.world, self.attempt = rd, rank, world, attempt
         self.factor, self.floor_s, self.interval_s = factor, floor_s, interval_s
