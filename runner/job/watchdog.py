@@ -394,7 +394,8 @@ class Watchdog:
 
         Every live rank answers the request within one beat; the wait is ``3 x interval``, longer (up to
         ``10 x interval``) while a rank without a report still beats: a loaded node's thread may answer late, and
-        a live rank named "not responding" would send the hunt to the wrong node. A stopped rank stops beating.
+        a live rank named "not responding" would send the hunt to the wrong node. A stopped rank stops beating: once
+        each rank without a report has been silent for two beats, one beat of waiting is enough.
         """
         asked = time.time()
         start = time.monotonic()
@@ -403,7 +404,9 @@ class Watchdog:
             reports = self._reports()
             waited = time.monotonic() - start
             if waited >= 10 * self.interval_s or (waited >= 3 * self.interval_s
-                                                  and not self._beating(set(reports), asked)):
+                                                  and not self._beating(set(reports), asked)) \
+                    or (waited >= self.interval_s + CHECK_S
+                        and not self._beating(set(reports), time.time() - self.interval_s)):
                 break
             time.sleep(0.2)
         if not reports or (min(reports) != self.rank and self._summary_written()):
