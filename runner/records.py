@@ -69,7 +69,7 @@ def exit_status(raw: Any) -> ExitStatus | None:
 
 
 class RankExit(TypedDict):
-    """``ranks/exit-XXXXX.json``: a rank's process is ending, written on its way out (the launcher's exit, or the
+    """``exits/rank-XXXXX.json``: a rank's process is ending, written on its way out (the launcher's exit, or the
     watchdog's after a hang). The step reaper (``runner.host.jobhook.reap``) tells a node whose ranks all ended
     without one, and stopped beating, from nodes whose ranks ended: the first is lost."""
 

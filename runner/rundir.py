@@ -407,8 +407,12 @@ class RunDir(Ledger):
     def rank_record(self, rank: int) -> Path:
         return self.ranks / f"rank-{rank:05d}.json"
 
-    def rank_exit(self, rank: int) -> Path:  # written as the rank's process ends (records.RankExit)
-        return self.ranks / f"exit-{rank:05d}.json"
+    @property
+    def exits(self) -> Path:  # one file per rank, written as its process ends (records.RankExit; the step reaper)
+        return self.root / "exits"
+
+    def rank_exit(self, rank: int) -> Path:
+        return self.exits / f"rank-{rank:05d}.json"
 
     def write_rank_exit(self, rank: int, attempt: int | None, code: int) -> None:
         """Say this rank's process is ending; never fails the exit (a full or gone filesystem: the reaper waits for
@@ -416,12 +420,13 @@ class RunDir(Ledger):
         mark: RankExit = {"rank": rank, "host": socket.gethostname(), "attempt": attempt, "code": code,
                           "time": time.time()}
         with contextlib.suppress(OSError):
+            self.exits.mkdir(exist_ok=True)
             atomic_write(self.rank_exit(rank), json.dumps(mark) + "\n")
 
     def rank_exits(self, attempt: int) -> dict[int, RankExit]:
         """The ranks of ``attempt`` whose processes said they ended, by rank."""
         marks: dict[int, RankExit] = {}
-        for p in self.ranks.glob("exit-*.json"):
+        for p in RunDir.by_rank(self.exits).values():
             mark = read_json(p)
             if isinstance(mark, dict) and mark.get("attempt") == attempt and isinstance(mark.get("rank"), int):
                 marks[mark["rank"]] = mark  # type: ignore[assignment]

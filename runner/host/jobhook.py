@@ -337,7 +337,7 @@ def reap(run: RunDir, step: int, world_size: int, every: float = 1.0) -> int:
 
     A node lost with its ranks (power, kernel panic, its slurmd gone) leaves srun waiting for slurmctld to mark it
     down (SlurmdTimeout and its ping cycle, 20 s and more) after the other ranks failed on the lost peers. Here, on
-    the batch host, once a rank said it ended with a failure (``ranks/exit-*.json``), every rank's heartbeat is
+    the batch host, once a rank said it ended with a failure (``exits/rank-*.json``), every rank's heartbeat is
     watched; when ``policy.lost_nodes`` names nodes whose ranks all went silent, the reaper records ``nodes_lost``
     and ends srun (SIGKILL); the exit hook names those nodes bad and the next step trains without them (``--overlap``
     beside the remains Slurm cleans up later). Until a rank ends it reads one folder a poll, nothing per rank."""
