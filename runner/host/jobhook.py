@@ -364,8 +364,9 @@ def reap(run: RunDir, step: int, world_size: int, every: float = 1.0) -> int:
             silent = min(q for r, q in quiet.items() if r not in ended)
             run.record("nodes_lost", job_id=slurmstates.job_id(os.environ), attempt=attempt, nodes=list(lost),
                        silent_s=round(silent, 1))
-            log.warning("%s lost: no heartbeat for %.0f s after their peers failed; ending the step before Slurm "
-                        "marks %s down", ", ".join(lost), silent, "it" if len(lost) == 1 else "them")
+            one = len(lost) == 1
+            log.warning("%s lost: no heartbeat for %.0f s after %s peers failed; ending the step before Slurm "
+                        "marks %s down", ", ".join(lost), silent, "its" if one else "their", "it" if one else "them")
             with contextlib.suppress(ProcessLookupError):
                 os.kill(step, signal.SIGKILL)
             return 0
