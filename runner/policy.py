@@ -258,8 +258,7 @@ def lost_nodes(hosts: Mapping[int, str], ended: Mapping[int, Mapping[str, Any]],
     silent = [r for r in hosts if r not in ended]
     if not silent or any(quiet.get(r, 0.0) < silent_s for r in silent):
         return ()
-    reachable = {hosts[r] for r in ended if r in hosts} | {str(e.get("host")) for e in ended.values()}
-    return tuple(sorted({hosts[r] for r in silent} - reachable))
+    return tuple(sorted({hosts[r] for r in silent} - {hosts[r] for r in ended if r in hosts}))
 
 
 def after_exit(outcome: str, attempt: int, job_id: str | None, limits: Limits,

@@ -425,12 +425,8 @@ class RunDir(Ledger):
 
     def rank_exits(self, attempt: int) -> dict[int, RankExit]:
         """The ranks of ``attempt`` whose processes said they ended, by rank."""
-        marks: dict[int, RankExit] = {}
-        for p in RunDir.by_rank(self.exits).values():
-            mark = read_json(p)
-            if isinstance(mark, dict) and mark.get("attempt") == attempt and isinstance(mark.get("rank"), int):
-                marks[mark["rank"]] = mark  # type: ignore[assignment]
-        return marks
+        return {rank: mark for rank, p in RunDir.by_rank(self.exits).items()  # type: ignore[misc]
+                if isinstance(mark := read_json(p), dict) and mark.get("attempt") == attempt}
 
     def rank_hosts(self, attempt: int) -> dict[int, str]:
         """The node of each rank of ``attempt``: from its heartbeat, else from the launcher's record of the rank
