@@ -63,6 +63,7 @@ step lint-imports .venv/bin/lint-imports
 # pytest keeps only the last -m: the selection asked for is and-ed into each session's own.
 and="${mark:+$mark and }"
 tests() { .venv/bin/pytest "$@" || [ $? -eq 5 ]; }  # 5: nothing selected
-step "pytest" tests -m "${and}not own_session" ${args[@]+"${args[@]}"}
+# --durations: the slowest tests are named at the end, where a CI log's tail shows them.
+step "pytest" tests -m "${and}not own_session" --durations=25 ${args[@]+"${args[@]}"}
 [ "$unit" = 1 ] ||  # no unit test takes the cluster down; never under another test's feet
   step "pytest (own session)" tests -m "${and}own_session" ${args[@]+"${args[@]}"}

@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-pytest_plugins = ["tests.webhook_server", "tests.slurm_fixture", "tests.podman_fixture"]
+pytest_plugins = ["tests.webhook_server", "tests.slurm_fixture", "tests.podman_fixture", "tests.leftovers"]
 
 # Lightest first: a test that needs several things is in the tier of the heaviest.
 TIERS = {

@@ -154,9 +154,10 @@ def _wait_free(run: RunDir, seconds: float) -> bool:
     return True
 
 
-def cancel(run: RunDir, wait_s: float = CANCEL_WAIT_S) -> str:
+def cancel(run: RunDir, wait_s: float = CANCEL_WAIT_S, starting: Callable[[], None] = lambda: None) -> str:
     """Stop a live local run's processes: SIGTERM (the ranks checkpoint at an agreed step and exit), then SIGKILL for
-    what is left after ``wait_s``; returns what happened, once the processes are gone (the lock is free)."""
+    what is left after ``wait_s``; returns what happened, once the processes are gone (the lock is free).
+    ``starting`` is called once this cancel is the one that stops them (it holds the cancel lock), before SIGTERM."""
     if not held(run):
         return "no local process of it was running"
     owner = read_json(run.local_owner)
@@ -170,6 +171,7 @@ def cancel(run: RunDir, wait_s: float = CANCEL_WAIT_S) -> str:
             if _wait_free(run, wait_s + 15):
                 return f"stopped by the cancel already under way, {time.monotonic() - start:.1f} s later"
             return "a cancel is under way and its processes have not stopped yet: see `runner status`"
+        starting()
         return _stop(run, pids, wait_s)
 
 

@@ -89,8 +89,9 @@ class Scheduler:
 
     def cancel(self, run: RunDir, job: str | None, wait_s: float) -> None:
         """Stop what runs of the run, and say so; the ``cancelled`` marker and ledger line are already written."""
-        print(f"cancelling {run.name}: its ranks checkpoint at the next step and exit", flush=True)
-        stopped = local.cancel(run, wait_s)  # the driver, when alive, records the end as cancelled
+        def starting() -> None:  # only the cancel that stops the processes says so; a second one waits for it
+            print(f"cancelling {run.name}: its ranks checkpoint at the next step and exit", flush=True)
+        stopped = local.cancel(run, wait_s, starting)  # the driver, when alive, records the end as cancelled
         status = run.exit_status_record() or {"exit_code": None, "time": 0.0}  # none of its processes ended yet
         run.write_exit_status({**status, "cancelled": True, "time": time.time()})
         print(f"cancelled {run.name}: {stopped}")
