@@ -64,7 +64,7 @@ def espnet3_image(podman_base_image: str, tmp_path_factory: pytest.TempPathFacto
     _image_step([str(REPO / "containers" / "test-base-py312.sh"), PY312_BASE], "containers/test-base-py312.sh")
     cache = test_containers.CACHE
     cache.mkdir(parents=True, exist_ok=True)
-    key = hashlib.sha256(test_containers._source_key().encode() + b"".join(
+    key = hashlib.sha256(test_containers._wheels_key().encode() + b"".join(
         (REPO / "containers" / f).read_bytes() for f in ("espnet3-requirements.txt", "wheelhouse-espnet3.sh")))
     wheelhouse = cache / f"wheelhouse-espnet3-{key.hexdigest()[:12]}"
     for old in cache.glob("wheelhouse-espnet3-*"):

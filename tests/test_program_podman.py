@@ -49,7 +49,7 @@ def podman_image(podman_base_image: str, tmp_path_factory: pytest.TempPathFactor
         unavailable("the podman tests need root. HINT: scripts/install-podman.sh")
     cache = test_containers.CACHE
     cache.mkdir(parents=True, exist_ok=True)
-    wheelhouse = cache / f"wheelhouse-{test_containers._source_key()}"  # the one test_containers' image uses
+    wheelhouse = cache / f"wheelhouse-{test_containers._wheels_key()}"  # the one test_containers' image uses
     test_containers._run([str(REPO / "containers" / "wheelhouse.sh"), str(wheelhouse)], "containers/wheelhouse.sh",
                          env={**os.environ, "PYTHON": sys.executable})
     overrides = [f"container.wheelhouse={wheelhouse}", f"container.image_dir={cache / 'images'}"]
