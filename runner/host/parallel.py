@@ -226,30 +226,43 @@ def _drive(p: Plan, attempt: int) -> None:
 
     par, store = p.par, Store(p.run)
     progress = _Progress(p.done, p.total)
-    with _cluster(p) as cluster, Client(cluster) as client:  # type: ignore[no-untyped-call]
-        log.info("cluster up (%s); %d items in %d chunks", p.workers, p.items_left, len(p.left))
-        targets = [t for t in (par["provider"].get("_target_"), par["forward"], par["reduce"]) if t]
-        client.register_plugin(worker.preload(targets))
-        futures = {client.submit(worker.run_chunk, par["provider"], par["forward"], items, par["retries"],
-                                 key=f"chunk-{chunk.index}-attempt-{attempt}", pure=False): (chunk, items)
-                   for chunk, items in p.left}
-        try:
-            for fut in as_completed(futures):  # type: ignore[no-untyped-call]
-                chunk, items = futures[fut]
-                if fut.status == "error":  # the task itself was lost (e.g. its workers kept dying)
-                    results, failed = {}, {i: one_line(cast(BaseException, fut.exception())) for i in items}
-                else:
-                    results, failed, setup_error = fut.result()
-                    if setup_error:
-                        raise RunnerError(f"the workload could not start in a worker: {setup_error}. hint: check "
-                                          "parallel.provider and parallel.forward")
-                store.merge(chunk.index, results, failed)
-                progress.add(len(results), len(failed))
-        finally:
-            progress.close()
-        if par["reduce"] and not progress.failed and progress.done == p.total:
-            value = client.submit(worker.run_reduce, par["reduce"], str(p.run.root), pure=False).result()
-            atomic_write(store.result, json.dumps(value, indent=1) + "\n")
+    dask_log = logging.getLogger("distributed")
+    level = dask_log.level
+    try:
+        with _cluster(p) as cluster, Client(cluster) as client:  # type: ignore[no-untyped-call]
+            log.info("cluster up (%s); %d items in %d chunks", p.workers, p.items_left, len(p.left))
+            targets = [t for t in (par["provider"].get("_target_"), par["forward"], par["reduce"]) if t]
+            client.register_plugin(worker.preload(targets))
+            futures = {client.submit(worker.run_chunk, par["provider"], par["forward"], items, par["retries"],
+                                     key=f"chunk-{chunk.index}-attempt-{attempt}", pure=False): (chunk, items)
+                       for chunk, items in p.left}
+            try:
+                for fut in as_completed(futures):  # type: ignore[no-untyped-call]
+                    chunk, items = futures[fut]
+                    if fut.status == "error":  # the task itself was lost (e.g. its workers kept dying)
+                        results, failed = {}, {i: one_line(cast(BaseException, fut.exception())) for i in items}
+                    else:
+                        results, failed, setup_error = fut.result()
+                        if setup_error:
+                            raise RunnerError(f"the workload could not start in a worker: {setup_error}. hint: "
+                                              "check parallel.provider and parallel.forward")
+                    store.merge(chunk.index, results, failed)
+                    progress.add(len(results), len(failed))
+            except BaseException:
+                # The chunks still queued are dropped, and Dask's own teardown is not shown, here or in the workers:
+                # its scheduler logs CRITICAL tracebacks about the client that left while workers held results for
+                # it, a worker its heartbeat's to the scheduler that left. The one line that matters is runner's.
+                client.cancel(list(futures))
+                client.run(worker.quiet, on_error="ignore")
+                worker.quiet()
+                raise
+            finally:
+                progress.close()
+            if par["reduce"] and not progress.failed and progress.done == p.total:
+                value = client.submit(worker.run_reduce, par["reduce"], str(p.run.root), pure=False).result()
+                atomic_write(store.result, json.dumps(value, indent=1) + "\n")
+    finally:
+        dask_log.setLevel(level)
 
 
 @contextmanager

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -116,6 +117,12 @@ def preload(targets: list[str]) -> Any:
                     resolve_object(target)
 
     return Preload()
+
+
+def quiet() -> None:
+    """Silence Dask's own logging in this process: run on every worker (``Client.run``) once the driver gives up, so
+    that the workers' complaints about the scheduler going away (tracebacks) do not bury runner's one error line."""
+    logging.getLogger("distributed").setLevel(logging.CRITICAL + 1)
 
 
 def run_chunk(provider: dict[str, Any], forward: str, items: list[int], retries: int
