@@ -11,14 +11,16 @@ Not killed: the dev cluster's daemons (a test that revives a node restarts its s
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.waiting import ended
 
 MARK = "RUNNER_TEST_PROCESS"
 DAEMONS = {"slurmctld", "slurmd", "slurmdbd", "slurmstepd", "munged", "mariadbd"}
@@ -45,18 +47,6 @@ def marked(token: str) -> dict[int, str]:
     return found
 
 
-def _gone(pids: list[int], timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    for pid in pids:
-        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
-            try:
-                if Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z"):
-                    break  # a zombie: dead, waiting for its parent
-            except (OSError, IndexError):
-                break
-            time.sleep(0.05)
-
-
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Any:
     token = f"{os.getpid()}-{next(_tokens)}"
@@ -76,11 +66,10 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
         token = item.stash.get(TOKEN_KEY, None)
         left = marked(token) if token else {}
         for pid in left:
-            try:
+            with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        _gone(list(left))
+        with contextlib.suppress(AssertionError):  # one that will not die (in D state) is named all the same
+            ended(list(left), timeout=10)
         if left:
             item.config.stash.setdefault(LEFT_KEY, []).append(
                 f"{item.nodeid}: {len(left)} killed, first {next(iter(left.values()))[:160]}")

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.waiting import alive
+
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.local
 
@@ -31,6 +33,6 @@ def test_a_process_left_running_by_a_test_is_killed_and_named(tmp_path: Path) ->
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     assert out.returncode == 0, out.stdout + out.stderr
     pid = int(pidfile.read_text())
-    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(") ")[1][:1]
+    assert not alive(pid)
     assert "processes left by tests" in out.stdout, out.stdout
     assert "test_leaves_a_process: 1 killed, first sleep 300" in out.stdout, out.stdout

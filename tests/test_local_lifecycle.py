@@ -22,7 +22,7 @@ import pytest
 from runner.errors import SubmitError
 from runner.host import local
 from runner.rundir import RunDir, read_json
-from tests.waiting import until
+from tests.waiting import alive, ended, until
 from tests.webhook_server import WebhookServer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -77,20 +77,6 @@ def owner(run: Path, attempt: int) -> dict[str, Any]:
             return None
         return dict(found) if found.get("attempt") == attempt else None
     return until(f"owner.json to name attempt {attempt}", naming, 60)
-
-
-def alive(pid: int) -> bool:
-    """A process that exists and is not a zombie (an orphan nobody reaped yet has ended)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return False
-    return fields[0] != "Z"
-
-
-def ended(pids: list[int], timeout: float = 60) -> None:
-    """Every one of these processes has ended (a zombie counts as ended)."""
-    until(f"process(es) {pids} to end", lambda: not any(alive(p) for p in pids), timeout)
 
 
 def status(run: Path) -> dict[str, Any]:

@@ -20,8 +20,8 @@ import yaml
 
 from runner.dev import devcluster
 from tests.test_failures import wait_for
-from tests.test_local_lifecycle import alive
 from tests.test_program_cluster import SETTINGS, cluster_env, exits
+from tests.waiting import alive
 
 pytestmark = pytest.mark.slurm
 

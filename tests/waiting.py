@@ -27,6 +27,20 @@ def until(what: str, pred: Callable[[], T], timeout: float, every: float = 0.05,
     return got
 
 
+def alive(pid: int) -> bool:
+    """A process that exists and is not a zombie (an orphan nobody reaped yet has ended)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[0] != "Z"
+
+
+def ended(pids: list[int], timeout: float = 60) -> None:
+    """Every one of these processes has ended (a zombie counts as ended)."""
+    until(f"process(es) {pids} to end", lambda: not any(alive(p) for p in pids), timeout)
+
+
 def alerts_all_sent(run: Path) -> bool:
     """RUN/alerts/queue/ holds no alert: an entry leaves it only once delivered (runner.alerts.delivery), so every
     alert queued so far has reached the webhook and no sender is still on its way with one."""
