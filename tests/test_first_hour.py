@@ -71,6 +71,8 @@ def test_an_unreachable_slurm_controller_is_named_as_such(tmp_path: Path) -> Non
         assert out.returncode != 0
         line = one_line_error(out)
         assert "no Slurm controller answers" in line and "SLURM_CONF" in line, line
+        # a SLURM_CONF that names no file is said at once (sbatch itself would wait 60 s for the file to appear)
+        assert ("names no file" in line) == bool(conf), line
         assert "num_nodes" not in line  # the config is not what is wrong
         assert not list((tmp_path / "runs").glob("*"))
 

@@ -18,6 +18,7 @@ not report ended, and ``scontrol show job`` (one command per job) only for a few
 from __future__ import annotations
 
 import functools
+import os
 import re
 from collections.abc import Iterable, Sequence
 
@@ -186,8 +187,10 @@ def successor_args(after: str) -> list[str]:
 
 # What sbatch, squeue and scontrol say when no controller can be reached (no SLURM_CONF and no configless DNS record,
 # a missing slurm.conf, slurmctld down): the cluster, not the job, is the problem.
-_UNREACHABLE = ("_establish_config_source", "failed to fetch config", "Could not establish a configuration source",
-                "Unable to contact slurm controller", "ClusterName needs to be specified",
+_NO_CONF = "names no file"
+_UNREACHABLE = (_NO_CONF, "_establish_config_source", "failed to fetch config",
+                "Could not establish a configuration source", "Unable to contact slurm controller",
+                "ClusterName needs to be specified",
                 "Zero Bytes were transmitted or received", "Socket timed out on send/recv operation")
 
 
@@ -210,6 +213,9 @@ def submit(script: str, env: dict[str, str] | None = None, extra: Sequence[str] 
     """
     argv = sbatch_argv(script, extra, after)
     job_env = proc.clean_env() if env is None else dict(env)
+    conf = job_env.get("SLURM_CONF")
+    if conf and not os.path.isfile(conf):  # Slurm would wait 60 s for it to appear (an NFS mount coming up) first
+        raise SubmitError(f"SLURM_CONF {_NO_CONF} ({conf})")
     job_env.pop(SUCCESSOR_ENV, None)
     if after:
         job_env[SUCCESSOR_ENV] = after
