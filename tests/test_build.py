@@ -119,7 +119,7 @@ def test_dry_run_prints_every_step_exactly_and_writes_nothing(tmp_path: Path, fa
         f"--build-arg BASE_IMAGE=localhost/runner-test-base:bookworm --tag {tag} {p.build_dir}",
         f"[2/7] freeze: podman run --rm --network=none --entrypoint python3 {tag} -m pip freeze",
         "[3/7] base: podman image inspect localhost/runner-test-base:bookworm",
-        f"[5/7] save: podman save --format docker-archive --output {p.archive} {tag}",
+        f"[5/7] save: podman save --format oci-archive --output {p.archive} {tag}",
         # The Apptainer steps: the SIF from the rendered definition, which bootstraps from the archive, then its %test.
         f"[6/7] sif: apptainer build --force --notest --disable-cache {p.sif} {p.build_dir}/apptainer.def",
         f"[7/7] test: apptainer test {p.sif}",
@@ -129,7 +129,7 @@ def test_dry_run_prints_every_step_exactly_and_writes_nothing(tmp_path: Path, fa
     label = next(line for line in out.splitlines() if line.startswith("[4/7] label: "))
     assert f"--build-arg IMAGE={tag} " in label and "'runner.pip_freeze=@{pip_freeze}'" in label
     assert f"--label runner.spec_hash={h} " in label and label.endswith(f"--tag {tag} {p.build_dir}")
-    assert f"--- apptainer.def ---\nBootstrap: docker-archive\nFrom: {p.archive}\n" in out
+    assert f"--- apptainer.def ---\nBootstrap: oci-archive\nFrom: {p.archive}\n" in out
     assert "--- Dockerfile ---\n# Rendered by runner" in out
     assert not (tmp_path / "images").exists() and calls(tmp_path) == []
 
@@ -144,25 +144,30 @@ def test_dry_run_never_imports_torch(tmp_path: Path) -> None:
 
 
 def test_apptainer_command_lines(tmp_path: Path, fake_bin: Path) -> None:
-    """The exact argv of the SIF step, and the one-colon docker-archive form offered for the cluster."""
+    """The exact argv of the SIF step (with each container.sif_compression), and the one-colon archive form offered
+    for the cluster."""
     install(fake_bin, "podman", "apptainer")
     bp = build.plan(write_config(tmp_path))
     assert [s.argv for s in bp.steps[-2:]] == [
         ["apptainer", "build", "--force", "--notest", "--disable-cache", str(bp.paths.sif), str(bp.paths.definition)],
         ["apptainer", "test", str(bp.paths.sif)]]
+    zstd = build.plan(write_config(tmp_path), ["container.sif_compression=zstd"])
+    assert zstd.steps[-2].argv == ["apptainer", "build", "--force", "--notest", "--disable-cache", "--mksquashfs-args",
+                                   "-comp zstd -Xcompression-level 3", str(zstd.paths.sif), str(zstd.paths.definition)]
+    assert zstd.spec_hash != bp.spec_hash  # another SIF, not "up to date"
     key = tmp_path / "k.pem"
     key.write_text("")
     bp = build.plan(write_config(tmp_path), [f"container.sign_key={key}", f"container.verify_key={key}"])
     assert bp.steps[-1].argv == ["apptainer", "sign", "--key", str(key), str(bp.paths.sif)]
     definition = bp.files["apptainer.def"].decode()
-    assert definition.startswith(f"Bootstrap: docker-archive\nFrom: {bp.paths.archive}\n")
+    assert definition.startswith(f"Bootstrap: oci-archive\nFrom: {bp.paths.archive}\n")
     assert "{{" not in definition
     bp = build.plan(write_config(tmp_path, runtime="singularity"))
     assert bp.steps[-2].argv[:3] == ["apptainer", "build", "--force"]  # apptainer also builds for singularity
     (fake_bin / "apptainer").unlink()
     bp = build.plan(write_config(tmp_path))
     assert bp.steps[-1].name == "save"
-    assert (f"apptainer build buildtest-{bp.spec_hash}.sif docker-archive:buildtest-{bp.spec_hash}.tar"
+    assert (f"apptainer build buildtest-{bp.spec_hash}.sif oci-archive:buildtest-{bp.spec_hash}.tar"
             in bp.notes[0])
 
 
@@ -172,6 +177,8 @@ def test_docker_plan_has_no_podman_flags(tmp_path: Path, fake_bin: Path) -> None
     argv = {s.name: s.argv for s in bp.steps}
     assert argv["image"][:3] == ["docker", "build", "--file"]
     assert argv["save"] == ["docker", "save", "--output", str(bp.paths.archive), bp.tag]
+    # docker save writes a docker-archive only: the definition bootstraps from that
+    assert bp.files["apptainer.def"].startswith(f"Bootstrap: docker-archive\nFrom: {bp.paths.archive}\n".encode())
 
 
 def test_builder_detection(tmp_path: Path, fake_bin: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -387,7 +394,9 @@ def test_image_problem(tmp_path: Path, fake_bin: Path) -> None:
     assert build.image_problem(cfg, sif) == f"image {sif} not found"
     sif.parent.mkdir()
     sif.with_suffix(".tar").write_text("")
-    assert "only its docker-archive" in str(build.image_problem(cfg, sif))
+    assert str(build.image_problem(cfg, sif)) == (f"image {sif} not found, only its archive (no apptainer where it "
+                                                  f"was built); run: apptainer build {sif} "
+                                                  f"{build.paths(cfg, h).definition}")
     old = sif.with_name("buildtest-0123456789ab.sif")
     old.write_text("")
     sif.with_suffix(".tar").unlink()

@@ -30,7 +30,7 @@ def podman(*args: str, timeout: float = 300) -> str:
 def runner_build(cfg: Path, *args: str, apptainer: bool = True) -> subprocess.CompletedProcess[str]:
     # The same runner as this process (its files are in the spec hash), whatever the venv has installed.
     env = {**os.environ, "PYTHONPATH": str(Path(build.__file__).resolve().parents[1])}
-    if not apptainer:  # a build host without it: the docker-archive is what the build leaves
+    if not apptainer:  # a build host without it: the archive is what the build leaves
         where = Path(shutil.which("apptainer") or "/nonexistent").parent
         env["PATH"] = os.pathsep.join(d for d in env["PATH"].split(os.pathsep) if Path(d) != where)
     return subprocess.run([sys.executable, "-m", "runner", "build", str(cfg), *args], capture_output=True, text=True,
@@ -73,6 +73,8 @@ def test_real_build_labels_env_workdir_code(real: Any) -> None:
     freeze = json.loads(labels["runner.pip_freeze"])
     assert "PyYAML==6.0" in freeze and any(x.startswith("requests==") for x in freeze)
     assert "PYTHONPATH=/workspace" in info["Config"]["Env"] and info["Config"]["WorkingDir"] == "/workspace"
+    # Built in docker format: the Dockerfile's SHELL (bash -o pipefail) held for its RUN lines (OCI has no SHELL).
+    assert info["ManifestType"] == "application/vnd.docker.distribution.manifest.v2+json"
     record = json.loads(bp.paths.record.read_text())
     assert record["labels"] == {k: v for k, v in labels.items() if k in record["labels"]}
     assert record["pip_freeze"] == freeze and record["git_dirty"] is True
@@ -88,25 +90,26 @@ def test_real_image_holds_the_code_and_runs_the_launcher(real: Any) -> None:
     assert pwd == "/workspace"
     assert digest.split()[0] == json.loads(spec)["code"]["runner/host/build.py"]
     assert json.loads(spec)["spec_hash"] == bp.spec_hash
-    # The Dockerfile's SHELL (bash -o pipefail) survives: podman builds in docker format.
     assert podman("run", "--rm", bp.tag, "python3", "-c", "import yaml; print(yaml.__version__)").strip() == "6.0"
 
 
 def test_real_archive_is_ready_for_apptainer(real: Any) -> None:
     result, bp = real["result"], real["plan"]
-    with tarfile.open(bp.paths.archive) as tar:
-        f = tar.extractfile("manifest.json")
-        assert f is not None
-        manifest = json.load(f)
-        cf = tar.extractfile(manifest[0]["Config"])
-        assert cf is not None
-        image_config = json.load(cf)["config"]
-    assert manifest[0]["RepoTags"] == [bp.tag]
-    assert image_config["Shell"] == ["/bin/bash", "-o", "pipefail", "-c"]
+    with tarfile.open(bp.paths.archive) as tar:  # an OCI image layout: index -> manifest -> config
+
+        def blob(digest: str) -> Any:
+            f = tar.extractfile(f"blobs/{digest.replace(':', '/')}")
+            assert f is not None
+            return json.load(f)
+        index = json.load(tar.extractfile("index.json"))  # type: ignore[arg-type]
+        [entry] = index["manifests"]
+        image_config = blob(blob(entry["digest"])["config"]["digest"])["config"]
+    assert entry["annotations"]["org.opencontainers.image.ref.name"] == bp.tag
     assert image_config["Labels"]["runner.spec_hash"] == bp.spec_hash
-    assert f"docker-archive:{bp.paths.archive.name}" in result.stdout and not bp.paths.sif.exists()
+    assert f"oci-archive:{bp.paths.archive.name}" in result.stdout and not bp.paths.sif.exists()
     definition = bp.paths.definition.read_text()
-    assert f"From: {bp.paths.archive}\n" in definition and "@{" not in definition and "{{" not in definition
+    assert f"Bootstrap: oci-archive\nFrom: {bp.paths.archive}\n" in definition
+    assert "@{" not in definition and "{{" not in definition
     if shutil.which("apptainer") is None:
         return
     # Where Apptainer is, the next build makes only the SIF, and the archive (the image's second copy) goes.

@@ -155,7 +155,7 @@ def test_the_apptainer_variant_is_the_sif_of_that_image_and_runs_every_rank_in_i
     """The README's Apptainer variant, as planned (no SIF is built here: making the SIF of this 6.3 GB image took 632 s
     on this 2-core machine, `runner build` 697 s in all, past what the podman tier can pay on each spec): with
     ``runner.container.runtime=apptainer`` on the podman variant's config, `runner build` makes the SIF of the very
-    podman image the podman test trains in (same spec hash and tag: podman build, its docker-archive, ``apptainer
+    podman image the podman test trains in (same spec hash and tag: podman build, its oci-archive, ``apptainer
     build``, then the SIF's %test), and `runner submit` of the train stage on 2 nodes x 2 ranks runs each rank as
     ``apptainer exec`` of that SIF with the image's Python, the recipe directory bound at its own path."""
     python, work = espnet3_python(), espnet3_image.parents[1]
@@ -173,9 +173,9 @@ def test_the_apptainer_variant_is_the_sif_of_that_image_and_runs_every_rank_in_i
     steps = [line.split(":")[0] for line in plan.splitlines() if re.match(r"\[\d/\d\] ", line)]
     assert steps == ["[1/7] image", "[2/7] freeze", "[3/7] base", "[4/7] label", "[5/7] save", "[6/7] sif",
                      "[7/7] test"], plan
-    assert f"--format docker-archive --output {sif.with_suffix('.tar')} {tag}" in plan
+    assert f"--format oci-archive --output {sif.with_suffix('.tar')} {tag}" in plan
     assert f"apptainer build --force --notest --disable-cache {sif} " in plan and f"apptainer test {sif}" in plan
-    assert f"From: {sif.with_suffix('.tar')}" in plan and "Bootstrap: docker-archive" in plan
+    assert f"From: {sif.with_suffix('.tar')}" in plan and "Bootstrap: oci-archive" in plan
     out = subprocess.run([str(python), "-m", "runner", "submit", str(conf), *common, *TRAIN[:4], "--dry-run",
                           "--allow-missing-image", f"runner.run_root={tmp_path / 'runs'}"], capture_output=True,
                          text=True, cwd=work, timeout=120, env=test_espnet3.local_env())

@@ -8,8 +8,11 @@
 3. ``base``:    ``image inspect`` of the base image, for its digest.
 4. ``label``:   a one-line build ``FROM`` the image that only adds the provenance labels, so that the
                 Dockerfile (and with it the layer cache) does not change with every commit.
-5. ``save``:    ``save`` as a docker-archive (``IMAGE_DIR/<name>-<hash>.tar``), for Apptainer.
-6. ``sif``:     ``apptainer build --force --disable-cache IMAGE.sif apptainer.def`` (``Bootstrap: docker-archive``),
+5. ``save``:    ``save`` as an archive (``IMAGE_DIR/<name>-<hash>.tar``) for Apptainer: podman's an oci-archive,
+                docker's a docker-archive (Apptainer reads an OCI archive's layers as they are; a docker-archive's it
+                first recompresses into a layout of its own, 2.3x the time for a 5 GB image, BENCHMARKS.md).
+6. ``sif``:     ``apptainer build --force --disable-cache IMAGE.sif apptainer.def`` (``Bootstrap:`` the archive's
+                format; ``container.sif_compression`` picks mksquashfs's compressor),
                 whose ``%labels`` carry the same provenance. Once the SIF is built the archive, a second copy of the
                 image as large as it, is removed; so are Apptainer's layer cache entries (``--disable-cache``: a
                 local archive gains nothing from a cache that would hold a third copy of every layer).
@@ -22,7 +25,7 @@ Everything lands next to the SIF named by ``image_path`` (which ``runner submit`
 and ``<name>-<hash>.json``, the provenance record, written last: it marks a complete build.
 
 Without Apptainer (a workstation with docker, a login node without it) the build stops after
-``save`` with exit 0 and a note: the docker-archive is the deliverable, and the note prints the
+``save`` with exit 0 and a note: the archive is the deliverable, and the note prints the
 command to run where Apptainer is. A later ``runner build`` where Apptainer exists runs only ``sif``.
 
 Runs on the login node (or a workstation); nothing here imports torch.
@@ -270,14 +273,23 @@ def _spec_json(cfg: Config, spec_hash: str, code: dict[str, bytes]) -> bytes:
     return (json.dumps(spec, indent=2, sort_keys=True) + "\n").encode()
 
 
-def _definition(cfg: Config, spec_hash: str, p: Paths, prov: dict[str, Any]) -> str:
+def _definition(cfg: Config, spec_hash: str, p: Paths, prov: dict[str, Any], builder: str) -> str:
     # %labels lines are "KEY VALUE" on one line, and Apptainer reads {{ }} as build arguments.
     safe = [(k, v.replace("\n", " ").replace("{{", "{ {").replace("}}", "} }")) for k, v in labels(prov)]
-    return render.apptainer_def(cfg, spec_hash, "docker-archive", str(p.archive), extra_labels=safe)
+    return render.apptainer_def(cfg, spec_hash, archive_format(builder), str(p.archive), extra_labels=safe)
+
+
+def archive_format(builder: str) -> str:
+    """What ``save`` writes: podman an oci-archive, docker (whose ``save`` writes only this) a docker-archive."""
+    return "oci-archive" if builder == "podman" else "docker-archive"
+
+
+# mksquashfs's options per container.sif_compression: zstd at zstd's own default level (mksquashfs's is 15).
+SQUASHFS_ARGS = {"gzip": [], "zstd": ["-comp", "zstd", "-Xcompression-level", "3"]}
 
 
 def _steps(builder: str, sif: str | None, tag: str, base: str, p: Paths, python: str, prov: dict[str, Any],
-           save: bool, sign_key: str | None = None) -> list[Step]:
+           save: bool, sign_key: str | None = None, compression: str = "gzip") -> list[Step]:
     ctx = str(p.build_dir)
     # podman writes OCI images by default, which have no SHELL: the Dockerfile's bash -o pipefail would be lost.
     fmt = ["--format", "docker"] if builder == "podman" else []
@@ -294,11 +306,11 @@ def _steps(builder: str, sif: str | None, tag: str, base: str, p: Paths, python:
                                                     "--build-arg", f"IMAGE={tag}", *label_args, "--tag", tag, ctx]),
     ]
     if save:
-        archive_fmt = ["--format", "docker-archive"] if builder == "podman" else []
-        steps.append(Step("save", "save the docker-archive",
+        archive_fmt = ["--format", archive_format(builder)] if builder == "podman" else []
+        steps.append(Step("save", f"save the {archive_format(builder)}",
                           [builder, "save", *archive_fmt, "--output", str(p.archive), tag], timeout_s=SAVE_TIMEOUT_S))
     if sif:
-        steps += sif_steps(sif, p, sign_key)
+        steps += sif_steps(sif, p, sign_key, compression)
     return steps
 
 
@@ -307,11 +319,12 @@ def enroot_argv(builder: str, tag: str, p: Paths) -> list[str]:
     return ["enroot", "import", "--output", str(p.sqsh), f"{'dockerd' if builder == 'docker' else 'podman'}://{tag}"]
 
 
-def sif_steps(tool: str, p: Paths, sign_key: str | None) -> list[Step]:
+def sif_steps(tool: str, p: Paths, sign_key: str | None, compression: str) -> list[Step]:
     """The SIF from the definition, its ``%test`` run as a step of its own (``apptainer build`` would run it with
     every capability requested, which fails where root's bounding set lacks one; ``apptainer test`` keeps to the
     site's configuration, as the ranks will), and with ``container.sign_key`` Apptainer's signature."""
-    sif = [tool, "build", "--force", "--notest", "--disable-cache", str(p.sif), str(p.definition)]
+    squashfs = ["--mksquashfs-args", shlex.join(SQUASHFS_ARGS[compression])] if SQUASHFS_ARGS[compression] else []
+    sif = [tool, "build", "--force", "--notest", "--disable-cache", *squashfs, str(p.sif), str(p.definition)]
     steps = [Step("sif", "build the SIF", sif, timeout_s=SAVE_TIMEOUT_S),
              Step("test", "run the image's %test", [tool, "test", str(p.sif)], timeout_s=300)]
     return steps + ([sign_step(tool, p, sign_key)] if sign_key else [])
@@ -367,7 +380,7 @@ def plan_config(cfg: Config, force: bool = False) -> BuildPlan:
     tool = sif_tool(cfg) if wants_sif else None
     prov = provenance(cfg, h, base)
     files = {"Dockerfile": render.dockerfile(cfg, h).encode(),
-             "apptainer.def": _definition(cfg, h, p, prov).encode(),
+             "apptainer.def": _definition(cfg, h, p, prov, builder).encode(),
              "provenance.Dockerfile": PROVENANCE_DOCKERFILE.encode(),
              "spec.json": _spec_json(cfg, h, code), ".dockerignore": b"logs/\nimage.json\n"}
     files.update({f"code/{name}": data for name, data in code.items()})
@@ -380,8 +393,8 @@ def plan_config(cfg: Config, force: bool = False) -> BuildPlan:
         recorded = record.get("labels") or {}
         bp.values = {key: str(recorded[LABEL_PREFIX + key]) for key in ("pip_freeze", "base_digest")
                      if LABEL_PREFIX + key in recorded}
-    missing_sif = (f"apptainer not found: the docker-archive {p.archive} is ready for the cluster. There run: "
-                   f"apptainer build {p.sif.name} docker-archive:{p.archive.name}")
+    missing_sif = (f"apptainer not found: the {archive_format(builder)} {p.archive} is ready for the cluster. There "
+                   f"run: apptainer build {p.sif.name} {archive_format(builder)}:{p.archive.name}")
     sign_key = str(Path(c["sign_key"]).resolve()) if wants_sif and c["sign_key"] else None
     bp.sign_key = sign_key
     if done and wants_sif and p.sif.is_file() and sign_key and record.get("signed_with") != sign_key and tool:
@@ -392,14 +405,15 @@ def plan_config(cfg: Config, force: bool = False) -> BuildPlan:
     elif done and wants_sif and p.archive.is_file() and tool is None:
         bp.up_to_date = f"image {tag} (spec {h}) is built; nothing to do. {missing_sif}"
     elif done and wants_sif and p.archive.is_file():
-        bp.steps = sif_steps(tool or "apptainer", p, sign_key)
+        bp.steps = sif_steps(tool or "apptainer", p, sign_key, c["sif_compression"])
         bp.notes.append(f"the image and {p.archive.name} exist for spec {h}; only the SIF is built")
     elif done and kind == "sqsh" and p.sqsh.is_file():
         bp.up_to_date = f"image {p.sqsh} is up to date (spec {h}); nothing to do (--force rebuilds)"
     elif done and not wants_sif and not problem and _builder_has(builder, tag) and kind != "sqsh":
         bp.up_to_date = f"image {tag} is up to date (spec {h}); nothing to do (--force rebuilds)"
     else:
-        bp.steps = _steps(builder, tool, tag, base, p, c["python"], prov, save=wants_sif, sign_key=sign_key)
+        bp.steps = _steps(builder, tool, tag, base, p, c["python"], prov, save=wants_sif, sign_key=sign_key,
+                          compression=c["sif_compression"])
         if wants_sif and tool is None:
             bp.notes.append(missing_sif.replace("is ready", "will be ready"))
     if kind == "sqsh" and not bp.up_to_date:
@@ -558,7 +572,7 @@ def execute(bp: BuildPlan, out: TextIO | None = None) -> int:
     if any(s.name == "image" for s in bp.steps):  # a rebuild: the old record no longer describes the image
         p.record.unlink(missing_ok=True)
     if any(s.name == "save" for s in bp.steps):
-        p.archive.unlink(missing_ok=True)  # podman save refuses to overwrite a docker-archive
+        p.archive.unlink(missing_ok=True)  # podman save refuses to overwrite an archive
     write_build_dir(bp)
     print(f"runner build: {bp.config_name} spec {bp.spec_hash} with {bp.builder}; build dir {p.build_dir}",
           file=out, flush=True)
@@ -633,8 +647,8 @@ def image_problem(cfg: Config, image: str | Path) -> str | None:
         return (f"image {sif} not found; on a node with enroot run: "
                 f"{shlex.join(enroot_argv(c['builder'], image_tag(cfg, h), paths(cfg, h)))}")
     if sif.with_suffix(".tar").is_file():
-        return (f"image {sif} not found, only its docker-archive (no apptainer where it was built); run: "
-                f"apptainer build {sif} docker-archive:{sif.with_suffix('.tar')}")
+        return (f"image {sif} not found, only its archive (no apptainer where it was built); run: "
+                f"apptainer build {sif} {paths(cfg, h).definition}")
     others = sorted(sif.parent.glob(f"{cfg.name}-*.sif")) if sif.parent.is_dir() else []
     if others:
         return f"image {sif} not found; {others[-1].name} was built from a different spec (this config gives {h})"

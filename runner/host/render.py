@@ -96,7 +96,9 @@ def image_spec(cfg: Config) -> dict[str, Any]:
     return {**offline, "base_image": base_image(cfg), "apt": c["apt"], "pip": c["pip"], "nccl_tests": c["nccl_tests"],
             "perftest": c["perftest"], "install_lightning": c["install_lightning"], "lightning": LIGHTNING_PIN,
             "nccl_tests_ref": NCCL_TESTS_REF,
-            "python": c["python"], "workdir": c["workdir"], "code": c["code"]}
+            "python": c["python"], "workdir": c["workdir"], "code": c["code"],
+            # the SIF's encoding, not its files: named only when not the default, so a default spec keeps its hash
+            **({"sif_compression": c["sif_compression"]} if c["sif_compression"] != "gzip" else {})}
 
 
 def spec_labels(cfg: Config, spec_hash: str) -> list[tuple[str, str]]:

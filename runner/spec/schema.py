@@ -97,6 +97,7 @@ _LOADER = {
 
 # The schema: dicts are sections, F are leaves, "*" means free-form (kwargs passed through).
 RUNTIMES = ("apptainer", "singularity", "podman", "pyxis", "none")
+SIF_COMPRESSIONS = ("gzip", "zstd")
 # The runtimes each scheduler's ranks can start in, the first the one a config gets when it writes none: a local run's
 # ranks start with this machine's Python, outside any image (inside a runner image a local run is in it already).
 SCHEDULER_RUNTIMES = {"local": ("none",), "slurm": RUNTIMES}
@@ -149,6 +150,9 @@ SCHEMA: dict[str, Any] = {
         # Apptainer's own signatures (PEM keys): runner build signs the SIF with sign_key (private); every job
         # verifies the SIF with verify_key (public) before its ranks start, and refuses it (exit 77) if it fails.
         "sign_key": _f((str, NONE), None, pattern=SBATCH_SAFE, expect="a PEM private key path without spaces"),
+        # The SIF's squashfs: gzip is Apptainer's default and mounts everywhere; zstd builds many times faster at
+        # the same size and needs zstd in the squashfuse or kernel that mounts it (README: runner build).
+        "sif_compression": _f(str, "gzip", choices=SIF_COMPRESSIONS),
         "verify_key": _f((str, NONE), None, pattern=SBATCH_SAFE, expect="a PEM public key path without spaces"),
     },
     "slurm": {

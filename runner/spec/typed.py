@@ -60,6 +60,7 @@ class Container(TypedDict):
     wheelhouse: str | None
     sign_key: str | None
     verify_key: str | None
+    sif_compression: str
 
 
 class Slurm(TypedDict):
