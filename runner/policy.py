@@ -250,7 +250,7 @@ def lost_nodes(hosts: Mapping[int, str], ended: Mapping[int, Mapping[str, Any]],
     """The step's nodes runner calls lost before Slurm does (the step reaper, resume.in_job with spares): a rank
     failed and said so (``ended``: the ranks whose processes wrote their end, with its ``code`` and ``host``), and
     every rank of such a node neither said it ended nor beat for ``silent_s`` (``quiet``: how long each rank's
-    heartbeat has not changed, as the reaper saw it). srun would wait for Slurm to mark the node down (SlurmdTimeout
+    heartbeat has not changed: its file's age). srun would wait for Slurm to mark the node down (SlurmdTimeout
     and its ping); a node with any rank that said it ended is reachable and never lost. () while undecided: not
     every rank of the step known (``hosts`` from their records), a rank never seen beating, or one beat lately."""
     if len(hosts) < world or not any(int(e.get("code", 0)) != 0 for e in ended.values()):

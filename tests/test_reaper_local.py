@@ -77,6 +77,35 @@ def test_a_node_silent_after_its_peers_failed_ends_the_step_only_once_silent(tmp
     assert lost["silent_s"] >= jobhook.SILENT_S
 
 
+def test_the_silence_a_lost_node_kept_before_its_peers_failed_counts(tmp_path: Path) -> None:
+    """A node lost a while before its peers fail on it (they were computing): its ranks' heartbeats are already old
+    when the reaper first reads them, and that age counts. Counted from the reaper's first look, the step would
+    wait the whole SILENT_S more."""
+    run = RunDir(tmp_path / "run")
+    run.root.mkdir()
+    _rank_files(run, 2)
+    old = time.time() - (jobhook.SILENT_S - 1)
+    for rank in HOSTS:
+        _beat(run, rank, 2)
+        if HOSTS[rank] == "n2":  # n2's last beats, SILENT_S - 1 s ago by the file system's clock
+            os.utime(run.heartbeat(rank), (old, old))
+    step = subprocess.Popen(["sleep", "600"])
+    env = {**os.environ, ATTEMPT_ENV: "2", "SLURM_JOB_ID": "7"}
+    reaper = subprocess.Popen([sys.executable, "-m", "runner.host.jobhook", "reap", "--pid", str(step.pid),
+                               "--world", "4", str(run.root)], env=env)
+    try:
+        failed = time.time()
+        run.write_rank_exit(0, 2, 1)
+        run.write_rank_exit(1, 2, 1)
+        assert step.wait(timeout=30) == -9 and reaper.wait(timeout=10) == 0
+    finally:
+        step.kill()
+        reaper.kill()
+    [lost] = [e for e in run.events() if e["event"] == "nodes_lost"]
+    assert lost["nodes"] == ["n2"] and lost["silent_s"] >= jobhook.SILENT_S
+    assert lost["time"] - failed < jobhook.SILENT_S - 2, lost  # not SILENT_S after the peers' failure
+
+
 def test_the_reaper_ends_with_a_step_that_ended_as_steps_do(tmp_path: Path) -> None:
     run = RunDir(tmp_path / "run")
     run.root.mkdir()

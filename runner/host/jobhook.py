@@ -332,7 +332,15 @@ def deliver(run: RunDir, signame: str, step: int, ranks: int) -> int:
 SILENT_S = 3 * HEARTBEAT_S  # a rank that beat nothing for this long after its peers failed is on a lost node
 
 
-def reap(run: RunDir, step: int, world_size: int, every: float = 1.0) -> int:
+def _fs_now(folder: Path) -> float:
+    """Now by the clock that stamps the files in ``folder`` (a shared file system's server's, not this host's): the
+    heartbeats' mtimes are measured against it, so no clock skew between nodes can make a rank look silent."""
+    probe = folder / ".reaper-clock"
+    probe.touch()
+    return probe.stat().st_mtime
+
+
+def reap(run: RunDir, step: int, world_size: int, every: float = 0.5) -> int:
     """resume.in_job with slurm.spare_nodes: end a step that waits on a lost node before Slurm says it is down.
 
     A node lost with its ranks (power, kernel panic, its slurmd gone) leaves srun waiting for slurmctld to mark it
@@ -340,9 +348,10 @@ def reap(run: RunDir, step: int, world_size: int, every: float = 1.0) -> int:
     the batch host, once a rank said it ended with a failure (``exits/rank-*.json``), every rank's heartbeat is
     watched; when ``policy.lost_nodes`` names nodes whose ranks all went silent, the reaper records ``nodes_lost``
     and ends srun (SIGKILL); the exit hook names those nodes bad and the next step trains without them (``--overlap``
-    beside the remains Slurm cleans up later). Until a rank ends it reads one folder a poll, nothing per rank."""
+    beside the remains Slurm cleans up later). A rank's silence is its heartbeat file's age (``_fs_now``), so the beats
+    a lost node missed before its peers failed count too. Until a rank ends it reads one folder a poll, nothing per
+    rank."""
     attempt = int(os.environ.get(ATTEMPT_ENV, "0") or 0)
-    seen: dict[int, tuple[Any, float]] = {}  # rank -> (its heartbeat's last time, when this reaper first saw it)
     while True:
         time.sleep(every)
         try:
@@ -350,15 +359,15 @@ def reap(run: RunDir, step: int, world_size: int, every: float = 1.0) -> int:
         except ProcessLookupError:  # the step ended as steps do
             return 0
         ended = run.rank_exits(attempt)
-        if not ended:
+        if not ended or not run.heartbeats.is_dir():
             continue
-        now = time.monotonic()
+        now = _fs_now(run.heartbeats)
+        quiet: dict[int, float] = {}  # rank -> how long its heartbeat of this attempt has not changed
         for rank, path in RunDir.by_rank(run.heartbeats).items():
             beat = read_json(path)
-            mark = beat.get("time") if isinstance(beat, dict) and beat.get("attempt") == attempt else None
-            if mark is not None and (rank not in seen or seen[rank][0] != mark):
-                seen[rank] = (mark, now)
-        quiet = {rank: now - since for rank, (_, since) in seen.items()}
+            if isinstance(beat, dict) and beat.get("attempt") == attempt:
+                with contextlib.suppress(FileNotFoundError):  # a newer beat's mtime: younger, never falsely silent
+                    quiet[rank] = now - path.stat().st_mtime
         lost = policy.lost_nodes(run.rank_hosts(attempt), ended, quiet, world_size, SILENT_S)
         if lost:
             silent = min(q for r, q in quiet.items() if r not in ended)
