@@ -323,7 +323,8 @@ def sif_steps(tool: str, p: Paths, sign_key: str | None, compression: str) -> li
     """The SIF from the definition, its ``%test`` run as a step of its own (``apptainer build`` would run it with
     every capability requested, which fails where root's bounding set lacks one; ``apptainer test`` keeps to the
     site's configuration, as the ranks will), and with ``container.sign_key`` Apptainer's signature."""
-    squashfs = ["--mksquashfs-args", shlex.join(SQUASHFS_ARGS[compression])] if SQUASHFS_ARGS[compression] else []
+    args = SQUASHFS_ARGS[compression]
+    squashfs = ["--mksquashfs-args", shlex.join(args)] if args else []
     sif = [tool, "build", "--force", "--notest", "--disable-cache", *squashfs, str(p.sif), str(p.definition)]
     steps = [Step("sif", "build the SIF", sif, timeout_s=SAVE_TIMEOUT_S),
              Step("test", "run the image's %test", [tool, "test", str(p.sif)], timeout_s=300)]

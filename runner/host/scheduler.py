@@ -258,7 +258,7 @@ def refused(e: SubmitError, hint: str) -> SubmitError:
              "(`scontrol ping`)" if conf else "SLURM_CONF is not set and no controller was found without it: export "
              "SLURM_CONF=/path/to/slurm.conf (`runner dev-cluster up` prints the line), or submit where Slurm is "
              "set up (`scontrol ping` answers)")
-    said = text if text.startswith("SLURM_CONF") else f"sbatch said: {text}"
+    said = text if text.startswith(slurm.NO_CONF) else f"sbatch said: {text}"  # sbatch never ran
     return SubmitError(f"no Slurm controller answers: {said}. hint: {where}")
 
 

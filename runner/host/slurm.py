@@ -187,8 +187,8 @@ def successor_args(after: str) -> list[str]:
 
 # What sbatch, squeue and scontrol say when no controller can be reached (no SLURM_CONF and no configless DNS record,
 # a missing slurm.conf, slurmctld down): the cluster, not the job, is the problem.
-_NO_CONF = "names no file"
-_UNREACHABLE = (_NO_CONF, "_establish_config_source", "failed to fetch config",
+NO_CONF = "SLURM_CONF names no file"  # said before sbatch runs (it would wait 60 s for the file to appear)
+_UNREACHABLE = (NO_CONF, "_establish_config_source", "failed to fetch config",
                 "Could not establish a configuration source", "Unable to contact slurm controller",
                 "ClusterName needs to be specified",
                 "Zero Bytes were transmitted or received", "Socket timed out on send/recv operation")
@@ -215,7 +215,7 @@ def submit(script: str, env: dict[str, str] | None = None, extra: Sequence[str] 
     job_env = proc.clean_env() if env is None else dict(env)
     conf = job_env.get("SLURM_CONF")
     if conf and not os.path.isfile(conf):  # Slurm would wait 60 s for it to appear (an NFS mount coming up) first
-        raise SubmitError(f"SLURM_CONF {_NO_CONF} ({conf})")
+        raise SubmitError(f"{NO_CONF} ({conf})")
     job_env.pop(SUCCESSOR_ENV, None)
     if after:
         job_env[SUCCESSOR_ENV] = after
