@@ -25,9 +25,11 @@ from __future__ import annotations
 import _posixsubprocess
 import logging
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
@@ -201,15 +203,44 @@ def _unit_starts_no_process(request: pytest.FixtureRequest) -> Iterator[None]:
 TIME_KEY = pytest.StashKey[dict[str, list[float]]]()
 
 
+def _cpu_ticks() -> tuple[int, int]:
+    """The machine's (busy, all) CPU ticks since boot, from /proc/stat's first line (idle and iowait are not busy)."""
+    try:
+        fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    return sum(fields) - sum(fields[3:5]), sum(fields)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
-    """Each test's whole time (setup, call, teardown) counts to its tier, for the summary below."""
-    start = time.monotonic()
+    """Each test's whole time (setup, call, teardown) counts to its tier, for the summary below. With
+    RUNNER_TEST_TIMES=FILE each test also appends a line to FILE as it ends (seconds, the share of the machine's CPU
+    busy meanwhile, tier, test id): a run killed halfway still says where its time went, and a test that mostly waits
+    (low CPU) is told from one that computes."""
+    start, (busy, total) = time.monotonic(), _cpu_ticks()
     try:
         return (yield)
     finally:
-        times = item.config.stash.setdefault(TIME_KEY, {})
-        times.setdefault(item.stash.get(TIER_KEY, "") or "none", []).append(time.monotonic() - start)
+        spent = time.monotonic() - start
+        tier = item.stash.get(TIER_KEY, "") or "none"
+        item.config.stash.setdefault(TIME_KEY, {}).setdefault(tier, []).append(spent)
+        if log := os.environ.get("RUNNER_TEST_TIMES"):
+            busy2, total2 = _cpu_ticks()
+            share = (busy2 - busy) / (total2 - total) if total2 > total else 0.0
+            with open(log, "a") as out:
+                out.write(f"{spent:.1f}\t{share:.2f}\t{tier}\t{item.nodeid}\n")
+
+
+def _summary_on_sigterm(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """A run stopped by SIGTERM (CI's time limit) ends as an interrupted one: pytest still prints the slowest tests
+    and the time per tier, so a run that ran out of time says where its time went."""
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _summary_on_sigterm)
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
