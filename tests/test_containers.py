@@ -86,16 +86,18 @@ def image_overrides(podman_base_image: str) -> list[str]:
     overrides = [f"container.wheelhouse={wheelhouse}", f"container.image_dir={CACHE / 'images'}",
                  f"container.pip={json.dumps(IMAGE_PIP)}", "container.sif_compression=zstd"]
     cfg = spec.load(CONF, overrides)
-    _prune(CACHE / "images", render.spec_hash(cfg, build.image_code_files(cfg)))  # before: the disk is not endless
     cli = [sys.executable, "-m", "runner", "build", str(CONF), *overrides]
     _run(cli, "runner build (podman)")
     _run([*cli, "container.runtime=apptainer"], "runner build (the SIF)")
+    _prune(CACHE / "images", render.spec_hash(cfg, build.image_code_files(cfg)))
     return overrides
 
 
 def _prune(images: Path, keep: str, stem: str = CONF.stem) -> None:
-    """Other specs' images of config ``stem`` (GBs each), before this spec's is built: their archive, SIF, record,
-    build directory (a failed build's too) and podman tag, then the layers no image uses any more."""
+    """Other specs' images of config ``stem`` (GBs each), once this spec's is built: their archive, SIF, record,
+    build directory (a failed build's too) and podman tag, then the layers no image uses any more. Never before the
+    build: the old image holds the 5 GB pip layer a code change leaves as it is, and podman's cache finds it only
+    while some image still uses it (pruned first, every CI after a code change rebuilt ESPnet3's image whole)."""
     if not images.is_dir():
         return
     for d in [*images.glob(f"{stem}-*.json"), *(images / "build").glob(f"{stem}-*")]:

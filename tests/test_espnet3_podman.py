@@ -78,8 +78,8 @@ def espnet3_image(podman_base_image: str, tmp_path_factory: pytest.TempPathFacto
     plan = _image_step([*build, "--dry-run"], "runner build --dry-run", cwd=work)
     spec_hash = re.search(r"spec hash: +([0-9a-f]{12})", plan)
     assert spec_hash, "runner build --dry-run printed no spec hash"
-    test_containers._prune(cache / "images", spec_hash[1], stem="mini-an4")  # before: the disk is not endless
     _image_step(build, "runner build (the ESPnet3 podman image)", cwd=work)
+    test_containers._prune(cache / "images", spec_hash[1], stem="mini-an4")
     return work / CONF
 
 

@@ -59,11 +59,11 @@ def podman_image(podman_base_image: str, tmp_path_factory: pytest.TempPathFactor
     from runner.host import build, render
 
     cfg = spec.load(conf, overrides, start=False)  # as `runner build` reads it (the script is beside conf)
-    test_containers._prune(cache / "images", render.spec_hash(cfg, build.image_code_files(cfg)), stem="program-podman")
     out = subprocess.run([sys.executable, "-m", "runner", "build", str(conf), *overrides], capture_output=True,
                          text=True, timeout=test_containers.BUILD_TIMEOUT_S, cwd=conf.parent)
     if out.returncode != 0:
         unavailable(f"runner build (program, podman) failed:\n{out.stdout[-3000:]}{out.stderr[-3000:]}")
+    test_containers._prune(cache / "images", render.spec_hash(cfg, build.image_code_files(cfg)), stem="program-podman")
     return overrides
 
 
