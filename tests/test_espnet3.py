@@ -156,43 +156,32 @@ def test_runners_own_python_is_refused_by_the_preflight_in_one_line(tmp_path: Pa
 
 
 @pytest.mark.local
-def test_the_stages_run_as_runner_runs_and_espnet3s_outputs_are_where_espnet3_puts_them(recipe: Path,
-                                                                                      tmp_path: Path) -> None:
+def test_the_whole_recipe_reaches_a_wer_in_espnet3s_own_metrics(recipe: Path, tmp_path: Path) -> None:
+    """After the prep stages (the ``recipe`` fixture: each a runner run, ESPnet3's outputs where ESPnet3 puts them),
+    `train` on 2 ranks for 11 epochs (ESPnet3 then averages its 10 best checkpoints, the model prepare.sh points
+    inference at), then `infer` and `measure` as one run with the example's command, as its README has it: ESPnet3's
+    metrics.json holds a WER and a CER for both test sets, from this training's averaged model."""
     for n in ("0", "1"):
         run = one_run(recipe / "prep-runs" / n)
         assert (run / "finished").exists() and [e["outcome"] for e in exits(run)] == ["completed"]
         assert_the_preflight_found_espnet3(run)
     assert (recipe / "data" / "manifest" / "train.tsv").exists()
     assert (recipe / "exp" / "stats" / "train" / "feats_shape").exists()  # collect_stats, on ESPnet3's Dask
-    out = submit(recipe, local_env(), tmp_path / "runs", "stages=train", "num_device=2", "trainer.max_epochs=2",
-                 "exp_tag=local_train")
-    assert out.returncode == 0, out.stdout + out.stderr
-    run = one_run(tmp_path / "runs")
-    assert (run / "finished").exists()
-    assert_the_preflight_found_espnet3(run)
-    # ESPnet3's experiment, named as ESPnet3 names it, its own checkpoints and its validation loss in its log.
-    exp = recipe / "exp" / "local_train"
-    assert (exp / "last.ckpt").exists() and list(exp.glob("epoch*valid.loss.ckpt"))
-    assert "valid/loss" in (exp / "train.log").read_text()
-    assert (run / "program" / "training_asr_transformer.yaml").exists()
-    row = status(local_env(), run)
-    assert row["state"] == "completed", row
-
-
-@pytest.mark.local
-def test_the_whole_recipe_reaches_a_wer_in_espnet3s_own_metrics(recipe: Path, tmp_path: Path) -> None:
-    """After the prep stages (the ``recipe`` fixture), `train` on 2 ranks for 11 epochs (ESPnet3 then averages its 10
-    best checkpoints, the model prepare.sh points inference at), then `infer` and `measure` as one run with the
-    example's command, as its README has it: ESPnet3's metrics.json holds a WER and a CER for both test sets, from
-    this training's averaged model."""
     runs = tmp_path / "runs"
     out = submit(recipe, local_env(), runs, "stages=train", "num_device=2", "trainer.max_epochs=11", "exp_tag=to_wer")
     assert out.returncode == 0, out.stdout + out.stderr
     [train] = runs.iterdir()
+    assert (train / "finished").exists()
+    assert_the_preflight_found_espnet3(train)
+    # ESPnet3's experiment, named as ESPnet3 names it, its own checkpoints and its validation loss in its log.
+    exp = recipe / "exp" / "to_wer"
+    assert (exp / "last.ckpt").exists() and list(exp.glob("epoch*valid.loss.ckpt"))
+    assert "valid/loss" in (exp / "train.log").read_text()
+    assert (train / "program" / "training_asr_transformer.yaml").exists()
+    assert status(local_env(), train)["state"] == "completed"
     out = submit(recipe, local_env(), runs, "stages=[infer, measure]", "exp_tag=to_wer")
     assert out.returncode == 0, out.stdout + out.stderr
     [score] = [r for r in runs.iterdir() if r != train]
-    exp = recipe / "exp" / "to_wer"
     metrics = json.loads((exp / "inference" / "metrics.json").read_text())
     for name, key in (("wer.WER", "WER"), ("cer.CER", "CER")):
         scores = metrics[f"espnet3.systems.esp2_asr.metrics.{name}"]
