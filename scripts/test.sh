@@ -34,15 +34,7 @@ step() {
   times+=("$(printf '%-26s %5d s' "$name" $((SECONDS - start)))")
   return $rc
 }
-other_log=""  # the second test stream's output (below), printed at the end, also when the run is stopped halfway
-summary() {
-  if [ -n "$other_log" ] && [ -e "$other_log" ]; then
-    echo "== the unit, local and browser tiers (run beside the slurm and podman tiers) =="
-    cat "$other_log"
-    rm -f "$other_log"
-  fi
-  echo "== time per step =="; printf '%s\n' "${times[@]}" "$(printf '%-26s %5d s' total "$SECONDS")"
-}
+summary() { echo "== time per step =="; printf '%s\n' "${times[@]}" "$(printf '%-26s %5d s' total "$SECONDS")"; }
 trap summary EXIT
 # Caches that outlive a clone (a clean-clone CI then starts warm), keyed by what they hold.
 export RUNNER_CACHE=${RUNNER_CACHE:-/var/tmp/runner-cache}
@@ -72,25 +64,6 @@ step lint-imports .venv/bin/lint-imports
 and="${mark:+$mark and }"
 tests() { .venv/bin/pytest "$@" || [ $? -eq 5 ]; }  # 5: nothing selected
 # --durations: the slowest tests are named at the end, where a CI log's tail shows them.
-# Two streams side by side: the slurm and podman tiers, and the unit, local and browser tiers. A cluster or container
-# test leaves about a quarter of the 2 cores idle (Slurm's scheduling, the ranks' rendezvous, image I/O), which the
-# other stream's tests use; the two share no fixture that holds state (each session prepares its own), no port
-# (local runs take free ones, cluster nodes are network namespaces) and no leftover token (tests/leftovers.py).
-streams() {
-  local rc=0 other_rc=0 pid
-  other_log=$(mktemp /tmp/runner-test-stream.XXXXXX)
-  tests -m "${and}(unit or local or browser) and not own_session" --durations=25 ${args[@]+"${args[@]}"} \
-    >"$other_log" 2>&1 &
-  pid=$!
-  tests -m "${and}(slurm or podman) and not own_session" --durations=25 ${args[@]+"${args[@]}"} || rc=$?
-  wait "$pid" || other_rc=$?
-  [ "$rc" -ne 0 ] || rc=$other_rc
-  return "$rc"
-}
-if [ "$unit" = 1 ]; then
-  step "pytest" tests -m "${and}not own_session" --durations=25 ${args[@]+"${args[@]}"}
-else
-  step "pytest" streams
-fi
+step "pytest" tests -m "${and}not own_session" --durations=25 ${args[@]+"${args[@]}"}
 [ "$unit" = 1 ] ||  # no unit test takes the cluster down; never under another test's feet
   step "pytest (own session)" tests -m "${and}own_session" ${args[@]+"${args[@]}"}
