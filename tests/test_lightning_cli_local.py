@@ -120,7 +120,7 @@ def test_preempted_it_resumes_on_one_rank_with_the_same_global_batch(tmp_path: P
     end (step 96: 64 samples, batch 1, 32 steps an epoch on 2 ranks) and trains the interrupted epoch again, each
     batch once, and the `resumed` record says so (was: it continued Lightning's per-rank count, part of the epoch
     trained twice and part never)."""
-    code, out, run = submit(tmp_path, steps=400, every=50, stop_after=100)
+    code, out, run = submit(tmp_path, steps=160, every=50, stop_after=100)
     assert code == EXIT_REQUEUE, out
     newest, path = checkpoint.complete(run.checkpoints)[0]
     assert 100 < newest < 128 and not run.finished.exists()
@@ -146,5 +146,5 @@ def test_preempted_it_resumes_on_one_rank_with_the_same_global_batch(tmp_path: P
     assert f"the newer checkpoint of step {newest}, mid-epoch, was passed over: the loader is replayed to a batch " \
         "only on the layout that wrote it (2 ranks), not on 1, so the interrupted epoch is trained again from its " \
         f"start, each batch once ({newest - 96} steps again)" in r["data"], r
-    assert run.finished.exists() and [e["step"] for e in events(run, "finished")] == [400]
+    assert run.finished.exists() and [e["step"] for e in events(run, "finished")] == [160]
     assert not run.rank_log(1, 2).exists()  # one rank in the second attempt
