@@ -218,14 +218,15 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     RUNNER_TEST_TIMES=FILE each test also appends a line to FILE as it ends (seconds, the share of the machine's CPU
     busy meanwhile, tier, test id): a run killed halfway still says where its time went, and a test that mostly waits
     (low CPU) is told from one that computes."""
-    start, (busy, total) = time.monotonic(), _cpu_ticks()
+    log = os.environ.get("RUNNER_TEST_TIMES")
+    start, (busy, total) = time.monotonic(), _cpu_ticks() if log else (0, 0)
     try:
         return (yield)
     finally:
         spent = time.monotonic() - start
         tier = item.stash.get(TIER_KEY, "") or "none"
         item.config.stash.setdefault(TIME_KEY, {}).setdefault(tier, []).append(spent)
-        if log := os.environ.get("RUNNER_TEST_TIMES"):
+        if log:
             busy2, total2 = _cpu_ticks()
             share = (busy2 - busy) / (total2 - total) if total2 > total else 0.0
             with open(log, "a") as out:
