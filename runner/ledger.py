@@ -85,6 +85,7 @@ class Start(TypedDict):
     out_offset: NotRequired[int]  # where this attempt's part of the batch output begins
     attempt: NotRequired[int]  # the attempt the job runs (a Slurm job's `start`, runner parallel's)
     items_left: NotRequired[int]  # runner parallel
+    warm: NotRequired[bool]  # resume.in_job: the warm standby step trains this attempt (runner.job.standby)
 
 
 class Exit(TypedDict):

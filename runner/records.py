@@ -101,6 +101,29 @@ def last_exit(raw: Any) -> LastExit | None:
             "time": _time(raw.get("time"))}
 
 
+class StandbyHandoff(TypedDict):
+    """``standby/JOB-N/handoff.json``: the begin hook's word to resume.in_job's warm standby step
+    (``runner.job.standby``), whose tasks imported torch and Lightning while the last attempt trained. Writer: the batch
+    script's begin hook (or its exit hook, to stand the step down); readers: the standby's tasks, each of which becomes
+    a rank or exits."""
+
+    env: dict[str, str]  # the attempt's variables (runner.world.attempt_env and its step's nodes)
+    nodes: list[str]  # the attempt's step, in node-rank order; [] stands the standby down (every task exits 0)
+    per_node: int  # ranks on each node
+
+
+def standby_handoff(raw: Any) -> StandbyHandoff | None:
+    """``handoff.json`` as read, as a ``StandbyHandoff``; None when any field is missing or of the wrong type."""
+    if not isinstance(raw, dict):
+        return None
+    env, nodes, per_node = raw.get("env"), raw.get("nodes"), _int(raw.get("per_node"))
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        return None
+    if not isinstance(nodes, list) or not _strings(nodes) or per_node is None or per_node < 1:
+        return None
+    return {"env": {str(k): str(v) for k, v in env.items()}, "nodes": [str(n) for n in nodes], "per_node": per_node}
+
+
 class ProgramOutcome(TypedDict):
     """``program-rank-XXXXX.json`` in an attempt's logs: what a program's fit did on one rank. Written by the wrapped
     ``Trainer.fit`` (``runner.job.program_entry``), read by the rank's launcher once the program ended."""

@@ -660,6 +660,39 @@ class RunDir(Ledger):
         return out
 
 
+STANDBY_ENV = "RUNNER_STANDBY"  # a task of resume.in_job's warm standby step: its folder (runner.job.standby)
+
+
+@dataclass(frozen=True)
+class Standby:
+    """The folder of one warm standby step of a job (resume.in_job, ``RUN/standby/JOB-N``): a file per task that
+    waits (its node and local rank, written as it starts), and the begin hook's handoff (``records.StandbyHandoff``)."""
+
+    folder: Path
+
+    @property
+    def handoff(self) -> Path:
+        return self.folder / "handoff.json"
+
+    def waiting(self, node: str, local: int) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / f"here.{local}.{node}").touch()
+
+    def present(self) -> set[tuple[str, int]]:
+        """(node, local rank) of each task that said it waits."""
+        try:
+            names = [p.name.split(".", 2) for p in self.folder.iterdir() if p.name.startswith("here.")]
+        except OSError:
+            return set()
+        return {(n[2], int(n[1])) for n in names if len(n) == 3 and n[1].isdigit()}
+
+    def hand_off(self, handoff: records.StandbyHandoff) -> None:
+        atomic_write(self.handoff, json.dumps(handoff), durable=False)
+
+    def handoff_record(self) -> records.StandbyHandoff | None:
+        return records.standby_handoff(read_json(self.handoff)) if self.handoff.exists() else None
+
+
 def _a_time(t: Any) -> bool:
     """A Unix time a ledger line can hold: a number a date can be made of (not NaN, not 1e308, not a bool)."""
     return records.is_number(t) and -1e11 < t < 1e11

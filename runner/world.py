@@ -47,6 +47,21 @@ def attempt_env(run_dir: Path, attempt: int, at: Rendezvous) -> dict[str, str]:
             "RUNNER_RUN_DIR": str(run_dir), ATTEMPT_ENV: str(attempt)}
 
 
+def standby_env(nodes: list[str], per_node: int, node: str, local: int) -> dict[str, str] | None:
+    """What makes a task of resume.in_job's warm standby step (on ``node``, ``local`` among its tasks there; the step
+    spans the job's nodes) a rank of the attempt whose step is ``nodes`` (``per_node`` ranks each, in node order):
+    Slurm's variables as srun sets them for a step of exactly those nodes (``runner.job.jobenv`` and Lightning's
+    ``SLURMEnvironment`` read them). None: the task's node does not train in the attempt (a spare, a hang's node)."""
+    if node not in nodes or not 0 <= local < per_node:
+        return None
+    index, world, listed = nodes.index(node), len(nodes) * per_node, ",".join(nodes)
+    return {"SLURM_PROCID": str(index * per_node + local), "SLURM_NODEID": str(index), "SLURM_NTASKS": str(world),
+            "SLURM_NPROCS": str(world), "SLURM_NNODES": str(len(nodes)), "SLURM_STEP_NUM_NODES": str(len(nodes)),
+            "SLURM_STEP_NUM_TASKS": str(world), "SLURM_NODELIST": listed, "SLURM_STEP_NODELIST": listed,
+            "SLURM_TASKS_PER_NODE": f"{per_node}(x{len(nodes)})",
+            "SLURM_STEP_TASKS_PER_NODE": f"{per_node}(x{len(nodes)})"}
+
+
 ROLE = "default"  # torchrun's --role default: every rank has one role, so its role ranks are its ranks
 FABRIC_ENV = ("LT_DEVICES", "LT_NUM_NODES")  # `fabric run`'s: an unedited ``Fabric()`` trains the world runner started
 

@@ -122,6 +122,8 @@ def test_a_killed_rank_trains_again_in_the_same_job(cluster3: devcluster.Cluster
     [restarted] = [e for e in events(run) if e["event"] == "restarted"]
     assert restarted["attempt"] == 2 and restarted["nodes"] == ["n1", "n2"] and restarted["bad"] == [], restarted
     assert hosts(run, 2) == {"n1", "n2"}  # nothing named a node: the same nodes
+    # The warm standby step (resume.warm_standby, on by default) trains attempt 2: its ranks imported beforehand.
+    assert [e.get("warm") for e in events(run) if e["event"] == "start"] == [None, True]
     recovery_s(run, killed_at)
     assert_recovered(run, reference, hook, ["failed", "completed"])
     [failed] = [a for a in hook.received if a["event"] == "failed"]

@@ -418,6 +418,39 @@ def test_doubtful_nodes(ends: list[tuple[str, list[str]]], down: list[str], doub
     assert policy.doubtful_nodes(ends, down) == doubtful
 
 
+GONE = [  # (each in-job end of the job: its outcome and the nodes it named) -> nodes no warm standby step may span
+    pytest.param([], set(), id="no restart yet"),
+    pytest.param([("hang", ["n2"])], set(), id="a hang's node still runs its standby task"),
+    pytest.param([("failed", ["n2"])], {"n2"}, id="a crash's node cause or a lost node"),
+    pytest.param([("preflight_failed", ["n3"]), ("hang", ["n1"])], {"n3"}, id="a failed preflight's node"),
+    pytest.param([("failed", [])], set(), id="a crash that named no node"),
+]
+
+
+@pytest.mark.parametrize(("ends", "gone"), GONE)
+def test_gone_nodes(ends: list[tuple[str, list[str]]], gone: set[str]) -> None:
+    assert policy.gone_nodes(ends) == gone
+
+
+BOTH = {("n1", 0), ("n1", 1), ("n2", 0), ("n2", 1), ("n3", 0), ("n3", 1)}
+TAKES = [  # (the standby's waiting tasks: node, local rank; the attempt's nodes; ranks per node; gone) -> takes it
+    pytest.param(BOTH, ["n1", "n2"], 2, set(), True, id="every slot waits"),
+    pytest.param(BOTH, ["n1", "n3"], 2, set(), True, id="the spare in a hang's node's place"),
+    pytest.param(BOTH - {("n2", 1)}, ["n1", "n2"], 2, set(), False, id="a task not yet started (or never)"),
+    pytest.param(BOTH - {("n2", 0), ("n2", 1)}, ["n1", "n3"], 2, set(), True, id="no task on a node it skips"),
+    pytest.param(BOTH, ["n1", "n3"], 2, {"n2"}, False, id="it spans a node named lost since it started"),
+    pytest.param(BOTH, ["n1", "n2"], 4, set(), False, id="fewer tasks per node than ranks"),
+    pytest.param(set(), ["n1", "n2"], 2, set(), False, id="nothing waits"),
+    pytest.param(BOTH, [], 2, set(), False, id="no nodes: nothing to train"),
+]
+
+
+@pytest.mark.parametrize(("waiting", "chosen", "per_node", "gone", "takes"), TAKES)
+def test_standby_takes(waiting: set[tuple[str, int]], chosen: list[str], per_node: int, gone: set[str],
+                       takes: bool) -> None:
+    assert policy.standby_takes(waiting, chosen, per_node, gone) is takes
+
+
 TWO_BY_TWO = {0: "n1", 1: "n1", 2: "n2", 3: "n2"}
 
 

@@ -221,3 +221,22 @@ def test_only_the_run_directory_and_the_strict_reader_touch_the_run_manifest() -
              if str(p.relative_to(RUNNER)) not in ("rundir.py", "host/observe.py")
              for line in p.read_text().splitlines() if touch.search(line.replace("p.run.", "run."))]
     assert found == [], "manifest.json is read through RunDir.manifest_record or observe.manifest_of"
+
+
+HANDOFFS = [  # handoff.json as found -> what a standby task reads (None: keeps waiting)
+    ({"env": {"MASTER_ADDR": "n1"}, "nodes": ["n1", "n3"], "per_node": 2},
+     {"env": {"MASTER_ADDR": "n1"}, "nodes": ["n1", "n3"], "per_node": 2}),
+    ({"env": {}, "nodes": [], "per_node": 1}, {"env": {}, "nodes": [], "per_node": 1}),  # stand down
+    ({"env": {"A": 1}, "nodes": ["n1"], "per_node": 2}, None),
+    ({"env": {}, "nodes": "n1", "per_node": 2}, None),
+    ({"env": {}, "nodes": ["n1"], "per_node": 0}, None),
+    ({"env": {}, "nodes": ["n1"], "per_node": True}, None),
+    ({"nodes": ["n1"], "per_node": 1}, None),
+    ([], None),
+    (None, None),
+]
+
+
+@pytest.mark.parametrize(("raw", "read"), HANDOFFS)
+def test_standby_handoff(raw: Any, read: Any) -> None:
+    assert records.standby_handoff(raw) == read

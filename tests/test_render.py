@@ -121,7 +121,8 @@ def test_no_template_logic_reads_undefined_values() -> None:
                 if line.startswith(("#", "{%")) or "{{" not in line:
                     continue
                 for expr in re.findall(r"\{\{(.*?)\}\}", line):
-                    validated = ("signal", "exec_prefix", "key")  # names checked by the config schema
+                    # names checked by the config schema; launch: exec_prefix and fixed words ({% set %})
+                    validated = ("signal", "exec_prefix", "key", "launch")
                     assert "|q" in expr.replace(" ", "") or expr.strip() in validated, line
 
 

@@ -47,6 +47,7 @@ from runner.rundir import (
     HEARTBEAT_S,
     SUCCESSOR_ENV,
     RunDir,
+    Standby,
     atomic_write,
     read_json,
 )
@@ -298,6 +299,32 @@ def begin(run: RunDir, key: str, needed: int = 0) -> tuple[int, dict[str, str]]:
     return (verify(run, key) if key else 0), env
 
 
+def warm_standby(run: RunDir, code: int, env: Mapping[str, str], folder: str, per_node: int) -> dict[str, str]:
+    """resume.in_job's warm standby, after ``begin``: hand this attempt to the standby step in ``folder`` (the one
+    started beside the last attempt; "" when none lives) where ``policy.standby_takes``, else stand it down; and the
+    nodes the next standby step waits on (``policy.gone_nodes`` left out). Returns the batch script's variables:
+    ``warm`` ("1": the standby is this attempt's step), ``standby_nodes``, ``standby_count``, ``standby_tasks``."""
+    job = slurmstates.job_id(os.environ)
+    gone = policy.gone_nodes(policy.in_job_ends(run.events(), job))
+    chosen = [n for n in env.get(world.STEP_NODES_ENV, "").split(",") if n]
+    took = False
+    if folder:
+        standby = Standby(Path(folder))
+        took = code == 0 and policy.standby_takes(standby.present(), chosen, per_node, gone)
+        standby.hand_off({"env": dict(env), "nodes": chosen if took else [], "per_node": per_node})
+        log.info("attempt %s: %s", env.get(ATTEMPT_ENV, "?"), "the warm standby step trains it" if took else
+                 "a new step (the warm standby step stood down: not every slot of its nodes waits, or one is bad)")
+    nodes = [n for n in slurm.hostnames(os.environ.get("SLURM_JOB_NODELIST", "")) if n not in gone]
+    return {"warm": "1" if took else "", "standby_nodes": ",".join(nodes), "standby_count": str(len(nodes)),
+            "standby_tasks": str(len(nodes) * per_node)}
+
+
+def stand_down(folder: str) -> None:
+    """The job trains no more: the warm standby step's tasks exit 0 (Slurm would kill them as the job ends)."""
+    if folder:
+        Standby(Path(folder)).hand_off({"env": {}, "nodes": [], "per_node": 1})
+
+
 def step_of(events: list[Any], job: str, allocation: list[str], needed: int) -> tuple[list[str], int]:
     """The nodes of this attempt's step and how many in-job restarts came before it: the exit hook's choice when it
     restarted the training in this job (its last word since the job's last start), else the job's first
@@ -398,13 +425,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rc", type=int, default=0)
     parser.add_argument("--signal", default="none")
     parser.add_argument("--again", action="store_true", help="resume.in_job: exit 10 to train again in this job")
+    parser.add_argument("--standby", default="", help="begin, exit: the warm standby step's folder (resume.in_job)")
+    parser.add_argument("--per-node", type=int, default=0, help="begin: ranks per node; > 0: a warm standby step")
+    parser.add_argument("--warm", action="store_true", help="start: the warm standby step trains this attempt")
     parser.add_argument("run_dir", type=Path)
     args = parser.parse_args(argv)
     runner_log.setup(stamped=True)
     run = RunDir(args.run_dir)
     if args.what == "begin":
         code, env = begin(run, args.key, args.nodes)
+        shell = warm_standby(run, code, env, args.standby, args.per_node) if args.per_node else {}
         print("".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items()), end="", flush=True)
+        print("".join(f"{k}={shlex.quote(v)}\n" for k, v in shell.items()), end="", flush=True)
         return code
     if args.what == "signal":
         return deliver(run, args.name, args.pid, args.world)
@@ -418,11 +450,16 @@ def main(argv: list[str] | None = None) -> int:
             offset = 0
         attempt = os.environ.get(ATTEMPT_ENV, "")  # `begin` claimed it: `runner logs --batch --attempt N` finds it
         where = os.environ.get(world.STEP_NODES_ENV) or os.environ.get("SLURM_JOB_NODELIST")
+        said: dict[str, Any] = {"attempt": int(attempt)} if attempt.isdigit() else {}
+        if args.warm:  # resume.in_job: the warm standby step trains this attempt
+            said["warm"] = True
         run.record("start", job_id=job, nodes=where,
-                   restart_count=int(os.environ.get("SLURM_RESTART_COUNT", "0")), out_offset=offset,
-                   **({"attempt": int(attempt)} if attempt.isdigit() else {}))
+                   restart_count=int(os.environ.get("SLURM_RESTART_COUNT", "0")), out_offset=offset, **said)
         return 0
-    return on_exit(run, args.rc, args.signal, args.again)
+    code = on_exit(run, args.rc, args.signal, args.again)
+    if code != world.AGAIN:
+        stand_down(args.standby)
+    return code
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import jinja2
 
 from runner import __version__, redaction, world
 from runner.errors import BuildError, ConfigError
-from runner.rundir import ATTEMPT_ENV
+from runner.rundir import ATTEMPT_ENV, STANDBY_ENV
 from runner.spec import Config
 from runner.spec.typed import Container
 
@@ -174,7 +174,7 @@ def _podman(c: Container, image: str, binds: list[str], env_names: list[str], wo
     # --cgroupns=private: runc mounts the container's own cgroup view instead of bind-mounting the caller's
     # cgroup paths, which fail where a node's cgroup tree is itself a subtree (the dev cluster, nested setups).
     parts = ["podman", "run", "--rm", "--network=host", "--ipc=host", "--uts=host", "--pid=host", "--cgroupns=private",
-             "--env", q("SLURM_*")]
+             "--env", q("SLURM_*"), "--env", "SLURMD_NODENAME"]
     for b in binds:
         parts += ["--volume", q(f"{b}:{b}")]
     for name in env_names:
@@ -305,12 +305,15 @@ def sbatch(cfg: Config, run_dir: Path, image: str, program_dir: str | None = Non
     everything = sorted((k, str(v)) for k, v in d["env"].items())
     env = [(k, v) for k, v in everything if k not in secret_env(d["env"])]  # the rest: RUN/secret.env (0600)
     ifname = cfg.data["network"]["ifname"]
-    env_names = [*CONTAINER_ENV, *(IFNAME_ENV if ifname else ()), *(k for k, _ in everything)]
+    standby = d["resume"]["in_job"] and d["resume"]["warm_standby"]
+    env_names = [*CONTAINER_ENV, *((STANDBY_ENV,) if standby else ()), *(IFNAME_ENV if ifname else ()),
+                 *(k for k, _ in everything)]
     return render("sbatch.sh.j2", config_name=cfg.name, config_hash=cfg.hash(),
                   directives=directives(cfg, slurm_version),
                   in_job=d["resume"]["in_job"], step_size=d["num_nodes"], again=world.AGAIN,
                   step_nodes=world.STEP_NODES_ENV,
                   step_flags=step_flags(cfg), spares=d["slurm"]["spare_nodes"],
+                  standby=standby, per_node=d["num_device"],
                   world_size=d["num_nodes"] * d["num_device"], signal=d["slurm"]["signal"], run_dir=str(run_dir),
                   env=env, host_python=sys.executable, ifname=ifname,
                   verify_key=verify_key(cfg), exec_prefix=exec_prefix(cfg, image, binds, env_names, str(run_dir)),

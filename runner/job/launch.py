@@ -31,7 +31,7 @@ from runner.job.resume import current_attempt
 from runner.job.stopflag import stop_flag
 from runner.log import setup as setup_logging
 from runner.records import RunManifest
-from runner.rundir import EXIT_PREFLIGHT, EXIT_REQUEUE, EXIT_TERMINATED, RunDir, atomic_write
+from runner.rundir import EXIT_PREFLIGHT, EXIT_REQUEUE, EXIT_TERMINATED, STANDBY_ENV, RunDir, atomic_write
 from runner.spec.typed import Trainer as TrainerConfig
 from runner.spec.typed import read_resolved
 
@@ -228,6 +228,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"runner {__version__}")
         return 0
     rd = RunDir(args.run_dir.resolve())
+    if os.environ.get(STANDBY_ENV):  # resume.in_job's warm standby: a rank of the next attempt, or nothing
+        from runner.job import standby
+
+        if not standby.wait(Path(os.environ.pop(STANDBY_ENV))):
+            return 0
     env = jobenv.current()
     code = 1  # an exception's, after its traceback
     try:

@@ -194,6 +194,8 @@ SCHEMA: dict[str, Any] = {
         "owner_check_every_n_steps": _f(int, 20, **POS_INT),  # how often the ranks check they still own the run
         "successor": _f(bool, False),  # queue the next attempt behind each job (afternotok) instead of requeueing
         "in_job": _f(bool, False),  # a crash or a hang restarts the training in the same job (srun again), not requeue
+        # in_job: a step beside the training imports torch and Lightning, then becomes the next attempt's ranks
+        "warm_standby": _f(bool, True),
     },
     "fsdp": {
         "blocks": _f(list, []),  # class names (or module.Class) sharded as units; none: each direct child

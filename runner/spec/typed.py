@@ -105,6 +105,7 @@ class Resume(TypedDict):
     owner_check_every_n_steps: int
     successor: bool
     in_job: bool
+    warm_standby: bool
 
 
 class Alerts(TypedDict):
