@@ -279,6 +279,18 @@ def lost_nodes(hosts: Mapping[int, str], ended: Mapping[int, Mapping[str, Any]],
     return tuple(sorted({hosts[r] for r in silent} - {hosts[r] for r in ended if r in hosts}))
 
 
+def silent_nodes(hosts: Mapping[int, str], quiet: Mapping[int, float], world: int, silent_s: float) -> tuple[str, ...]:
+    """The step's nodes whose every rank has not beaten for ``silent_s`` while none said it ended: lost, or every rank
+    of it stopped; the step reaper asks the node's slurmd which (a step on one node has no peer to fail first, so
+    ``lost_nodes`` never names its node). () until every rank of the step is known and seen beating."""
+    if len(hosts) < world:
+        return ()
+    nodes: dict[str, list[int]] = {}
+    for rank, host in hosts.items():
+        nodes.setdefault(host, []).append(rank)
+    return tuple(sorted(n for n, ranks in nodes.items() if all(quiet.get(r, 0.0) >= silent_s for r in ranks)))
+
+
 def after_exit(outcome: str, attempt: int, job_id: str | None, limits: Limits,
                events: Sequence[Mapping[str, Any]] = (), bad_nodes: Sequence[str] = (),
                successor: str | None = None, in_job: Sequence[str] | None = None) -> Decision:

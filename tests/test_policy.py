@@ -418,6 +418,21 @@ def test_doubtful_nodes(ends: list[tuple[str, list[str]]], down: list[str], doub
     assert policy.doubtful_nodes(ends, down) == doubtful
 
 
+SILENT = [  # (the step's ranks and nodes, each rank's silence, world) -> the nodes every rank of which is silent
+    pytest.param({0: "n2", 1: "n2"}, {0: 6.5, 1: 7.0}, 2, ("n2",), id="a step on one node, gone quiet"),
+    pytest.param({0: "n2", 1: "n2"}, {0: 6.5, 1: 1.0}, 2, (), id="one rank still beats (a hang of the other)"),
+    pytest.param({0: "n1", 1: "n1", 2: "n2", 3: "n2"}, {0: 0.5, 1: 0.4, 2: 9.0, 3: 9.0}, 4, ("n2",),
+                 id="two nodes, one silent"),
+    pytest.param({0: "n2"}, {}, 1, (), id="never seen beating"),
+    pytest.param({0: "n2"}, {0: 7.0, 1: 7.0}, 2, (), id="a rank of the step not yet known"),
+]
+
+
+@pytest.mark.parametrize(("hosts", "quiet", "world", "silent"), SILENT)
+def test_silent_nodes(hosts: dict[int, str], quiet: dict[int, float], world: int, silent: tuple[str, ...]) -> None:
+    assert policy.silent_nodes(hosts, quiet, world, 6.0) == silent
+
+
 GONE = [  # (each in-job end of the job: its outcome and the nodes it named) -> nodes no warm standby step may span
     pytest.param([], set(), id="no restart yet"),
     pytest.param([("hang", ["n2"])], set(), id="a hang's node still runs its standby task"),

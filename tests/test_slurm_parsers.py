@@ -516,3 +516,32 @@ def test_sbatch_gets_a_clean_environment(monkeypatch: pytest.MonkeyPatch) -> Non
     env = proc.clean_env()
     assert "SLURM_JOB_ID" not in env and "SBATCH_PARTITION" not in env
     assert env["SLURM_CONF"] == "/etc/slurm/slurm.conf" and env["PATH"] == os.environ["PATH"]
+
+
+def test_a_node_whose_slurmd_refuses_a_connection_is_gone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The step reaper's word on a silent node (slurm.slurmd_answers), against real sockets: scontrol's answer (a
+    node line as Slurm 22.05 prints it, and its config) names where the node's slurmd listens."""
+    import socket
+
+    listening = socket.create_server(("127.0.0.1", 0))
+    closed = socket.create_server(("127.0.0.1", 0))
+    free = closed.getsockname()[1]
+    closed.close()
+    said: dict[str, str] = {}
+
+    def scontrol(argv: list[str], asked: object = None) -> str | None:
+        return said.get(argv[2])
+
+    monkeypatch.setattr(slurm, "_try", scontrol)
+    try:
+        for node_line, config, answers in [
+            (f"NodeName=n2 Arch=x86_64 NodeAddr=127.0.0.1 NodeHostName=n2 Port={listening.getsockname()[1]}", "",
+             True),
+            ("NodeName=n2 NodeAddr=127.0.0.1 NodeHostName=n2", f"SlurmdPort              = {free}\n", False),
+            ("NodeName=n2 NodeHostName=n2", "SlurmdPort = 6818\n", None),  # no address: cannot say
+            (None, None, None),  # Slurm does not answer
+        ]:
+            said = {"node": node_line, "config": config} if node_line is not None else {}
+            assert slurm.slurmd_answers("n2", timeout=2.0) is answers, node_line
+    finally:
+        listening.close()

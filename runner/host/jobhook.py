@@ -367,18 +367,38 @@ def _fs_now(folder: Path) -> float:
     return probe.stat().st_mtime
 
 
+def _quiet(run: RunDir, attempt: int, only_over: float = 0.0) -> dict[int, float]:
+    """Each rank's silence: how long its heartbeat of ``attempt`` has not changed, by its file's age. A beat is read
+    (its attempt checked) only where the file is older than ``only_over``: younger ones are not silent anyway."""
+    now = _fs_now(run.heartbeats)
+    quiet: dict[int, float] = {}
+    for rank, path in RunDir.by_rank(run.heartbeats).items():
+        with contextlib.suppress(FileNotFoundError):  # a newer beat's mtime: younger, never falsely silent
+            age = now - path.stat().st_mtime
+            if age < only_over:
+                quiet[rank] = age
+                continue
+            beat = read_json(path)
+            if isinstance(beat, dict) and beat.get("attempt") == attempt:
+                quiet[rank] = now - path.stat().st_mtime
+    return quiet
+
+
 def reap(run: RunDir, step: int, world_size: int, every: float = 0.5) -> int:
     """resume.in_job with slurm.spare_nodes: end a step that waits on a lost node before Slurm says it is down.
 
     A node lost with its ranks (power, kernel panic, its slurmd gone) leaves srun waiting for slurmctld to mark it
-    down (SlurmdTimeout and its ping cycle, 20 s and more) after the other ranks failed on the lost peers. Here, on
-    the batch host, once a rank said it ended with a failure (``exits/rank-*.json``), every rank's heartbeat is
-    watched; when ``policy.lost_nodes`` names nodes whose ranks all went silent, the reaper records ``nodes_lost``
-    and ends srun (SIGKILL); the exit hook names those nodes bad and the next step trains without them (``--overlap``
-    beside the remains Slurm cleans up later). A rank's silence is its heartbeat file's age (``_fs_now``), so the beats
-    a lost node missed before its peers failed count too. Until a rank ends it reads one folder a poll, nothing per
-    rank."""
+    down (SlurmdTimeout and its ping cycle, 20 s and more). Here, on the batch host, once a rank said it ended with a
+    failure (``exits/rank-*.json``), every rank's heartbeat is watched; when ``policy.lost_nodes`` names nodes whose
+    ranks all went silent, the reaper records ``nodes_lost`` and ends srun (SIGKILL); the exit hook names those nodes
+    bad and the next step trains without them (``--overlap`` beside the remains Slurm cleans up later). A node none of
+    whose peers fails (a step on that one node) is named where every rank of it is silent (``policy.silent_nodes``)
+    and its slurmd refuses a connection (``slurm.slurmd_answers``: a hang's node still answers). A rank's silence is
+    its heartbeat file's age (``_fs_now``), so the beats a lost node missed before its peers failed count too. While
+    no rank ended it looks at the heartbeats' ages once a heartbeat interval, reading only those that are old."""
     attempt = int(os.environ.get(ATTEMPT_ENV, "0") or 0)
+    hosts: dict[int, str] = {}
+    next_look = time.monotonic() + HEARTBEAT_S
     while True:
         time.sleep(every)
         try:
@@ -386,23 +406,26 @@ def reap(run: RunDir, step: int, world_size: int, every: float = 0.5) -> int:
         except ProcessLookupError:  # the step ended as steps do
             return 0
         ended = run.rank_exits(attempt)
-        if not ended or not run.heartbeats.is_dir():
+        if not run.heartbeats.is_dir() or (not ended and time.monotonic() < next_look):
             continue
-        now = _fs_now(run.heartbeats)
-        quiet: dict[int, float] = {}  # rank -> how long its heartbeat of this attempt has not changed
-        for rank, path in RunDir.by_rank(run.heartbeats).items():
-            beat = read_json(path)
-            if isinstance(beat, dict) and beat.get("attempt") == attempt:
-                with contextlib.suppress(FileNotFoundError):  # a newer beat's mtime: younger, never falsely silent
-                    quiet[rank] = now - path.stat().st_mtime
-        lost = policy.lost_nodes(run.rank_hosts(attempt), ended, quiet, world_size, SILENT_S)
+        next_look = time.monotonic() + HEARTBEAT_S
+        hosts = hosts if len(hosts) >= world_size else run.rank_hosts(attempt)
+        if ended:
+            quiet = _quiet(run, attempt)
+            lost = policy.lost_nodes(hosts, ended, quiet, world_size, SILENT_S)
+            how = "after {} peers failed"
+        else:
+            quiet = _quiet(run, attempt, SILENT_S)
+            lost = tuple(n for n in policy.silent_nodes(hosts, quiet, world_size, SILENT_S)
+                         if slurm.slurmd_answers(n) is False)
+            how = "and {} slurmd refuses a connection"
         if lost:
-            silent = min(q for r, q in quiet.items() if r not in ended)
+            silent = min(q for r, q in quiet.items() if r not in ended and hosts.get(r) in lost)
             run.record("nodes_lost", job_id=slurmstates.job_id(os.environ), attempt=attempt, nodes=list(lost),
                        silent_s=round(silent, 1))
             one = len(lost) == 1
-            log.warning("%s lost: no heartbeat for %.0f s after %s peers failed; ending the step before Slurm "
-                        "marks %s down", ", ".join(lost), silent, "its" if one else "their", "it" if one else "them")
+            log.warning("%s lost: no heartbeat for %.0f s %s; ending the step before Slurm marks %s down",
+                        ", ".join(lost), silent, how.format("its" if one else "their"), "it" if one else "them")
             with contextlib.suppress(ProcessLookupError):
                 os.kill(step, signal.SIGKILL)
             return 0

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import socket
 from collections.abc import Iterable, Sequence
 
 from runner import proc
@@ -399,6 +400,23 @@ def parse_partition_nodes(out: str, partition: str | None) -> list[str] | None:
     found = sorted({row[0] for row in rows if len(row) == 2
                     and (row[1].rstrip("*") == partition if partition else row[1].endswith("*"))})
     return found or None
+
+
+def slurmd_answers(node: str, timeout: float = 1.0) -> bool | None:
+    """Whether ``node``'s slurmd accepts a connection (at its NodeAddr and port, as scontrol shows them): False for a
+    node that is gone (power, a kernel panic, its slurmd killed) before Slurm's own SlurmdTimeout says so, True for
+    one that only stopped beating (its ranks stopped: a hang); None when Slurm cannot say where it listens."""
+    shown = _try(["scontrol", "show", "node", "-o", node]) or ""
+    addr = re.search(r"\bNodeAddr=(\S+)", shown)
+    port = re.search(r"\bPort=(\d+)", shown) or \
+        re.search(r"^SlurmdPort\s*=\s*(\d+)", _try(["scontrol", "show", "config"]) or "", re.M)
+    if addr is None or port is None:
+        return None
+    try:
+        with socket.create_connection((addr.group(1), int(port.group(1))), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 def unhealthy(nodelist: str) -> list[str]:

@@ -3,11 +3,12 @@ torch and Lightning while the attempt trains, then waits to become a rank of the
 
 An in-job restart's new step would spend most of its start importing (torch's CUDA build and Lightning, about 6 s a
 rank on this project's machines, ``torch._dynamo`` alone 2-3 s); the standby's tasks did that beforehand. The
-import runs in a thread at the lowest priority (nice 19, that thread only): it takes no core from the training
-beside it, and the main thread stays at the priority the rank trains with. Each task says where it waits
-(``runner.rundir.Standby``); the begin hook hands the step over when every slot of the attempt's nodes has a task
-waiting (``runner.policy.standby_takes``), else the attempt starts cold and the standby stands down. A task on a node
-the attempt does not train on exits 0.
+import runs in a thread at the lowest priority (nice 19), and the task's session waits at nice 19 too (Linux shares
+the CPU between sessions before it looks at a thread's nice): it takes no core from the training beside it. Once
+handed an attempt the session is back at 0, and the main thread trains at the priority a rank has. Each task says
+where it waits (``runner.rundir.Standby``); the begin hook hands the step over when every slot of the attempt's
+nodes has a task waiting (``runner.policy.standby_takes``), else the attempt starts cold and the standby stands
+down. A task on a node the attempt does not train on exits 0.
 
 Standard library only until the handoff: the tasks start as cheaply as the launcher does.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import socket
 import threading
 import time
@@ -27,6 +29,23 @@ from runner.rundir import Standby
 log = logging.getLogger(__name__)
 
 POLL_S = 0.05  # how often a waiting task looks for the handoff: one stat of a small folder's file
+AUTOGROUP = Path("/proc/self/autogroup")
+
+
+def _autogroup_nice(nice: int, tries: int = 50) -> bool:
+    """Set the nice value of this process's autogroup (Linux's ``sched_autogroup``: the CPU is shared fairly between
+    sessions first, and a nice value counts only within its session, so a task of another srun step would take its
+    full share whatever its threads' nice). 0..19 needs no privilege; the kernel takes one change every 100 ms from
+    all unprivileged processes together (EAGAIN), so this retries. False where there is no autogroup to set."""
+    for _ in range(tries):
+        try:
+            AUTOGROUP.write_text(f"{nice}\n")
+            return True
+        except BlockingIOError:  # EAGAIN: another process's change in the last 100 ms
+            time.sleep(random.uniform(0.02, 0.12))
+        except OSError:  # no autogroups (disabled, or a read-only /proc in the container)
+            return False
+    return False
 
 
 def _warm() -> None:
@@ -44,6 +63,7 @@ def _warm() -> None:
 def wait(folder: Path) -> bool:
     """Import in the background, say this task waits, and wait for the begin hook's handoff; True: this process is now
     a rank of the attempt (its Slurm variables and the attempt's set in ``os.environ``), False: exit 0."""
+    _autogroup_nice(19)  # until the handoff: no core taken from the training step beside it
     threading.Thread(target=_warm, name="runner-standby-import", daemon=True).start()
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     local = int(os.environ.get("SLURM_LOCALID", "0"))
@@ -56,4 +76,7 @@ def wait(folder: Path) -> bool:
         return False
     os.environ.update(handoff["env"])
     os.environ.update(place)
+    # The rank trains at the priority a rank has: the autogroup back to 0 (in the background: the kernel's 100 ms
+    # grain would otherwise hold up this node's other ranks one after another).
+    threading.Thread(target=_autogroup_nice, args=(0, 100), name="runner-standby-priority", daemon=True).start()
     return True
