@@ -674,14 +674,16 @@ class Standby:
     def handoff(self) -> Path:
         return self.folder / "handoff.json"
 
-    def waiting(self, node: str, local: int) -> None:
+    def waiting(self, node: str, local: int, warm: bool = False) -> None:
+        """Say this task waits (as it starts), or that it imported what a rank imports (``warm``)."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        (self.folder / f"here.{local}.{node}").touch()
+        (self.folder / f"{'warm' if warm else 'here'}.{local}.{node}").touch()
 
-    def present(self) -> set[tuple[str, int]]:
-        """(node, local rank) of each task that said it waits."""
+    def present(self, warm: bool = False) -> set[tuple[str, int]]:
+        """(node, local rank) of each task that said it waits (``warm``: that it imported, too)."""
+        prefix = "warm." if warm else "here."
         try:
-            names = [p.name.split(".", 2) for p in self.folder.iterdir() if p.name.startswith("here.")]
+            names = [p.name.split(".", 2) for p in self.folder.iterdir() if p.name.startswith(prefix)]
         except OSError:
             return set()
         return {(n[2], int(n[1])) for n in names if len(n) == 3 and n[1].isdigit()}

@@ -15,12 +15,14 @@ Standard library only until the handoff: the tasks start as cheaply as the launc
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from runner import world
@@ -48,8 +50,9 @@ def _autogroup_nice(nice: int, tries: int = 50) -> bool:
     return False
 
 
-def _warm() -> None:
-    """Import what every rank imports first, at nice 19 (this thread only: Linux's nice is per thread)."""
+def _warm(said: Callable[[], None]) -> None:
+    """Import what every rank imports first, at nice 19 (this thread only: Linux's nice is per thread); then ``said``
+    (the task's word that it is warm: ``runner.rundir.Standby``, for whoever measures or waits on it)."""
     os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
     for names in (("torch",), ("lightning.pytorch", "pytorch_lightning")):  # the first of each that imports
         for name in names:
@@ -58,17 +61,20 @@ def _warm() -> None:
                 break
             except Exception:  # noqa: BLE001 -- not here, or broken: the rank imports it (or says why) itself
                 continue
+    with contextlib.suppress(OSError):
+        said()
 
 
 def wait(folder: Path) -> bool:
     """Import in the background, say this task waits, and wait for the begin hook's handoff; True: this process is now
     a rank of the attempt (its Slurm variables and the attempt's set in ``os.environ``), False: exit 0."""
     _autogroup_nice(19)  # until the handoff: no core taken from the training step beside it
-    threading.Thread(target=_warm, name="runner-standby-import", daemon=True).start()
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     local = int(os.environ.get("SLURM_LOCALID", "0"))
     standby = Standby(folder)
     standby.waiting(node, local)
+    threading.Thread(target=_warm, args=(lambda: standby.waiting(node, local, warm=True),),
+                     name="runner-standby-import", daemon=True).start()
     while (handoff := standby.handoff_record()) is None:
         time.sleep(POLL_S)
     place = world.standby_env(handoff["nodes"], handoff["per_node"], node, local)
