@@ -20,7 +20,7 @@ import jinja2
 
 from runner import __version__, redaction, world
 from runner.errors import BuildError, ConfigError
-from runner.rundir import ATTEMPT_ENV, STANDBY_ENV
+from runner.rundir import ATTEMPT_ENV, STANDBY_ENV, RunDir
 from runner.spec import Config
 from runner.spec.typed import Container
 
@@ -313,7 +313,7 @@ def sbatch(cfg: Config, run_dir: Path, image: str, program_dir: str | None = Non
                   in_job=d["resume"]["in_job"], step_size=d["num_nodes"], again=world.AGAIN,
                   step_nodes=world.STEP_NODES_ENV,
                   step_flags=step_flags(cfg), spares=d["slurm"]["spare_nodes"],
-                  standby=standby, per_node=d["num_device"],
+                  standby=standby, per_node=d["num_device"], first_beat=str(RunDir(run_dir).heartbeat(0)),
                   world_size=d["num_nodes"] * d["num_device"], signal=d["slurm"]["signal"], run_dir=str(run_dir),
                   env=env, host_python=sys.executable, ifname=ifname,
                   verify_key=verify_key(cfg), exec_prefix=exec_prefix(cfg, image, binds, env_names, str(run_dir)),
