@@ -36,7 +36,7 @@ from tests.test_failures import (
     submit,
     wait_for,
 )
-from tests.waiting import alerts_all_sent
+from tests.waiting import alerts_all_sent, standby_warm
 
 pytestmark = pytest.mark.slurm
 __all__ = ["reference"]  # the fixture, shared with tests/test_failures.py
@@ -88,14 +88,6 @@ def one_job(run: Path) -> str:
     return jobs.pop()
 
 
-def standby_warm(run: Path, tasks: int = 6) -> bool:
-    """The job's newest warm standby step: every task (3 nodes x 2) imported torch and Lightning and waits."""
-    from runner.rundir import Standby
-
-    folders = sorted((run / "standby").glob("*-*"), key=lambda p: int(p.name.rsplit("-", 1)[1]))
-    return bool(folders) and len(Standby(folders[-1]).present(warm=True)) == tasks
-
-
 def hosts(run: Path, attempt: int) -> set[str]:
     return {rank_of(run, r, attempt).get("hostname", "?") for r in range(4)}
 
@@ -123,7 +115,7 @@ def test_a_killed_rank_trains_again_in_the_same_job(cluster3: devcluster.Cluster
     # when the warm standby step has imported what a rank imports, at the lowest priority beside the training.
     run = submit(env, tmp_path, *IN_JOB, "model.step_time_s=0.5")
     wait_for("checkpoint 20", lambda: checkpoint_done(run, 20), 120, run)
-    wait_for("the warm standby", lambda: standby_warm(run), 60, run)
+    wait_for("the warm standby", lambda: standby_warm(run, 6), 60, run)  # 3 nodes x 2
     first = rank_of(run, 3, 1)
     assert first["hostname"] == "n2" and hosts(run, 1) == {"n1", "n2"}, first  # n3 is the spare
     killed_at = time.time()

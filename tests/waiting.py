@@ -48,3 +48,12 @@ def alerts_all_sent(run: Path) -> bool:
 
     q = queue_dir(run)
     return not q.is_dir() or not any(p.suffix == ".json" and not p.name.startswith(".") for p in q.iterdir())
+
+
+def standby_warm(run: Path, tasks: int) -> bool:
+    """The job's newest warm standby step (resume.in_job, runner.job.standby): every one of its ``tasks`` imported torch
+    and Lightning and waits."""
+    from runner.rundir import Standby
+
+    folders = sorted((run / "standby").glob("*-*"), key=lambda p: int(p.name.rsplit("-", 1)[1]))
+    return bool(folders) and len(Standby(folders[-1]).present(warm=True)) == tasks
