@@ -246,21 +246,19 @@ def doubtful_nodes(ends: Sequence[tuple[str, Collection[str]]], down: Collection
 
 
 def gone_nodes(ends: Sequence[tuple[str, Collection[str]]]) -> set[str]:
-    """The nodes of this job a warm standby step must not span (resume.in_job): those named bad by an end that was not
-    a hang (a crash's node cause, a failed preflight, a node Slurm reports down or the step reaper found lost): a
-    step with a task there may be ended by Slurm, or wait on it. A hang's node still runs its standby task, which
-    steps aside when the next attempt trains without it. ``ends``: as ``doubtful_nodes``."""
+    """The nodes of this job a new warm standby step must not span (resume.in_job): those named bad by an end that was
+    not a hang (a crash's node cause, a failed preflight, a node Slurm reports down or the step reaper found lost): it
+    would start tasks there, or wait for that node to answer. A hang's node still runs its standby task, which steps
+    aside when the next attempt trains without it. ``ends``: as ``doubtful_nodes``."""
     return {n for outcome, nodes in ends if outcome != "hang" for n in nodes}
 
 
-def standby_takes(waiting: Collection[tuple[str, int]], chosen: Sequence[str], per_node: int,
-                  gone: Collection[str]) -> bool:
+def standby_takes(waiting: Collection[tuple[str, int]], chosen: Sequence[str], per_node: int) -> bool:
     """Whether resume.in_job's warm standby step may be the next attempt's step: one of its tasks waits (``waiting``:
-    each task's node and local rank) in every slot of every ``chosen`` node, and none of its nodes is ``gone``
-    (``gone_nodes``: named bad since it started). Otherwise the attempt starts a step of its own, cold."""
-    nodes = {n for n, _ in waiting}
-    return bool(chosen) and not nodes & set(gone) and \
-        all((n, local) in waiting for n in chosen for local in range(per_node))
+    each task's node and local rank) in every slot of every ``chosen`` node. Otherwise the attempt starts a step of its
+    own, cold. A node of the standby lost since it started is no reason not to: the step runs with ``--no-kill`` (it
+    outlives a node Slurm marks down), and the attempt's nodes are those the exit hook chose without it."""
+    return bool(chosen) and all((n, local) in waiting for n in chosen for local in range(per_node))
 
 
 def lost_nodes(hosts: Mapping[int, str], ended: Mapping[int, Mapping[str, Any]], quiet: Mapping[int, float],

@@ -168,8 +168,9 @@ def test_a_hang_is_named_and_the_spare_takes_the_node(cluster3: devcluster.Clust
 def test_a_lost_node_is_replaced_by_the_spare_in_the_same_job(cluster3: devcluster.Cluster, hook: Any,
                                                                reference: list[Any], tmp_path: Path) -> None:
     env = env_for(cluster3, hook)
-    run = submit(env, tmp_path, *IN_JOB)
+    run = submit(env, tmp_path, *IN_JOB, "model.step_time_s=0.5")  # time for the warm standby (as a killed rank's)
     wait_for("checkpoint 20", lambda: checkpoint_done(run, 20), 120, run)
+    wait_for("the warm standby", lambda: standby_warm(run, 6), 60, run)
     assert rank_of(run, 3, 1)["hostname"] == "n2"
     lost_at = time.time()
     devcluster.kill_node(cluster3, "n2")
@@ -182,6 +183,8 @@ def test_a_lost_node_is_replaced_by_the_spare_in_the_same_job(cluster3: devclust
     assert restarted and restarted[-1]["nodes"] == ["n1", "n3"] and "n2" in restarted[-1]["bad"], restarted
     attempt = restarted[-1]["attempt"]
     assert hosts(run, attempt) == {"n1", "n3"}
+    # The warm standby step's tasks on n1 and n3 train it: the step outlived its tasks on n2 (srun --no-kill).
+    assert [e.get("warm") for e in events(run) if e["event"] == "start"][-1] is True
     recovery_s(run, lost_at, attempt)
     import torch
 

@@ -448,22 +448,21 @@ def test_gone_nodes(ends: list[tuple[str, list[str]]], gone: set[str]) -> None:
 
 
 BOTH = {("n1", 0), ("n1", 1), ("n2", 0), ("n2", 1), ("n3", 0), ("n3", 1)}
-TAKES = [  # (the standby's waiting tasks: node, local rank; the attempt's nodes; ranks per node; gone) -> takes it
-    pytest.param(BOTH, ["n1", "n2"], 2, set(), True, id="every slot waits"),
-    pytest.param(BOTH, ["n1", "n3"], 2, set(), True, id="the spare in a hang's node's place"),
-    pytest.param(BOTH - {("n2", 1)}, ["n1", "n2"], 2, set(), False, id="a task not yet started (or never)"),
-    pytest.param(BOTH - {("n2", 0), ("n2", 1)}, ["n1", "n3"], 2, set(), True, id="no task on a node it skips"),
-    pytest.param(BOTH, ["n1", "n3"], 2, {"n2"}, False, id="it spans a node named lost since it started"),
-    pytest.param(BOTH, ["n1", "n2"], 4, set(), False, id="fewer tasks per node than ranks"),
-    pytest.param(set(), ["n1", "n2"], 2, set(), False, id="nothing waits"),
-    pytest.param(BOTH, [], 2, set(), False, id="no nodes: nothing to train"),
+TAKES = [  # (the standby's waiting tasks: node, local rank; the attempt's nodes; ranks per node) -> takes it
+    pytest.param(BOTH, ["n1", "n2"], 2, True, id="every slot waits"),
+    pytest.param(BOTH, ["n1", "n3"], 2, True, id="the spare in a hang's or a lost node's place"),
+    pytest.param(BOTH - {("n2", 1)}, ["n1", "n2"], 2, False, id="a task not yet started (or never)"),
+    pytest.param(BOTH - {("n2", 0), ("n2", 1)}, ["n1", "n3"], 2, True, id="no task on a node it skips"),
+    pytest.param(BOTH - {("n3", 0)}, ["n1", "n3"], 2, False, id="a slot of the spare never started"),
+    pytest.param(BOTH, ["n1", "n2"], 4, False, id="fewer tasks per node than ranks"),
+    pytest.param(set(), ["n1", "n2"], 2, False, id="nothing waits"),
+    pytest.param(BOTH, [], 2, False, id="no nodes: nothing to train"),
 ]
 
 
-@pytest.mark.parametrize(("waiting", "chosen", "per_node", "gone", "takes"), TAKES)
-def test_standby_takes(waiting: set[tuple[str, int]], chosen: list[str], per_node: int, gone: set[str],
-                       takes: bool) -> None:
-    assert policy.standby_takes(waiting, chosen, per_node, gone) is takes
+@pytest.mark.parametrize(("waiting", "chosen", "per_node", "takes"), TAKES)
+def test_standby_takes(waiting: set[tuple[str, int]], chosen: list[str], per_node: int, takes: bool) -> None:
+    assert policy.standby_takes(waiting, chosen, per_node) is takes
 
 
 TWO_BY_TWO = {0: "n1", 1: "n1", 2: "n2", 3: "n2"}

@@ -4,6 +4,7 @@ tests/test_watchdog_local.py)."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -360,3 +361,30 @@ def test_the_watchdog_settings_are_checked_in_one_line(override: str, key: str) 
 def test_the_watchdog_defaults() -> None:
     w = spec.load(Path(__file__).resolve().parents[1] / "conf" / "quickstart.yaml", []).data["watchdog"]
     assert (w["floor_s"], w["factor"], w["phase_s"], w["first_step_s"], w["plain_floor_s"]) == (5, 10, 900, 900, 30)
+
+
+@pytest.mark.parametrize(("silent_s", "waits"), [(130.0, False), (50.0, True)],
+                         ids=["silent two beats when asked: named at once", "silent one beat: one beat more"])
+def test_a_rank_silent_for_two_beats_is_named_without_waiting_a_beat_more(tmp_path: Path, silent_s: float,
+                                                                          waits: bool) -> None:
+    """The rank that fires asks the others for their reports; one that had stopped beating two heartbeats before
+    (a SIGSTOPped rank named after the floor's seconds) will not answer, and the summary is written at once. One
+    silent for less may be a late heartbeat thread: it gets a beat more. (A 60 s heartbeat interval: a wait shows.)"""
+    rd = RunDir(tmp_path)
+    rd.heartbeats.mkdir()
+    (rd.heartbeats / "rank-00001.json").write_text(json.dumps({"rank": 1, "attempt": 1, "host": "n2",
+                                                               "time": time.time() - silent_s}))
+    dog = Watchdog(rd, 0, 2, 1, factor=10, floor_s=5, interval_s=60.0)
+    rd.hang_reports(1).mkdir(parents=True)
+    (rd.hang_reports(1) / "rank-00000.json").write_text(json.dumps({"rank": 0, "host": "n1", "phase": "collective",
+                                                                    "step": 7}))
+    done = threading.Thread(target=dog._conclude, daemon=True)
+    done.start()
+    done.join(timeout=2)
+    assert done.is_alive() is waits
+    if waits:  # rank 1 answers: the summary follows
+        (rd.hang_reports(1) / "rank-00001.json").write_text(json.dumps({"rank": 1, "host": "n2", "phase": "data",
+                                                                        "step": 7}))
+        done.join(timeout=20)
+    hang = json.loads(rd.hang.read_text())
+    assert [(s["rank"], s["node"]) for s in hang["suspects"]] == [(1, "n2")], hang

@@ -262,7 +262,7 @@ def verify(run: RunDir, key: str) -> int:
     return EXIT_PREFLIGHT
 
 
-def begin(run: RunDir, key: str, needed: int = 0) -> tuple[int, dict[str, str]]:
+def begin(run: RunDir, key: str, needed: int = 0, events: list[Any] | None = None) -> tuple[int, dict[str, str]]:
     """Before any rank starts: whether this job trains the run, and the environment of the attempt it trains.
 
     In order: a job older than the run's owner (``job_id``: Slurm requeued it after ``runner cron`` had resubmitted
@@ -270,7 +270,8 @@ def begin(run: RunDir, key: str, needed: int = 0) -> tuple[int, dict[str, str]]:
     is claimed (its number, as a local run claims one); the image's signature is checked (``container.verify_key``,
     ``EXIT_PREFLIGHT``). The attempt's step trains on ``needed`` nodes of the job (0: all; ``step_of``). Returns
     the exit code (0: train) and the variables for the batch script to export (the attempt's, ``runner.world``),
-    which it gets even when the image is refused, so that the exit hook records the attempt."""
+    which it gets even when the image is refused, so that the exit hook records the attempt. ``events``: the ledger,
+    where the caller read it already."""
     job = slurmstates.job_id(os.environ) or ""
     owner = run.job_id() or ""
     mine, theirs = slurmstates.submitted_at(job), slurmstates.submitted_at(owner)
@@ -286,7 +287,7 @@ def begin(run: RunDir, key: str, needed: int = 0) -> tuple[int, dict[str, str]]:
         log.error("cannot read the first node of SLURM_JOB_NODELIST=%r (job %r): no rendezvous for the ranks",
                   nodelist, number)
         return 1, {}
-    on, restart = step_of(run.events(), job, allocation, needed or len(allocation))
+    on, restart = step_of(run.events() if events is None else events, job, allocation, needed or len(allocation))
     try:
         attempt = run.new_attempt(make_logs=False)
         if restart:  # the code rank 0 left for the previous attempt of this very job is not this attempt's
@@ -299,21 +300,23 @@ def begin(run: RunDir, key: str, needed: int = 0) -> tuple[int, dict[str, str]]:
     return (verify(run, key) if key else 0), env
 
 
-def warm_standby(run: RunDir, code: int, env: Mapping[str, str], folder: str, per_node: int) -> dict[str, str]:
-    """resume.in_job's warm standby, after ``begin``: hand this attempt to the standby step in ``folder`` (the one
-    started beside the last attempt; "" when none lives) where ``policy.standby_takes``, else stand it down; and the
-    nodes the next standby step waits on (``policy.gone_nodes`` left out). Returns the batch script's variables:
-    ``warm`` ("1": the standby is this attempt's step), ``standby_nodes``, ``standby_count``, ``standby_tasks``."""
+def warm_standby(events: list[Any], code: int, env: Mapping[str, str], folder: str, per_node: int) \
+        -> dict[str, str]:
+    """resume.in_job's warm standby, after ``begin`` (``events``: the ledger it read): hand this attempt to the
+    standby step in ``folder`` (the one started beside the last attempt; "" when none lives) where
+    ``policy.standby_takes``, else stand it down; and the nodes the next standby step waits on (``policy.gone_nodes``
+    left out). Returns the batch script's variables: ``warm`` ("1": the standby is this attempt's step),
+    ``standby_nodes``, ``standby_count``, ``standby_tasks``."""
     job = slurmstates.job_id(os.environ)
-    gone = policy.gone_nodes(policy.in_job_ends(run.events(), job))
+    gone = policy.gone_nodes(policy.in_job_ends(events, job))
     chosen = [n for n in env.get(world.STEP_NODES_ENV, "").split(",") if n]
     took = False
     if folder:
         standby = Standby(Path(folder))
-        took = code == 0 and policy.standby_takes(standby.present(), chosen, per_node, gone)
+        took = code == 0 and policy.standby_takes(standby.present(), chosen, per_node)
         standby.hand_off({"env": dict(env), "nodes": chosen if took else [], "per_node": per_node})
         log.info("attempt %s: %s", env.get(ATTEMPT_ENV, "?"), "the warm standby step trains it" if took else
-                 "a new step (the warm standby step stood down: not every slot of its nodes waits, or one is bad)")
+                 "a new step (the warm standby step stood down: not every slot of its nodes waits)")
     nodes = [n for n in slurm.hostnames(os.environ.get("SLURM_JOB_NODELIST", "")) if n not in gone]
     return {"warm": "1" if took else "", "standby_nodes": ",".join(nodes), "standby_count": str(len(nodes)),
             "standby_tasks": str(len(nodes) * per_node)}
@@ -380,7 +383,7 @@ def _quiet(run: RunDir, attempt: int, only_over: float = 0.0) -> dict[int, float
                 continue
             beat = read_json(path)
             if isinstance(beat, dict) and beat.get("attempt") == attempt:
-                quiet[rank] = now - path.stat().st_mtime
+                quiet[rank] = now - path.stat().st_mtime  # again: it may have beaten while read
     return quiet
 
 
@@ -456,8 +459,9 @@ def main(argv: list[str] | None = None) -> int:
     runner_log.setup(stamped=True)
     run = RunDir(args.run_dir)
     if args.what == "begin":
-        code, env = begin(run, args.key, args.nodes)
-        shell = warm_standby(run, code, env, args.standby, args.per_node) if args.per_node else {}
+        events = run.events()
+        code, env = begin(run, args.key, args.nodes, events)
+        shell = warm_standby(events, code, env, args.standby, args.per_node) if args.per_node else {}
         print("".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items()), end="", flush=True)
         print("".join(f"{k}={shlex.quote(v)}\n" for k, v in shell.items()), end="", flush=True)
         return code

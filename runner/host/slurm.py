@@ -380,10 +380,20 @@ def version() -> tuple[int, int] | None:
 
 def hostnames(nodelist: str) -> list[str]:
     """The hosts of a Slurm hostlist (``n[1-3]``), in order; empty when scontrol cannot expand it. One plain name
-    is its own list (no scontrol asked)."""
+    is its own list (no scontrol asked). scontrol is asked once per list and process (a hook asks several times)."""
     if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9.-]*", nodelist):
         return [nodelist]
-    return (_try(["scontrol", "show", "hostnames", nodelist]) or "").split() if nodelist else []
+    if not nodelist:
+        return []
+    if nodelist not in _EXPANDED:
+        hosts = (_try(["scontrol", "show", "hostnames", nodelist]) or "").split()
+        if not hosts:
+            return []  # not remembered: scontrol may answer next time
+        _EXPANDED[nodelist] = hosts
+    return list(_EXPANDED[nodelist])
+
+
+_EXPANDED: dict[str, list[str]] = {}  # hostnames' answers in this process
 
 
 def partition_nodes(partition: str | None) -> list[str] | None:

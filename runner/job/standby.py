@@ -16,7 +16,6 @@ Standard library only until the handoff: the tasks start as cheaply as the launc
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import random
 import socket
@@ -27,8 +26,6 @@ from pathlib import Path
 
 from runner import world
 from runner.rundir import Standby
-
-log = logging.getLogger(__name__)
 
 POLL_S = 0.05  # how often a waiting task looks for the handoff: one stat of a small folder's file
 AUTOGROUP = Path("/proc/self/autogroup")

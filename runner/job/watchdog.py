@@ -395,7 +395,10 @@ class Watchdog:
         Every live rank answers the request within one beat; the wait is ``3 x interval``, longer (up to
         ``10 x interval``) while a rank without a report still beats: a loaded node's thread may answer late, and
         a live rank named "not responding" would send the hunt to the wrong node. A stopped rank stops beating: once
-        each rank without a report has been silent for two beats, one beat of waiting is enough.
+        each rank without a report has been silent for two beats, one beat of waiting is enough, and none where each
+        had been silent for two beats when asked (a stopped rank named after the floor's seconds: its heartbeat thread
+        beats every interval whatever the training thread does, so one silent that long is stopped, dead, or stuck
+        in code that holds the GIL).
         """
         asked = time.time()
         start = time.monotonic()
@@ -406,7 +409,8 @@ class Watchdog:
             if waited >= 10 * self.interval_s or (waited >= 3 * self.interval_s
                                                   and not self._beating(set(reports), asked)) \
                     or (waited >= self.interval_s + CHECK_S
-                        and not self._beating(set(reports), time.time() - self.interval_s)):
+                        and not self._beating(set(reports), time.time() - self.interval_s)) \
+                    or not self._beating(set(reports), asked - self.interval_s):
                 break
             time.sleep(0.2)
         if not reports or (min(reports) != self.rank and self._summary_written()):
