@@ -360,6 +360,7 @@ def deliver(run: RunDir, signame: str, step: int, ranks: int) -> int:
 
 
 SILENT_S = 3 * HEARTBEAT_S  # a rank that beat nothing for this long after its peers failed is on a lost node
+SILENT_DOWN_S = 2 * HEARTBEAT_S  # ... or, with no peer failed, for this long while its node's slurmd refuses
 
 
 def _fs_now(folder: Path) -> float:
@@ -396,8 +397,9 @@ def reap(run: RunDir, step: int, world_size: int, every: float = 0.5) -> int:
     ranks all went silent, the reaper records ``nodes_lost`` and ends srun (SIGKILL); the exit hook names those nodes
     bad and the next step trains without them (``--overlap`` beside the remains Slurm cleans up later). A node none of
     whose peers fails (a step on that one node) is named where every rank of it is silent (``policy.silent_nodes``)
-    and its slurmd refuses a connection (``slurm.slurmd_answers``: a hang's node still answers). A rank's silence is
-    its heartbeat file's age (``_fs_now``), so the beats a lost node missed before its peers failed count too. While
+    for two beats and its slurmd refuses a connection (``slurm.slurmd_answers``: a hang's node still answers; a
+    slurmd restarted by an admin leaves its ranks beating). A rank's silence is its heartbeat file's age
+    (``_fs_now``), so the beats a lost node missed before its peers failed count too. While
     no rank ended it looks at the heartbeats' ages once a heartbeat interval, reading only those that are old."""
     attempt = int(os.environ.get(ATTEMPT_ENV, "0") or 0)
     hosts: dict[int, str] = {}
@@ -418,8 +420,8 @@ def reap(run: RunDir, step: int, world_size: int, every: float = 0.5) -> int:
             lost = policy.lost_nodes(hosts, ended, quiet, world_size, SILENT_S)
             how = "after {} peers failed"
         else:
-            quiet = _quiet(run, attempt, SILENT_S)
-            lost = tuple(n for n in policy.silent_nodes(hosts, quiet, world_size, SILENT_S)
+            quiet = _quiet(run, attempt, SILENT_DOWN_S)
+            lost = tuple(n for n in policy.silent_nodes(hosts, quiet, world_size, SILENT_DOWN_S)
                          if slurm.slurmd_answers(n) is False)
             how = "and {} slurmd refuses a connection"
         if lost:
